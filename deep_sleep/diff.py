@@ -1,0 +1,212 @@
+"""The mutation diff: what a run would change, as a frozen value (SPEC §2 step 2, §8).
+
+Per table three frames, every row tagged with the ``phase`` that produced it:
+
+- ``inserts``: whole new rows (snapshot columns; absent columns take the store's defaults);
+- ``updates``: ``id``, ``expected_version`` (the version the phase saw) and the new values of
+  the changed columns; a null means "not changed by this row" (no phase sets a column to NULL);
+- ``deletes``: ``id``, ``expected_version``, ``reason``.
+
+Several phases may update the same row; the rows stay separate here (one per phase) and are
+folded into one write per row by the apply.  :meth:`Diff.combine` normalises a sequence of
+phase diffs: an update or insert of a row a later phase deletes is dropped, and later updates
+of a row inserted in the same run are merged into the insert.
+
+    >>> d = Diff.empty()
+    >>> d.has_changes
+    False
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+
+import polars as pl
+
+from deep_sleep import tables
+from deep_sleep.errors import DiffError
+from deep_sleep.snapshot import Snapshot
+
+KINDS = ("inserts", "updates", "deletes")
+_DELETE_SCHEMA = {"id": pl.String(), "expected_version": pl.Int64(), "reason": pl.String(), "phase": pl.String()}
+_UPDATE_KEYS = {"id": pl.String(), "expected_version": pl.Int64()}
+
+
+def _empty(kind: str) -> pl.DataFrame:
+    if kind == "deletes":
+        return pl.DataFrame(schema=_DELETE_SCHEMA)
+    if kind == "updates":
+        return pl.DataFrame(schema={**_UPDATE_KEYS, "phase": pl.String()})
+    return pl.DataFrame(schema={"id": pl.String(), "phase": pl.String()})
+
+
+@dataclass(frozen=True)
+class TableDiff:
+    """The changes to one table."""
+
+    inserts: pl.DataFrame = field(default_factory=lambda: _empty("inserts"))
+    updates: pl.DataFrame = field(default_factory=lambda: _empty("updates"))
+    deletes: pl.DataFrame = field(default_factory=lambda: _empty("deletes"))
+
+    @property
+    def has_changes(self) -> bool:
+        return bool(self.inserts.height or self.updates.height or self.deletes.height)
+
+    def frames(self) -> dict[str, pl.DataFrame]:
+        return {"inserts": self.inserts, "updates": self.updates, "deletes": self.deletes}
+
+    def counts(self) -> dict[str, int]:
+        return {k: f.height for k, f in self.frames().items()}
+
+
+@dataclass(frozen=True)
+class Diff:
+    """A whole run's (or one phase's) changes: table name → :class:`TableDiff`."""
+
+    tables: Mapping[str, TableDiff] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in self.tables:
+            if name not in tables.TABLES:
+                raise DiffError(f"diff names unknown table {name!r}; known tables: {', '.join(tables.TABLES)}")
+        object.__setattr__(self, "tables", MappingProxyType({k: v for k, v in self.tables.items() if v.has_changes}))
+
+    # -- building --------------------------------------------------------------------------
+    @classmethod
+    def empty(cls) -> Diff:
+        return cls({})
+
+    @classmethod
+    def of(cls, table: str, phase: str, *, inserts=None, updates=None, deletes=None, reason: str | None = None) -> Diff:
+        """One phase's diff of one table.
+
+        ``updates`` and ``deletes`` take snapshot rows: ``id``, ``version`` and (updates) the
+        changed columns with their new values.  ``inserts`` takes new rows.
+        """
+        td = TableDiff()
+        if inserts is not None:
+            td = TableDiff(inserts=inserts.with_columns(pl.lit(phase).alias("phase")), updates=td.updates, deletes=td.deletes)
+        if updates is not None:
+            up = updates.rename({"version": "expected_version"}).with_columns(pl.lit(phase).alias("phase"))
+            td = TableDiff(inserts=td.inserts, updates=up, deletes=td.deletes)
+        if deletes is not None:
+            if reason is None and "reason" not in deletes.columns:
+                raise DiffError(f"{phase}: deletes of {table} need a reason")
+            de = deletes.select(
+                pl.col("id"),
+                pl.col("version").alias("expected_version"),
+                (pl.col("reason") if "reason" in deletes.columns else pl.lit(reason)).alias("reason"),
+                pl.lit(phase).alias("phase"),
+            )
+            td = TableDiff(inserts=td.inserts, updates=td.updates, deletes=de)
+        return cls({table: td})
+
+    @classmethod
+    def combine(cls, diffs: Iterable[Diff]) -> Diff:
+        """Concatenate diffs in order and normalise (see module docstring)."""
+        diffs = list(diffs)
+        out: dict[str, TableDiff] = {}
+        names = sorted({name for d in diffs for name in d.tables})
+        for name in names:
+            parts = {k: [getattr(d.tables[name], k) for d in diffs if name in d.tables] for k in KINDS}
+            frames = {k: pl.concat([f for f in parts[k] if f.height], how="diagonal_relaxed") if any(f.height for f in parts[k]) else _empty(k) for k in KINDS}
+            out[name] = _normalise(TableDiff(**frames))
+        return cls(out)
+
+    # -- reading ---------------------------------------------------------------------------
+    @property
+    def has_changes(self) -> bool:
+        return any(td.has_changes for td in self.tables.values())
+
+    def table(self, name: str) -> TableDiff:
+        return self.tables.get(name, TableDiff())
+
+    def row_counts(self) -> dict[str, dict[str, int]]:
+        return {name: td.counts() for name, td in sorted(self.tables.items())}
+
+    def content_hash(self) -> str:
+        """sha256 of a canonical serialisation: tables, kinds, columns and rows in a fixed order."""
+        h = hashlib.sha256()
+        for name in sorted(self.tables):
+            for kind, frame in self.tables[name].frames().items():
+                if not frame.height:
+                    continue
+                h.update(f"{name}.{kind}\n".encode())
+                canon = frame.select(sorted(frame.columns)).sort(["phase", "id"])
+                h.update(canon.write_ndjson().encode())
+        return h.hexdigest()
+
+    # -- folding ---------------------------------------------------------------------------
+    def fold(self, snapshot: Snapshot) -> Snapshot:
+        """The snapshot as it would look with this diff applied (what the next phase sees)."""
+        changed = {}
+        for name, td in self.tables.items():
+            frame = snapshot.table(name)
+            if td.deletes.height:
+                frame = frame.join(td.deletes.select("id"), on="id", how="anti")
+            if td.updates.height:
+                frame = _fold_updates(frame, td.updates)
+            if td.inserts.height:
+                new = tables.conform(name, td.inserts.drop("phase")).select(frame.columns)
+                new = new.with_columns(pl.col("version").fill_null(0))
+                frame = pl.concat([frame, new], how="vertical_relaxed")
+            changed[name] = frame
+        return snapshot.with_frames(changed)
+
+    # -- files -----------------------------------------------------------------------------
+    def write(self, directory: str | Path) -> Path:
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        for stale in out.glob("*.parquet"):
+            stale.unlink()
+        for name, td in self.tables.items():
+            for kind, frame in td.frames().items():
+                if frame.height:
+                    frame.write_parquet(out / f"{name}.{kind}.parquet", compression="zstd", statistics=False)
+        return out
+
+    @classmethod
+    def read(cls, directory: str | Path) -> Diff:
+        src = Path(directory)
+        if not src.is_dir():
+            raise DiffError(f"{src} is not a diff directory")
+        found: dict[str, dict[str, pl.DataFrame]] = {}
+        for file in sorted(src.glob("*.parquet")):
+            parts = file.name.split(".")
+            if len(parts) != 3 or parts[1] not in KINDS:
+                raise DiffError(f"{file}: expected <table>.(inserts|updates|deletes).parquet")
+            found.setdefault(parts[0], {})[parts[1]] = pl.read_parquet(file)
+        return cls({name: TableDiff(**kinds) for name, kinds in found.items()})
+
+
+def _fold_updates(frame: pl.DataFrame, updates: pl.DataFrame) -> pl.DataFrame:
+    cols = [c for c in updates.columns if c not in ("id", "expected_version", "phase") and c in frame.columns]
+    if not cols:
+        return frame
+    # Several phases may update one row: the last non-null value per column wins.
+    latest = updates.group_by("id", maintain_order=True).agg(pl.col(c).drop_nulls().last() for c in cols)
+    latest = latest.with_columns(pl.col(c).cast(frame.schema[c]) for c in cols)
+    joined = frame.join(latest, on="id", how="left", suffix="__new")
+    return joined.with_columns(pl.coalesce(pl.col(f"{c}__new"), pl.col(c)).alias(c) for c in cols).select(frame.columns)
+
+
+def _normalise(td: TableDiff) -> TableDiff:
+    deleted = td.deletes.get_column("id")
+    inserts, updates, deletes = td.inserts, td.updates, td.deletes
+    if deletes.height:
+        inserted_then_deleted = inserts.filter(pl.col("id").is_in(deleted.implode())).get_column("id")
+        inserts = inserts.filter(~pl.col("id").is_in(deleted.implode()))
+        updates = updates.filter(~pl.col("id").is_in(deleted.implode()))
+        deletes = deletes.filter(~pl.col("id").is_in(inserted_then_deleted.implode()))
+    if inserts.height and updates.height:
+        on_new = updates.filter(pl.col("id").is_in(inserts.get_column("id").implode()))
+        if on_new.height:
+            phase = inserts.get_column("phase")
+            merged = _fold_updates(inserts.drop("phase"), on_new).with_columns(phase)
+            inserts = merged
+            updates = updates.filter(~pl.col("id").is_in(on_new.get_column("id").implode()))
+    return TableDiff(inserts=inserts, updates=updates, deletes=deletes)

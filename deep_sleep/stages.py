@@ -1,0 +1,136 @@
+"""The stages of one scope's run as plain functions over directories.
+
+extract → plan → validate → apply, each reading what the previous one wrote (a snapshot
+directory, a diff directory with ``report.json``), so the Prefect flow passes paths between
+tasks, replay is "extract skipped, apply skipped", and every stage can be re-run by hand on
+the files of a failed night.
+
+    run_dir/
+      snapshot/            manifest.json + <table>.parquet          (SPEC §8)
+      diff/                report.json + <table>.<kind>.parquet     (SPEC §8)
+      diff/validation.parquet   failing checks, when validation failed
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from datetime import datetime, timedelta
+from pathlib import Path
+from urllib.parse import quote
+
+import polars as pl
+
+from deep_sleep.apply import apply_diff, record_run
+from deep_sleep.config import ConsolidationConfig
+from deep_sleep.db import Store
+from deep_sleep.diff import Diff
+from deep_sleep.extract import extract
+from deep_sleep.plan import plan
+from deep_sleep.report import ConsolidationReport
+from deep_sleep.scope import Scope
+from deep_sleep.snapshot import Snapshot, utc
+from validation import validate_diff
+
+DEFAULT_RUNS_DIR = Path(".deep_sleep") / "runs"
+
+
+def runs_dir(value: str | Path | None = None) -> Path:
+    return Path(value or os.environ.get("DEEP_SLEEP_RUNS_DIR") or DEFAULT_RUNS_DIR)
+
+
+def run_dir(base: str | Path | None, scope: Scope, as_of: datetime, run_id: str) -> Path:
+    """``<runs>/<scope as kind/id…, URL-quoted>/<as_of>_<run_id>``."""
+    stamp = utc(as_of).strftime("%Y%m%dT%H%M%S.%fZ")
+    return runs_dir(base) / quote(scope.display(), safe="") / f"{stamp}_{run_id}"
+
+
+def extract_stage(store: Store, scope: Scope | str, as_of: datetime, config: ConsolidationConfig, out: Path) -> Path:
+    """Extract the scope and write its snapshot to ``out``; returns ``out``."""
+    log_since = utc(as_of) - timedelta(hours=config.lookback_hours)
+    snap = extract(store, scope, log_since=log_since)
+    return snap.write(out)
+
+
+def plan_stage(snapshot_dir: Path, config: ConsolidationConfig, as_of: datetime, out: Path,
+               run_id: str | None = None, phases: tuple[str, ...] | None = None) -> Path:
+    """Run the phases on a stored snapshot; write the diff and ``report.json`` to ``out``."""
+    snap = Snapshot.read(snapshot_dir)
+    result = plan(snap, config, as_of, phases)
+    result.diff.write(out)
+    report = result.report.with_(run_id=run_id, snapshot_uri=str(Path(snapshot_dir).resolve()), diff_uri=str(Path(out).resolve()))
+    report.write(out)
+    return Path(out)
+
+
+def validate_stage(snapshot_dir: Path, diff_dir: Path) -> ConsolidationReport:
+    """Validate the diff against its snapshot.  On failure, write ``validation.parquet`` and mark the report failed."""
+    t0 = time.perf_counter()
+    snap = Snapshot.read(snapshot_dir)
+    diff = Diff.read(diff_dir)
+    failures = validate_diff(diff, snap)
+    report = ConsolidationReport.read(diff_dir)
+    timings = {**report.timings, "validate": round(time.perf_counter() - t0, 6)}
+    if failures.height:
+        failures.write_parquet(Path(diff_dir) / "validation.parquet")
+        summary = (
+            failures.group_by("check", "table", "kind", "phase").agg(pl.len().alias("rows"), pl.col("id").head(5).alias("example_ids"))
+            .sort("table", "kind", "check")
+        )
+        errors = [
+            f"validation failed: {r['check']} — {r['table']}.{r['kind']} from phase {r['phase']}: {r['rows']} row(s), e.g. {', '.join(x for x in r['example_ids'] if x)}"
+            for r in summary.iter_rows(named=True)
+        ]
+        report = report.with_(status="failed", errors=report.errors + errors, validation=failures.head(200).to_dicts(), timings=timings)
+    else:
+        report = report.with_(timings=timings)
+    report.write(diff_dir)
+    return report
+
+
+def apply_stage(store: Store, diff_dir: Path, mode: str = "nightly", started_at: datetime | None = None) -> ConsolidationReport:
+    """Apply a validated diff and record the run; a report marked failed is recorded, not applied."""
+    report = ConsolidationReport.read(diff_dir)
+    if report.status == "failed":
+        record_run(store, report, mode, started_at or datetime.now(tz=utc(report.as_of).tzinfo), "failed")
+        return report
+    t0 = time.perf_counter()
+    result = apply_diff(store, Diff.read(diff_dir), report, mode=mode, started_at=started_at)
+    report = report.with_(
+        status="applied",
+        rows_changed=result.applied,
+        conflicts=result.conflicts,
+        timings={**report.timings, "apply": round(time.perf_counter() - t0, 6)},
+    )
+    report.write(diff_dir)
+    return report
+
+
+def consolidate_scope(
+    store: Store,
+    scope: Scope | str,
+    config: ConsolidationConfig | None = None,
+    as_of: datetime | None = None,
+    base_dir: str | Path | None = None,
+    mode: str = "nightly",
+) -> ConsolidationReport:
+    """All four stages in this process, without Prefect (used by tests and the benchmark)."""
+    from datetime import UTC
+
+    scope = Scope.coerce(scope)
+    config = config or ConsolidationConfig()
+    started = datetime.now(UTC)
+    as_of = utc(as_of or started)
+    run_id = str(uuid.uuid4())
+    base = run_dir(base_dir, scope, as_of, run_id)
+    t = time.perf_counter()
+    snap_dir = extract_stage(store, scope, as_of, config, base / "snapshot")
+    t_extract = time.perf_counter() - t
+    t = time.perf_counter()
+    diff_dir = plan_stage(snap_dir, config, as_of, base / "diff", run_id=run_id)
+    t_plan = time.perf_counter() - t
+    report = ConsolidationReport.read(diff_dir)
+    report.with_(timings={**report.timings, "extract": round(t_extract, 6), "transform": round(t_plan, 6)}).write(diff_dir)
+    validate_stage(snap_dir, diff_dir)
+    return apply_stage(store, diff_dir, mode=mode, started_at=started)

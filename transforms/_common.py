@@ -1,0 +1,90 @@
+"""Shared vocabulary of the phases (SPEC §3 "Terms"); every helper is a pure function."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+import polars as pl
+
+from deep_sleep.diff import Diff
+from deep_sleep.snapshot import Snapshot
+
+PROTECTED_PREFIXES = ("SOUL:", "AGENT_IDENTITY:")
+# Namespace of the UUIDv5 ids of rows a phase creates: uuid5(NS, "scope_path|phase|natural key").
+ID_NAMESPACE = uuid.UUID("5d1e3c2a-8f4b-5b7e-9a61-0d5ee9000001")
+
+
+@dataclass(frozen=True)
+class PhaseResult:
+    """What a phase returns: its diff, its counters, and why it did not run (if it did not)."""
+
+    diff: Diff = field(default_factory=Diff.empty)
+    counters: dict[str, int] = field(default_factory=dict)
+    skipped: str | None = None
+    notes: tuple[str, ...] = ()
+
+
+def skip(reason: str) -> PhaseResult:
+    return PhaseResult(skipped=reason)
+
+
+def window_start(snapshot: Snapshot, as_of: datetime, lookback_hours: float) -> datetime:
+    """``max(as_of − lookback_hours, previous applied run's as_of)``: activity is consolidated once."""
+    start = as_of - timedelta(hours=lookback_hours)
+    prev = snapshot.previous_run_as_of
+    return max(start, prev) if prev is not None else start
+
+
+def in_window(column: str, start: datetime, as_of: datetime) -> pl.Expr:
+    """``column ∈ (start, as_of]``."""
+    return (pl.col(column) > start) & (pl.col(column) <= as_of)
+
+
+def is_protected(label: str = "label") -> pl.Expr:
+    return pl.any_horizontal(pl.col(label).str.starts_with(p) for p in PROTECTED_PREFIXES)
+
+
+def semantic(nodes: pl.DataFrame) -> pl.DataFrame:
+    return nodes.filter(pl.col("layer") == "semantic")
+
+
+def label_prefix(label: str = "label") -> pl.Expr:
+    """Casefolded text before the first ':' if any, else the first whitespace-delimited token."""
+    col = pl.col(label)
+    return (
+        pl.when(col.str.contains(":", literal=True))
+        .then(col.str.split_exact(":", 1).struct.field("field_0"))
+        .otherwise(col.str.strip_chars().str.extract(r"^(\S+)", 1))
+        .str.strip_chars()
+        .str.to_lowercase()
+    )
+
+
+def json_number(column: str, key: str) -> pl.Expr:
+    """A numeric top-level JSON property, null when absent or not a number."""
+    return pl.col(column).str.json_path_match(f"$.{key}").cast(pl.Float64, strict=False)
+
+
+def created_id(scope_path: str, phase: str, key: str) -> str:
+    return str(uuid.uuid5(ID_NAMESPACE, f"{scope_path}|{phase}|{key}"))
+
+
+def created_ids(scope_path: str, phase: str, keys: pl.Series) -> pl.Series:
+    """UUIDv5 of (scope_path, phase, natural key) for each key, in order."""
+    prefix = f"{scope_path}|{phase}|"
+    return pl.Series(keys.name, [str(uuid.uuid5(ID_NAMESPACE, prefix + k)) for k in keys.to_list()], dtype=pl.String)
+
+
+def delete_nodes(snapshot: Snapshot, doomed: pl.DataFrame, phase: str, reason: str) -> Diff:
+    """Delete nodes (``id``, ``version``) and every edge incident to them (SPEC §3: edges go with the node)."""
+    edges = snapshot.table("memory_edges")
+    ids = doomed.get_column("id").implode()
+    incident = edges.filter(pl.col("source_id").is_in(ids) | pl.col("target_id").is_in(ids))
+    return Diff.combine(
+        [
+            Diff.of("memory_nodes", phase, deletes=doomed.select("id", "version"), reason=reason),
+            Diff.of("memory_edges", phase, deletes=incident.select("id", "version"), reason=f"{reason} (incident edge)"),
+        ]
+    )

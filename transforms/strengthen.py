@@ -1,0 +1,38 @@
+"""Phase 1 — strengthen: nodes used repeatedly in the window gain importance (SPEC §3)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import polars as pl
+
+from deep_sleep.config import StrengthenConfig
+from deep_sleep.diff import Diff
+from deep_sleep.snapshot import Snapshot
+from transforms._common import PhaseResult, in_window, semantic, window_start
+
+
+def strengthen(snapshot: Snapshot, config: StrengthenConfig, as_of: datetime, lookback_hours: float) -> PhaseResult:
+    """Semantic nodes with ≥ ``min_accesses`` access-log events in (window start, as_of]:
+    importance += ``increment``, capped at ``cap``.  A node already at the cap is neither changed nor counted.
+    """
+    start = window_start(snapshot, as_of, lookback_hours)
+    hits = (
+        snapshot.table("memory_access_log")
+        .filter(in_window("accessed_at", start, as_of))
+        .group_by("node_id")
+        .len("accesses")
+        .filter(pl.col("accesses") >= config.min_accesses)
+    )
+    nodes = (
+        semantic(snapshot.table("memory_nodes"))
+        .join(hits, left_on="id", right_on="node_id", how="semi")
+        .filter(pl.col("importance") < config.cap)
+        .select("id", "version", pl.min_horizontal(pl.col("importance") + config.increment, pl.lit(config.cap)).alias("importance"))
+    )
+    if not nodes.height:
+        return PhaseResult(counters={"nodes_strengthened": 0})
+    return PhaseResult(
+        diff=Diff.of("memory_nodes", "strengthen", updates=nodes),
+        counters={"nodes_strengthened": nodes.height},
+    )
