@@ -1,0 +1,61 @@
+"""Shared fixtures: a real PostgreSQL + pgvector (embedded, or $DEEP_SLEEP_TEST_DSN) with a fresh
+database per test session, and Prefect's test harness started once per session (only when a test
+asks for it)."""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("DO_NOT_TRACK", "1")
+os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+
+import psycopg
+import pytest
+
+from deep_sleep.db import Store, embedded_dsn, ensure_database, migrate, with_database
+from deep_sleep.scope import Scope
+
+
+@pytest.fixture(scope="session")
+def admin_dsn() -> str:
+    """A superuser DSN: $DEEP_SLEEP_TEST_DSN, else the embedded server under .deep_sleep/test-pgdata."""
+    dsn = os.environ.get("DEEP_SLEEP_TEST_DSN")
+    if dsn:
+        return dsn
+    return embedded_dsn(data_dir=os.path.join(".deep_sleep", "test-pgdata"), database="postgres")
+
+
+@pytest.fixture(scope="session")
+def store(admin_dsn: str):
+    """A migrated store on a database of its own, dropped after the session."""
+    name = f"ds_test_{os.getpid()}"
+    with psycopg.connect(admin_dsn, autocommit=True) as con:
+        con.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    ensure_database(admin_dsn, name)
+    dsn = with_database(admin_dsn, name)
+    migrate(dsn)
+    yield Store(dsn)
+    with psycopg.connect(admin_dsn, autocommit=True) as con:
+        con.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@pytest.fixture
+def scope() -> Scope:
+    """A scope no other test writes to."""
+    return Scope.root("org", f"t{uuid.uuid4().hex[:10]}").child("brand", "b1")
+
+
+@pytest.fixture(scope="session")
+def prefect_harness():
+    """Prefect's local test harness (a temporary API + database), once per session."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+@pytest.fixture
+def runs_dir(tmp_path):
+    return tmp_path / "runs"

@@ -1,0 +1,157 @@
+"""The apply contract on the real store: guarded writes, conflicts, archive, crash safety, idempotence, replay."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from deep_sleep.config import ConsolidationConfig
+from deep_sleep.diff import Diff
+from deep_sleep.extract import extract
+from deep_sleep.plan import plan
+from deep_sleep.report import ConsolidationReport
+from deep_sleep.snapshot import Snapshot
+from deep_sleep.stages import apply_stage, consolidate_scope, extract_stage, plan_stage, validate_stage
+from tests.storeutil import dump, scalar, small_graph
+
+NOW = datetime(2026, 11, 20, 3, 0, tzinfo=UTC)
+
+
+def _planned(store, scope, tmp_path, as_of=NOW):
+    config = ConsolidationConfig()
+    snap_dir = extract_stage(store, scope, as_of, config, tmp_path / "snapshot")
+    diff_dir = plan_stage(snap_dir, config, as_of, tmp_path / "diff", run_id=str(uuid.uuid4()))
+    assert validate_stage(snap_dir, diff_dir).status != "failed"
+    return snap_dir, diff_dir
+
+
+def test_run_applies_strengthen_and_ttl_and_archives(store, scope, runs_dir):
+    ids = small_graph(store, scope, NOW)
+    report = consolidate_scope(store, scope, as_of=NOW, base_dir=runs_dir)
+    assert report.status == "applied", report.errors
+    assert report.counters["nodes_strengthened"] == 3
+    assert report.counters["working_ttl_pruned"] == 1
+    assert report.conflicts == 0
+    assert report.rows_changed == {"memory_edges": {"deletes": 1}, "memory_nodes": {"deletes": 1, "updates": 3}}
+    # read the store back
+    assert scalar(store, "SELECT array_agg(importance ORDER BY id) FROM memory_nodes WHERE id = ANY(%s::uuid[])", ids["hot"]) == [5.5] * 3
+    assert scalar(store, "SELECT importance FROM memory_nodes WHERE id = %s", ids["cold"][0]) == 5.0
+    assert scalar(store, "SELECT count(*) FROM memory_nodes WHERE id = %s", ids["expired"][0]) == 0
+    assert scalar(store, "SELECT count(*) FROM memory_nodes WHERE id = %s", ids["alive"][0]) == 1
+    # consolidation bumps version but never updated_at
+    assert scalar(store, "SELECT min(version) FROM memory_nodes WHERE id = ANY(%s::uuid[])", ids["hot"]) == 2
+    assert scalar(store, "SELECT max(updated_at) FROM memory_nodes WHERE id = ANY(%s::uuid[])", ids["hot"]) == NOW - timedelta(hours=3)
+    # deleted rows are archived whole, with the reason, under this run
+    archived = scalar(store, "SELECT jsonb_agg(row ORDER BY table_name) FROM consolidation_archive WHERE run_id = %s", report.run_id)
+    assert {a["id"] for a in archived} >= {ids["expired"][0]}
+    assert len(archived) == 2  # the node and its edge
+    ledger = scalar(store, "SELECT to_jsonb(r) FROM consolidation_runs r WHERE run_id = %s", report.run_id)
+    assert ledger["status"] == "applied" and ledger["diff_hash"] == report.diff_hash
+    assert ledger["counters"]["nodes_strengthened"] == 3
+
+
+def test_live_write_between_extract_and_apply_survives_and_counts_one_conflict(store, scope, tmp_path):
+    ids = small_graph(store, scope, NOW)
+    _, diff_dir = _planned(store, scope, tmp_path)
+    target = ids["hot"][0]
+    with store.pg() as live:  # a live turn, on its own connection, after the snapshot
+        live.execute("UPDATE memory_nodes SET importance = 7.25, label = 'project: edited live' WHERE id = %s", (target,))
+        live.commit()
+    report = apply_stage(store, diff_dir)
+    assert report.status == "applied"
+    assert report.conflicts == 1
+    assert report.rows_changed["memory_nodes"]["updates"] == 2
+    assert scalar(store, "SELECT importance FROM memory_nodes WHERE id = %s", target) == 7.25
+    assert scalar(store, "SELECT label FROM memory_nodes WHERE id = %s", target) == "project: edited live"
+    assert scalar(store, "SELECT conflicts FROM consolidation_runs WHERE run_id = %s", report.run_id) == 1
+
+
+def test_second_run_at_same_as_of_is_empty_and_replay_reproduces_the_hash(store, scope, runs_dir, tmp_path):
+    small_graph(store, scope, NOW)
+    first = consolidate_scope(store, scope, as_of=NOW, base_dir=runs_dir)
+    assert first.status == "applied" and first.rows_changed
+    # replay the stored snapshot of the applied run: same diff, byte for byte
+    replay = plan(Snapshot.read(first.snapshot_uri), ConsolidationConfig(), NOW)
+    assert replay.report.diff_hash == first.diff_hash
+    assert replay.report.counters == first.counters
+    second = consolidate_scope(store, scope, as_of=NOW, base_dir=runs_dir)
+    assert second.counters == dict.fromkeys(second.counters, 0)
+    assert second.rows_changed == {}
+    assert second.diff_hash == Diff.empty().content_hash()
+
+
+def test_diff_files_round_trip_with_the_same_hash(store, scope, tmp_path):
+    small_graph(store, scope, NOW)
+    snap = extract(store, scope)
+    result = plan(snap, ConsolidationConfig(), NOW)
+    result.diff.write(tmp_path / "d")
+    again = Diff.read(tmp_path / "d")
+    assert again.content_hash() == result.diff.content_hash()
+    assert sorted(p.name for p in (tmp_path / "d").iterdir()) == [
+        "memory_edges.deletes.parquet", "memory_nodes.deletes.parquet", "memory_nodes.updates.parquet"]
+    assert set(pl.read_parquet(tmp_path / "d" / "memory_nodes.updates.parquet").columns) == {"id", "expected_version", "importance", "phase"}
+
+
+CRASHER = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    import deep_sleep.apply as ap
+    from deep_sleep.db import Store
+    from deep_sleep.stages import apply_stage
+
+    dsn, diff_dir, marker, after = sys.argv[1], sys.argv[2], Path(sys.argv[3]), int(sys.argv[4])
+    real = ap._scalar
+    calls = []
+
+    def pausing(cur, sql, params):
+        n = real(cur, sql, params)
+        calls.append(sql)
+        if len(calls) == after:
+            marker.write_text(sql[:60])
+            time.sleep(600)  # inside the open transaction, until the test kills us
+        return n
+
+    ap._scalar = pausing
+    apply_stage(Store(dsn), Path(diff_dir))
+    """
+)
+
+
+@pytest.mark.parametrize("after", [1, 2, 3])
+def test_sigkill_inside_apply_leaves_the_store_as_it_was_and_a_rerun_applies(store, scope, tmp_path, after):
+    small_graph(store, scope, NOW)
+    _, diff_dir = _planned(store, scope, tmp_path)
+    before = dump(store, scope)
+    script = tmp_path / "crash.py"
+    script.write_text(CRASHER)
+    marker = tmp_path / "in-transaction"
+    env = {**os.environ, "PYTHONPATH": str(Path.cwd())}
+    proc = subprocess.Popen([sys.executable, str(script), store.dsn, str(diff_dir), str(marker), str(after)], env=env)
+    deadline = time.monotonic() + 120
+    while not marker.exists():
+        assert proc.poll() is None, "the applying process ended before reaching the pause point"
+        assert time.monotonic() < deadline, "the applying process never reached the pause point"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+    # Postgres notices the dead backend and rolls its transaction back; wait until it is gone
+    deadline = time.monotonic() + 30
+    while scalar(store, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND state LIKE 'idle in transaction%%'") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert dump(store, scope) == before
+    rerun = apply_stage(store, diff_dir)
+    assert rerun.status == "applied" and rerun.conflicts == 0
+    assert dump(store, scope) != before
+    assert rerun.rows_changed["memory_nodes"] == {"deletes": 1, "updates": 3}
