@@ -88,3 +88,34 @@ def delete_nodes(snapshot: Snapshot, doomed: pl.DataFrame, phase: str, reason: s
             Diff.of("memory_edges", phase, deletes=incident.select("id", "version"), reason=f"{reason} (incident edge)"),
         ]
     )
+
+
+def merge_json(frame: pl.DataFrame, patch: pl.Expr, column: str = "properties") -> pl.DataFrame:
+    """Replace ``column`` (JSON object text) by its RFC 7386 merge with ``patch`` (an expression
+    giving JSON object text, e.g. ``pl.struct(a=…).struct.json_encode()``).  Vectorized in DuckDB."""
+    if not frame.height:
+        return frame
+    import duckdb
+
+    work = frame.with_row_index("_ds_row").with_columns(patch.alias("_ds_patch"))
+    con = duckdb.connect()
+    try:
+        con.register("work", work.select("_ds_row", column, "_ds_patch").to_arrow())
+        merged = con.sql(
+            f"SELECT _ds_row, json_merge_patch(coalesce({column}, '{{}}'), _ds_patch)::VARCHAR AS {column} FROM work"
+        ).pl()
+    finally:
+        con.close()
+    merged = merged.with_columns(pl.col("_ds_row").cast(pl.UInt32))
+    return work.drop(column, "_ds_patch").join(merged, on="_ds_row", how="left").sort("_ds_row").drop("_ds_row").select(frame.columns)
+
+
+def resolve_labels(nodes: pl.DataFrame) -> pl.DataFrame:
+    """label → id of the node it resolves to: among semantic nodes with that exact label, the highest
+    importance, then the latest ``updated_at``, then the smallest id (SPEC §3, phase 2.5)."""
+    return (
+        semantic(nodes)
+        .sort(["label", "importance", "updated_at", "id"], descending=[False, True, True, False], nulls_last=True)
+        .group_by("label", maintain_order=True)
+        .agg(pl.col("id").first())
+    )

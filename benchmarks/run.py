@@ -1,0 +1,176 @@
+"""End-to-end benchmark of one scope's nightly run against the raw cost of moving its rows.
+
+    make bench SCALE=1000000            # or: python -m benchmarks.run --scale 100000 --scale 1000000
+
+For each scale it seeds one scope with that many nodes (plus the edges, events, access log …
+the generator makes for it) into a fresh database, then times
+
+- the stages of a real run: extract (ADBC, one REPEATABLE READ transaction, + Parquet),
+  transform (all phases, + Parquet), validate (pandera), apply (one transaction), total;
+- each phase;
+- the raw baseline on the same rows: COPY out (ADBC ``fetch_arrow_table`` of the same SELECTs,
+  which ADBC runs as binary COPY) and COPY in (ADBC ``adbc_ingest`` of those Arrow tables into
+  temporary tables);
+
+and writes ``bench-results.json`` (results of other scales already in the file are kept).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+
+import psycopg
+
+
+def _p(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def _fresh_store(admin_dsn: str, name: str):
+    from deep_sleep.db import Store, ensure_database, migrate, with_database
+
+    with psycopg.connect(admin_dsn, autocommit=True) as con:
+        con.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    ensure_database(admin_dsn, name)
+    dsn = with_database(admin_dsn, name)
+    migrate(dsn)
+    return Store(dsn)
+
+
+def copy_baseline(store, scope_path: str) -> dict[str, float]:
+    """Seconds to COPY the scope's extracted rows out to Arrow and back in (temp tables)."""
+    from deep_sleep import tables
+    from deep_sleep.extract import select_sql
+
+    with store.adbc() as con:
+        cur = con.cursor()
+        t = time.perf_counter()
+        arrow = {}
+        for table in tables.TABLES:
+            cur.execute(select_sql(table, bounded=False), parameters=(scope_path,))
+            arrow[table] = cur.fetch_arrow_table()
+        out_s = time.perf_counter() - t
+        t = time.perf_counter()
+        for table, data in arrow.items():
+            if data.num_rows:
+                # the opaque pgvector extension type cannot be ingested as-is; drop it (no embeddings in the bench)
+                keep = [f.name for f in data.schema if "opaque" not in str(f.type)]
+                cur.adbc_ingest(f"_bench_{table}", data.select(keep), mode="create", temporary=True)
+        in_s = time.perf_counter() - t
+        con.rollback()
+        rows = {t: a.num_rows for t, a in arrow.items()}
+    return {"copy_out": round(out_s, 3), "copy_in": round(in_s, 3), "copy_total": round(out_s + in_s, 3), "rows": rows}
+
+
+def bench_scale(admin_dsn: str, scale: int, work: Path) -> dict:
+    from deep_sleep.config import ConsolidationConfig
+    from deep_sleep.report import ConsolidationReport
+    from deep_sleep.seed import SeedSpec, generate, load, scopes_of
+    from deep_sleep.stages import apply_stage, extract_stage, plan_stage, validate_stage
+
+    store = _fresh_store(admin_dsn, "deep_sleep_bench")
+    now = datetime.now(UTC).replace(microsecond=0)
+    spec = SeedSpec(tenants=1, scopes_per_tenant=1, nodes_per_scope=scale, seed=11, now=now)
+    _p(f"scale {scale:,}: generating")
+    t = time.perf_counter()
+    frames = generate(spec)
+    gen_s = time.perf_counter() - t
+    _p(f"scale {scale:,}: generated in {gen_s:.1f}s; loading")
+    t = time.perf_counter()
+    loaded = load(store, frames)
+    load_s = time.perf_counter() - t
+    with store.pg(autocommit=True) as con:
+        con.execute("VACUUM ANALYZE")
+        scope_path = con.execute(
+            "SELECT scope_path FROM memory_nodes GROUP BY 1 ORDER BY count(*) DESC LIMIT 1").fetchone()[0]
+    _p(f"scale {scale:,}: loaded {sum(loaded.values()):,} rows in {load_s:.1f}s; scope {scope_path!r}")
+    del frames
+    _ = scopes_of
+
+    config = ConsolidationConfig()
+    run_id = str(uuid.uuid4())
+    base = work / f"scale-{scale}" / run_id
+    stages: dict[str, float] = {}
+    t0 = time.perf_counter()
+    snap_dir = extract_stage(store, scope_path, now, config, base / "snapshot")
+    stages["extract"] = time.perf_counter() - t0
+    _p(f"extract   {stages['extract']:.2f}s")
+    t = time.perf_counter()
+    diff_dir = plan_stage(snap_dir, config, now, base / "diff", run_id=run_id)
+    stages["transform"] = time.perf_counter() - t
+    _p(f"transform {stages['transform']:.2f}s")
+    t = time.perf_counter()
+    report = validate_stage(snap_dir, diff_dir)
+    stages["validate"] = time.perf_counter() - t
+    _p(f"validate  {stages['validate']:.2f}s ({report.status})")
+    if report.status == "failed":
+        raise SystemExit("validation failed:\n" + "\n".join(report.errors))
+    t = time.perf_counter()
+    report = apply_stage(store, diff_dir)
+    stages["apply"] = time.perf_counter() - t
+    stages["total"] = time.perf_counter() - t0
+    _p(f"apply     {stages['apply']:.2f}s; total {stages['total']:.2f}s")
+    report = ConsolidationReport.read(diff_dir)
+    from transforms import phase_names
+
+    phases = {p: report.timings[p] for p in phase_names() if p in report.timings}
+    _p("COPY baseline")
+    copy = copy_baseline(store, scope_path)
+    nodes = copy["rows"]["memory_nodes"]
+    transform_phases_s = sum(phases.values())
+    result = {
+        "scale": scale,
+        "nodes": nodes,
+        "rows_extracted": copy["rows"],
+        "seed_seconds": {"generate": round(gen_s, 3), "load": round(load_s, 3)},
+        "stages_seconds": {k: round(v, 3) for k, v in stages.items()},
+        "phases_seconds": {k: round(v, 4) for k, v in phases.items()},
+        "transform_nodes_per_second": round(nodes / transform_phases_s) if transform_phases_s else None,
+        "copy_seconds": {k: v for k, v in copy.items() if k != "rows"},
+        "ratio_total_to_copy": round(stages["total"] / copy["copy_total"], 2) if copy["copy_total"] else None,
+        "diff_rows": report.rows_changed,
+        "conflicts": report.conflicts,
+        "counters": {k: v for k, v in report.counters.items() if v},
+    }
+    _p(f"ratio total/COPY = {result['ratio_total_to_copy']}  (COPY out {copy['copy_out']}s + in {copy['copy_in']}s)")
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--scale", type=int, action="append", help="nodes in the scope (repeatable); default 100000")
+    ap.add_argument("--out", default="bench-results.json")
+    ap.add_argument("--work", default="bench-data", help="where snapshots and diffs of the bench runs go")
+    args = ap.parse_args(argv)
+    scales = args.scale or [100_000]
+
+    from deep_sleep.db import embedded_dsn
+
+    admin = os.environ.get("DEEP_SLEEP_BENCH_DSN") or embedded_dsn(
+        data_dir=os.path.join(".deep_sleep", "bench-pgdata"), database="postgres")
+    out = Path(args.out)
+    doc = json.loads(out.read_text()) if out.exists() else {}
+    doc["machine"] = {"cpus": os.cpu_count(), "python": sys.version.split()[0], "platform": platform.platform()}
+    runs = {r["scale"]: r for r in doc.get("runs", [])}
+    for scale in scales:
+        result = bench_scale(admin, scale, Path(args.work))
+        result["measured_at"] = datetime.now(UTC).isoformat(timespec="seconds")
+        runs[scale] = result
+        doc["runs"] = [runs[k] for k in sorted(runs)]
+        out.write_text(json.dumps(doc, indent=2) + "\n")
+    print(json.dumps({r["scale"]: {"stages": r["stages_seconds"], "copy": r["copy_seconds"], "ratio": r["ratio_total_to_copy"]}
+                      for r in doc["runs"]}, indent=2))
+    print(f"written to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
