@@ -86,9 +86,16 @@ def insert_sql(table: str, present: list[str]) -> str:
 
 LEDGER_SQL = (
     "INSERT INTO consolidation_runs (run_id, scope_path, mode, as_of, started_at, finished_at, status, counters,"
-    " phases_run, phases_skipped, timings, rows_changed, conflicts, diff_hash, snapshot_uri, diff_uri, errors)"
+    " phases_run, phases_skipped, timings, rows_changed, conflicts, diff_hash, snapshot_uri, diff_uri, errors,"
+    " quarantined)"
     " VALUES ($1::uuid, $2, $3, $4, $5, now(), $6, $7::jsonb, $8::jsonb, $9::jsonb, $10::jsonb, $11::jsonb, $12,"
-    " $13, $14, $15, $16::jsonb)"
+    " $13, $14, $15, $16::jsonb, $17::jsonb)"
+)
+
+QUARANTINE_SQL = (
+    "WITH done AS (INSERT INTO consolidation_quarantine (run_id, scope_path, table_name, row_id, reason, row)"
+    " SELECT $1::uuid, $2, s.table, s.id, s.reason, s.row::jsonb FROM _ds_quarantine s RETURNING 1)"
+    " SELECT count(*) FROM done"
 )
 
 
@@ -122,6 +129,7 @@ def ledger_params(report: ConsolidationReport, mode: str, started_at: datetime, 
         report.run_id, report.scope_path, mode, datetime.fromisoformat(report.as_of.replace("Z", "+00:00")),
         started_at, status, j(report.counters), j(report.phases_run), j(report.phases_skipped), j(report.timings),
         j(report.rows_changed), report.conflicts, report.diff_hash, report.snapshot_uri, report.diff_uri, j(report.errors),
+        j(report.quarantined),
     )
 
 
@@ -141,8 +149,10 @@ def apply_diff(
     *,
     mode: str = "nightly",
     started_at: datetime | None = None,
+    quarantined: pl.DataFrame | None = None,
 ) -> ApplyResult:
-    """Apply ``diff`` for ``report.scope_path`` in one transaction and record the run as applied.
+    """Apply ``diff`` for ``report.scope_path`` in one transaction and record the run as applied,
+    with the rows it ``quarantined`` (table, id, reason, row JSON) if any.
 
     ``report.run_id`` must be set.  On any error the transaction rolls back: the store is as before.
     """
@@ -181,6 +191,9 @@ def apply_diff(
                     n = _scalar(cur, insert_sql(table, [c for c in body.columns if c in tables.columns(table)]), (scope,))
                 applied.setdefault(table, {})[kind] = n
                 conflicts += body.height - n
+            if quarantined is not None and quarantined.height:
+                cur.adbc_ingest("_ds_quarantine", _arrow(quarantined), mode="create", temporary=True)
+                _scalar(cur, QUARANTINE_SQL, (report.run_id, scope))
             final = report.with_(rows_changed=applied, conflicts=conflicts, status="applied")
             cur.execute(LEDGER_SQL, parameters=ledger_params(final, mode, started_at, "applied"))
             con.commit()

@@ -161,8 +161,9 @@ class Diff:
     def write(self, directory: str | Path) -> Path:
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
-        for stale in out.glob("*.parquet"):
-            stale.unlink()
+        for kind in KINDS:
+            for stale in out.glob(f"*.{kind}.parquet"):
+                stale.unlink()
         for name, td in self.tables.items():
             for kind, frame in td.frames().items():
                 if frame.height:
@@ -175,9 +176,9 @@ class Diff:
         if not src.is_dir():
             raise DiffError(f"{src} is not a diff directory")
         found: dict[str, dict[str, pl.DataFrame]] = {}
-        for file in sorted(src.glob("*.parquet")):
+        for file in sorted(p for kind in KINDS for p in src.glob(f"*.{kind}.parquet")):
             parts = file.name.split(".")
-            if len(parts) != 3 or parts[1] not in KINDS:
+            if len(parts) != 3:
                 raise DiffError(f"{file}: expected <table>.(inserts|updates|deletes).parquet")
             found.setdefault(parts[0], {})[parts[1]] = pl.read_parquet(file)
         return cls({name: TableDiff(**kinds) for name, kinds in found.items()})

@@ -17,23 +17,29 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+import polars as pl
+
 from deep_sleep.config import ConsolidationConfig
 from deep_sleep.diff import Diff
 from deep_sleep.report import COUNTERS, ConsolidationReport
 from deep_sleep.snapshot import Snapshot, iso, utc
 from transforms import Phase, PhaseResult, roster
+from validation.quarantine import QUARANTINE_SCHEMA, quarantine, summarise
 
 
 @dataclass(frozen=True)
 class Plan:
-    """The diff a run would apply, the snapshot it was computed from, and its report."""
+    """The diff a run would apply, the (clean) snapshot it was computed from, the rows quarantined
+    out of it, and the report."""
 
     snapshot: Snapshot
     diff: Diff
     report: ConsolidationReport
+    quarantined: pl.DataFrame
 
 
 def _arguments(phase: Phase, snapshot: Snapshot, config: ConsolidationConfig, as_of: datetime) -> dict:
+    wanted = inspect.signature(phase.fn).parameters
     offered = {
         "snapshot": snapshot,
         "config": config.phase(phase.name),
@@ -41,7 +47,10 @@ def _arguments(phase: Phase, snapshot: Snapshot, config: ConsolidationConfig, as
         "lookback_hours": config.lookback_hours,
         "scope_path": snapshot.scope_path,
     }
-    wanted = inspect.signature(phase.fn).parameters
+    if "embedder" in wanted:  # built only for the phases that ask (phase 12)
+        from deep_sleep.embedding import default_embedder
+
+        offered["embedder"] = default_embedder()
     missing = [name for name in wanted if name not in offered]
     if missing:
         raise TypeError(f"phase {phase.name} asks for {missing}; phases may ask for {sorted(offered)}")
@@ -53,9 +62,14 @@ def plan(
     config: ConsolidationConfig,
     as_of: datetime,
     phases: tuple[str, ...] | list[str] | None = None,
+    check_rows: bool = True,
 ) -> Plan:
-    """Run the roster (or the named ``phases``) in order, folding each diff in before the next phase."""
+    """Quarantine rows that break the store's invariants (``check_rows``), then run the roster (or
+    the named ``phases``) in order, folding each diff in before the next phase."""
     as_of = utc(as_of)
+    quarantined = pl.DataFrame(schema=QUARANTINE_SCHEMA)
+    if check_rows:
+        snapshot, quarantined = quarantine(snapshot, as_of)
     view = snapshot
     diffs: list[Diff] = []
     counters = dict.fromkeys(COUNTERS, 0)
@@ -97,8 +111,9 @@ def plan(
         rows_changed=diff.row_counts(),
         notes=notes,
         diff_hash=diff.content_hash(),
+        quarantined=summarise(quarantined),
     )
-    return Plan(snapshot=snapshot, diff=diff, report=report)
+    return Plan(snapshot=snapshot, diff=diff, report=report, quarantined=quarantined)
 
 
 __all__ = ["Plan", "plan", "UTC"]

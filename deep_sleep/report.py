@@ -44,6 +44,7 @@ class ConsolidationReport:
     errors: human-readable errors (validation failures, exceptions); empty on success.
     notes: phase → things worth knowing that are not errors (e.g. rejected SOUL keys by name).
     validation: failing checks (check, table, phase, rows) when validation failed.
+    quarantined: table → reason → rows set aside from the snapshot (left untouched in the store).
     diff_hash: content hash of the diff (same snapshot + config + as_of → same hash).
     status: "planned" (replay), "applied", "failed", or "empty".
     run_id, snapshot_uri, diff_uri: where the run is recorded and stored.
@@ -61,6 +62,7 @@ class ConsolidationReport:
     errors: list[str] = field(default_factory=list)
     notes: dict[str, list[str]] = field(default_factory=dict)
     validation: list[dict[str, Any]] = field(default_factory=list)
+    quarantined: dict[str, dict[str, int]] = field(default_factory=dict)
     diff_hash: str = ""
     status: str = "planned"
     run_id: str | None = None

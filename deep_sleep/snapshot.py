@@ -2,7 +2,8 @@
 
 A snapshot directory holds ``manifest.json`` and one ``<table>.parquet`` per extracted table,
 columns named as in Postgres.  Any subset of tables may be present; missing tables read as
-empty, so a snapshot written by hand replays.
+empty, missing columns as null (``scope_path`` and ``tenant_id`` as the manifest's scope), so a
+snapshot written by hand replays.
 
     >>> snap = Snapshot.empty("org\\x1facme", taken_at=datetime(2026, 1, 1, tzinfo=UTC))
     >>> snap.table("memory_nodes").height
@@ -52,7 +53,6 @@ class Snapshot:
     previous_run_as_of: ``as_of`` of the scope's last applied run, or None.
     frames: table name → frame in the snapshot schema of :mod:`deep_sleep.tables`.
     source: the directory it was read from or written to, if any.
-    quarantined: rows set aside at extract/validation time (table, id, reason), if any.
     """
 
     scope_path: str
@@ -143,7 +143,11 @@ class Snapshot:
             if not file.is_file():
                 raise SnapshotError(f"{mpath}: table {name} names {file.name}, which does not exist")
             try:
-                frame = tables.conform(name, pl.read_parquet(file))
+                raw = pl.read_parquet(file)
+                # A snapshot holds one scope: columns it leaves out for that reason take the manifest's scope.
+                fill = {"scope_path": manifest["scope_path"], "tenant_id": Scope.parse(manifest["scope_path"]).tenant_id}
+                raw = raw.with_columns(pl.lit(v).alias(k) for k, v in fill.items() if k not in raw.columns)
+                frame = tables.conform(name, raw)
             except ValueError as exc:
                 raise SnapshotError(f"{file}: {exc}") from exc
             rows = entry.get("rows")

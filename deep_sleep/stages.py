@@ -9,6 +9,7 @@ the files of a failed night.
       snapshot/            manifest.json + <table>.parquet          (SPEC §8)
       diff/                report.json + <table>.<kind>.parquet     (SPEC §8)
       diff/validation.parquet   failing checks, when validation failed
+      diff/quarantine.parquet   rows set aside from the snapshot, with reasons, when any
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ from deep_sleep.report import ConsolidationReport
 from deep_sleep.scope import Scope
 from deep_sleep.snapshot import Snapshot, utc
 from validation import validate_diff
+from validation.quarantine import quarantine
+
+QUARANTINE_FILE = "quarantine.parquet"
 
 DEFAULT_RUNS_DIR = Path(".deep_sleep") / "runs"
 
@@ -64,6 +68,8 @@ def plan_stage(snapshot_dir: Path, config: ConsolidationConfig, as_of: datetime,
     snap = Snapshot.read(snapshot_dir)
     result = plan(snap, config, as_of, phases)
     result.diff.write(out)
+    if result.quarantined.height:
+        result.quarantined.write_parquet(Path(out) / QUARANTINE_FILE)
     seconds = {**(timings or {}), **result.report.timings, "transform": round(time.perf_counter() - t0, 6)}
     report = result.report.with_(run_id=run_id, snapshot_uri=str(Path(snapshot_dir).resolve()),
                                  diff_uri=str(Path(out).resolve()), timings=seconds)
@@ -74,10 +80,10 @@ def plan_stage(snapshot_dir: Path, config: ConsolidationConfig, as_of: datetime,
 def validate_stage(snapshot_dir: Path, diff_dir: Path) -> ConsolidationReport:
     """Validate the diff against its snapshot.  On failure, write ``validation.parquet`` and mark the report failed."""
     t0 = time.perf_counter()
-    snap = Snapshot.read(snapshot_dir)
+    report = ConsolidationReport.read(diff_dir)
+    snap, _ = quarantine(Snapshot.read(snapshot_dir), utc(report.as_of))  # the clean snapshot the plan saw
     diff = Diff.read(diff_dir)
     failures = validate_diff(diff, snap)
-    report = ConsolidationReport.read(diff_dir)
     timings = {**report.timings, "validate": round(time.perf_counter() - t0, 6)}
     if failures.height:
         failures.write_parquet(Path(diff_dir) / "validation.parquet")
@@ -103,7 +109,9 @@ def apply_stage(store: Store, diff_dir: Path, mode: str = "nightly", started_at:
         record_run(store, report, mode, started_at or datetime.now(tz=utc(report.as_of).tzinfo), "failed")
         return report
     t0 = time.perf_counter()
-    result = apply_diff(store, Diff.read(diff_dir), report, mode=mode, started_at=started_at)
+    qfile = Path(diff_dir) / QUARANTINE_FILE
+    quarantined = pl.read_parquet(qfile) if qfile.exists() else None
+    result = apply_diff(store, Diff.read(diff_dir), report, mode=mode, started_at=started_at, quarantined=quarantined)
     report = report.with_(
         status="applied",
         rows_changed=result.applied,
@@ -121,6 +129,7 @@ def consolidate_scope(
     as_of: datetime | None = None,
     base_dir: str | Path | None = None,
     mode: str = "nightly",
+    phases: tuple[str, ...] | None = None,
 ) -> ConsolidationReport:
     """All four stages in this process, without Prefect (used by tests and the benchmark)."""
     from datetime import UTC
@@ -134,6 +143,6 @@ def consolidate_scope(
     t = time.perf_counter()
     snap_dir = extract_stage(store, scope, as_of, config, base / "snapshot")
     extract_seconds = {"extract": round(time.perf_counter() - t, 6)}
-    diff_dir = plan_stage(snap_dir, config, as_of, base / "diff", run_id=run_id, timings=extract_seconds)
+    diff_dir = plan_stage(snap_dir, config, as_of, base / "diff", run_id=run_id, phases=phases, timings=extract_seconds)
     validate_stage(snap_dir, diff_dir)
     return apply_stage(store, diff_dir, mode=mode, started_at=started)

@@ -14,8 +14,15 @@ SCOPED_TABLES = tuple(tables.TABLES) + ("consolidation_archive",)
 
 
 def insert(store: Store, table: str, rows: list[dict]) -> None:
-    if not rows:
-        return
+    """Insert rows (dicts); rows with different key sets are inserted as separate batches."""
+    shapes: dict[tuple, list[dict]] = {}
+    for row in rows:
+        shapes.setdefault(tuple(row), []).append(row)
+    for batch in shapes.values():
+        _insert(store, table, batch)
+
+
+def _insert(store: Store, table: str, rows: list[dict]) -> None:
     cols = list(rows[0])
     spec = tables.columns(table)
     pg_type = {"json": "jsonb", "uuid": "uuid", "text": "text", "ts": "timestamptz", "float": "float8",
@@ -59,7 +66,7 @@ def small_graph(store: Store, scope: Scope, now: datetime) -> dict[str, list[str
     insert(store, "memory_nodes", [*hot, cold, expired, alive])
     insert(store, "memory_access_log", [access(scope, n["id"], now - timedelta(minutes=m)) for n in hot for m in (5, 30)]
            + [access(scope, cold["id"], now - timedelta(minutes=5))])
-    insert(store, "memory_edges", [edge(scope, hot[0]["id"], expired["id"])])
+    insert(store, "memory_edges", [edge(scope, hot[0]["id"], expired["id"], at=now - timedelta(hours=3))])
     return {"hot": [n["id"] for n in hot], "cold": [cold["id"]], "expired": [expired["id"]], "alive": [alive["id"]]}
 
 

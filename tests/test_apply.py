@@ -25,19 +25,21 @@ from deep_sleep.stages import apply_stage, consolidate_scope, extract_stage, pla
 from tests.storeutil import dump, scalar, small_graph
 
 NOW = datetime(2026, 11, 20, 3, 0, tzinfo=UTC)
+# These tests are about the apply contract; two phases with exactly known effects suffice.
+TWO = ("strengthen", "working_ttl")
 
 
 def _planned(store, scope, tmp_path, as_of=NOW):
     config = ConsolidationConfig()
     snap_dir = extract_stage(store, scope, as_of, config, tmp_path / "snapshot")
-    diff_dir = plan_stage(snap_dir, config, as_of, tmp_path / "diff", run_id=str(uuid.uuid4()))
+    diff_dir = plan_stage(snap_dir, config, as_of, tmp_path / "diff", run_id=str(uuid.uuid4()), phases=TWO)
     assert validate_stage(snap_dir, diff_dir).status != "failed"
     return snap_dir, diff_dir
 
 
 def test_run_applies_strengthen_and_ttl_and_archives(store, scope, runs_dir):
     ids = small_graph(store, scope, NOW)
-    report = consolidate_scope(store, scope, as_of=NOW, base_dir=runs_dir)
+    report = consolidate_scope(store, scope, as_of=NOW, base_dir=runs_dir, phases=TWO)
     assert report.status == "applied", report.errors
     assert report.counters["nodes_strengthened"] == 3
     assert report.counters["working_ttl_pruned"] == 1
@@ -78,13 +80,13 @@ def test_live_write_between_extract_and_apply_survives_and_counts_one_conflict(s
 
 def test_second_run_at_same_as_of_is_empty_and_replay_reproduces_the_hash(store, scope, runs_dir, tmp_path):
     small_graph(store, scope, NOW)
-    first = consolidate_scope(store, scope, as_of=NOW, base_dir=runs_dir)
+    first = consolidate_scope(store, scope, as_of=NOW, base_dir=runs_dir, phases=TWO)
     assert first.status == "applied" and first.rows_changed
     # replay the stored snapshot of the applied run: same diff, byte for byte
-    replay = plan(Snapshot.read(first.snapshot_uri), ConsolidationConfig(), NOW)
+    replay = plan(Snapshot.read(first.snapshot_uri), ConsolidationConfig(), NOW, phases=TWO)
     assert replay.report.diff_hash == first.diff_hash
     assert replay.report.counters == first.counters
-    second = consolidate_scope(store, scope, as_of=NOW, base_dir=runs_dir)
+    second = consolidate_scope(store, scope, as_of=NOW, base_dir=runs_dir, phases=TWO)
     assert second.counters == dict.fromkeys(second.counters, 0)
     assert second.rows_changed == {}
     assert second.diff_hash == Diff.empty().content_hash()
@@ -93,7 +95,7 @@ def test_second_run_at_same_as_of_is_empty_and_replay_reproduces_the_hash(store,
 def test_diff_files_round_trip_with_the_same_hash(store, scope, tmp_path):
     small_graph(store, scope, NOW)
     snap = extract(store, scope)
-    result = plan(snap, ConsolidationConfig(), NOW)
+    result = plan(snap, ConsolidationConfig(), NOW, phases=TWO)
     result.diff.write(tmp_path / "d")
     again = Diff.read(tmp_path / "d")
     assert again.content_hash() == result.diff.content_hash()
