@@ -78,7 +78,7 @@ def bench_scale(admin_dsn: str, scale: int, work: Path) -> dict:
 
     store = _fresh_store(admin_dsn, "deep_sleep_bench")
     now = datetime.now(UTC).replace(microsecond=0)
-    spec = SeedSpec(tenants=1, scopes_per_tenant=1, nodes_per_scope=scale, seed=11, now=now)
+    spec = SeedSpec(tenants=1, scopes_per_tenant=0, nodes_per_scope=scale, seed=11, now=now)
     _p(f"scale {scale:,}: generating")
     t = time.perf_counter()
     frames = generate(spec)

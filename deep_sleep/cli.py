@@ -83,7 +83,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     out = Path(args.out)
     plan_stage(Path(args.snapshot_dir), config, _as_of(args.as_of), out)
-    report = validate_stage(Path(args.snapshot_dir), out)
+    report = validate_stage(Path(args.snapshot_dir), out, config)
     print(report_markdown(report))
     print(f"\ndiff written to {out} (hash {report.diff_hash})")
     return 1 if report.status == "failed" else 0

@@ -77,13 +77,13 @@ def plan_stage(snapshot_dir: Path, config: ConsolidationConfig, as_of: datetime,
     return Path(out)
 
 
-def validate_stage(snapshot_dir: Path, diff_dir: Path) -> ConsolidationReport:
+def validate_stage(snapshot_dir: Path, diff_dir: Path, config: ConsolidationConfig | None = None) -> ConsolidationReport:
     """Validate the diff against its snapshot.  On failure, write ``validation.parquet`` and mark the report failed."""
     t0 = time.perf_counter()
     report = ConsolidationReport.read(diff_dir)
     snap, _ = quarantine(Snapshot.read(snapshot_dir), utc(report.as_of))  # the clean snapshot the plan saw
     diff = Diff.read(diff_dir)
-    failures = validate_diff(diff, snap)
+    failures = validate_diff(diff, snap, config)
     timings = {**report.timings, "validate": round(time.perf_counter() - t0, 6)}
     if failures.height:
         failures.write_parquet(Path(diff_dir) / "validation.parquet")
@@ -144,5 +144,5 @@ def consolidate_scope(
     snap_dir = extract_stage(store, scope, as_of, config, base / "snapshot")
     extract_seconds = {"extract": round(time.perf_counter() - t, 6)}
     diff_dir = plan_stage(snap_dir, config, as_of, base / "diff", run_id=run_id, phases=phases, timings=extract_seconds)
-    validate_stage(snap_dir, diff_dir)
+    validate_stage(snap_dir, diff_dir, config)
     return apply_stage(store, diff_dir, mode=mode, started_at=started)

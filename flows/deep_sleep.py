@@ -53,8 +53,8 @@ def transform_task(snapshot_dir: str, config: ConsolidationConfig, as_of: dateti
 
 
 @task(name="validate", cache_policy=NO_CACHE)
-def validate_task(snapshot_dir: str, diff_dir: str) -> str:
-    return stages.validate_stage(Path(snapshot_dir), Path(diff_dir)).status
+def validate_task(snapshot_dir: str, diff_dir: str, config: ConsolidationConfig) -> str:
+    return stages.validate_stage(Path(snapshot_dir), Path(diff_dir), config).status
 
 
 @task(name="apply", tags=["deep-sleep-apply"], cache_policy=NO_CACHE)
@@ -83,7 +83,7 @@ def deep_sleep(params: DeepSleepParameters) -> dict[str, Any]:
     snapshot_dir = extract_task(store, scope.path, as_of, config, str(base / "snapshot"))
     extract_seconds = {"extract": round(time.perf_counter() - t, 6)}
     diff_dir = transform_task(snapshot_dir, config, as_of, str(base / "diff"), run_id, params.phases, extract_seconds)
-    validate_task(snapshot_dir, diff_dir)
+    validate_task(snapshot_dir, diff_dir, config)
     report = apply_task(store, diff_dir, started)
     report_task(report)
     if report.status == "failed":

@@ -102,3 +102,27 @@ def test_apply_never_touches_another_scope_even_if_asked(store, scope, graph):
     assert result.conflicts == 1
     assert scalar(store, "SELECT importance FROM memory_nodes WHERE id = %s", twin["id"]) == 5.0
     assert scalar(store, "SELECT version FROM memory_nodes WHERE id = %s", twin["id"]) == 1
+
+
+def test_caps_are_checked(store, scope, graph):
+    snap = extract(store, scope)
+    hot = graph["hot"]
+    # a sixth CO_OCCURRED neighbour for one node (five existing + one new)
+    others = [str(uuid.uuid4()) for _ in range(6)]
+    nodes = pl.DataFrame({"id": others, "scope_path": [scope.path] * 6, "tenant_id": [scope.tenant_id] * 6,
+                          "layer": ["semantic"] * 6, "label": [f"x {i}" for i in range(6)], "importance": [5.0] * 6})
+    edges = pl.DataFrame({"id": [str(uuid.uuid4()) for _ in range(6)], "scope_path": [scope.path] * 6,
+                          "tenant_id": [scope.tenant_id] * 6, "source_id": [hot[0]] * 6, "target_id": others,
+                          "relation": ["CO_OCCURRED"] * 6, "weight": [1.0] * 6})
+    diff = Diff.combine([Diff.of("memory_nodes", "cooccurrence", inserts=nodes), Diff.of("memory_edges", "cooccurrence", inserts=edges)])
+    failures = validate_diff(diff, snap)
+    assert "no node over 5 CO_OCCURRED neighbours" in failures.get_column("check").to_list()
+    assert validate_diff(diff, snap, ConsolidationConfig(cooccurrence={"max_neighbours": 6})).height == 0
+    # a per-run cap
+    skills = pl.DataFrame({"id": [str(uuid.uuid4()) for _ in range(6)], "scope_path": [scope.path] * 6,
+                           "tenant_id": [scope.tenant_id] * 6, "name": [f"s{i}" for i in range(6)], "status": ["draft"] * 6})
+    failures = validate_diff(Diff.of("procedural_skills", "procedural_promotion", inserts=skills), snap)
+    assert "per-run cap of procedural_promotion: at most 5 procedural_skills inserts" in failures.get_column("check").to_list()
+    active = skills.head(1).with_columns(status=pl.lit("active"))
+    failures = validate_diff(Diff.of("procedural_skills", "procedural_promotion", inserts=active), snap)
+    assert failures.get_column("check").to_list() == ["consolidation never creates or activates a skill"]

@@ -16,6 +16,8 @@ import pandera.polars as pa
 from pandera.errors import SchemaErrors
 
 from deep_sleep import tables
+from deep_sleep.config import ConsolidationConfig
+from deep_sleep.scope import Scope
 from deep_sleep.diff import Diff
 from deep_sleep.snapshot import Snapshot
 from transforms._common import PROTECTED_PREFIXES
@@ -59,9 +61,27 @@ def _value_checks(table: str, kind: str) -> dict[str, pa.Column]:
     return cols
 
 
-def _schema(table: str, kind: str, scope_path: str, tenant_id: str) -> pa.DataFrameSchema:
+def _cap_checks(table: str, kind: str, config: ConsolidationConfig) -> list[pa.Check]:
+    """Degree and per-run caps of SPEC §3 (``_phase_rows`` = rows of the same phase in this frame)."""
+    per_phase = {
+        ("memory_edges", "inserts", "synthetic_links"): config.synthetic_links.max_pairs,
+        ("procedural_skills", "inserts", "procedural_promotion"): config.procedural_promotion.max_per_run,
+        ("episodic_events", "deletes", "episodic_summary"):
+            config.episodic_summary.batch_size * config.episodic_summary.max_batches,
+    }
+    checks = [
+        _rule((pl.col("phase") != phase) | (pl.col("_phase_rows") <= cap), f"per-run cap of {phase}: at most {cap} {table} {kind}")
+        for (t, k, phase), cap in per_phase.items() if (t, k) == (table, kind)
+    ]
+    if (table, kind) == ("memory_edges", "inserts"):
+        cap = config.cooccurrence.max_neighbours
+        checks.append(_rule(pl.col("_co_degree").fill_null(0) <= cap, f"no node over {cap} CO_OCCURRED neighbours"))
+    return checks
+
+
+def _schema(table: str, kind: str, scope_path: str, tenant_id: str, config: ConsolidationConfig) -> pa.DataFrameSchema:
     cols = _value_checks(table, kind)
-    checks = [_rule(pl.struct("id", "phase").is_unique(), "one row per id and phase")]
+    checks = [_rule(pl.struct("id", "phase").is_unique(), "one row per id and phase"), *_cap_checks(table, kind, config)]
     if kind in ("updates", "deletes"):
         cols["expected_version"] = pa.Column(int, nullable=False)
         checks += [
@@ -93,7 +113,7 @@ def _schema(table: str, kind: str, scope_path: str, tenant_id: str) -> pa.DataFr
 
 def _annotate(table: str, kind: str, frame: pl.DataFrame, diff: Diff, snapshot: Snapshot) -> pl.DataFrame:
     snap = snapshot.table(table)
-    out = frame.with_row_index("_row")
+    out = frame.with_row_index("_row").with_columns(pl.len().over("phase").alias("_phase_rows"))
     if kind in ("updates", "deletes"):
         ref = snap.select("id", pl.col("version").alias("_snapshot_version"), *([pl.col("label").alias("_label")] if "label" in snap.columns else []))
         out = out.join(ref, on="id", how="left", maintain_order="left")
@@ -112,7 +132,23 @@ def _annotate(table: str, kind: str, frame: pl.DataFrame, diff: Diff, snapshot: 
         if table == "memory_edges":
             live = _live_node_ids(diff, snapshot).implode()
             out = out.with_columns((pl.col("source_id").is_in(live) & pl.col("target_id").is_in(live)).alias("_ends_exist"))
+            out = _with_co_degree(out, diff, snapshot)
     return out
+
+
+def _with_co_degree(inserts: pl.DataFrame, diff: Diff, snapshot: Snapshot) -> pl.DataFrame:
+    """For inserted CO_OCCURRED edges: the larger final CO_OCCURRED degree of its two ends."""
+    co = pl.col("relation") == "CO_OCCURRED"
+    edges = diff.table("memory_edges")
+    final = snapshot.table("memory_edges").join(edges.deletes.select("id"), on="id", how="anti").filter(co)
+    final = pl.concat([final.select("source_id", "target_id"), inserts.filter(co).select("source_id", "target_id")])
+    pairs = pl.concat([final.select(a=pl.col("source_id"), b=pl.col("target_id")), final.select(a=pl.col("target_id"), b=pl.col("source_id"))])
+    degree = pairs.filter(pl.col("a") != pl.col("b")).unique().group_by("a").len("deg")
+    out = inserts.join(degree.rename({"a": "source_id", "deg": "_d_src"}), on="source_id", how="left", maintain_order="left")
+    out = out.join(degree.rename({"a": "target_id", "deg": "_d_tgt"}), on="target_id", how="left", maintain_order="left")
+    return out.with_columns(
+        pl.when(co).then(pl.max_horizontal("_d_src", "_d_tgt")).otherwise(None).alias("_co_degree")
+    ).drop("_d_src", "_d_tgt")
 
 
 def _live_node_ids(diff: Diff, snapshot: Snapshot) -> pl.Series:
@@ -144,11 +180,13 @@ def _failures(table: str, kind: str, annotated: pl.DataFrame, errors: SchemaErro
     return out.select(list(FAILURE_SCHEMA)).cast(FAILURE_SCHEMA)  # type: ignore[arg-type]
 
 
-def validate_diff(diff: Diff, snapshot: Snapshot) -> pl.DataFrame:
-    """All failing checks of ``diff`` (empty frame = valid).  Columns: check, table, kind, phase, id, column, value."""
-    from deep_sleep.scope import Scope
+def validate_diff(diff: Diff, snapshot: Snapshot, config: ConsolidationConfig | None = None) -> pl.DataFrame:
+    """All failing checks of ``diff`` (empty frame = valid).  Columns: check, table, kind, phase, id, column, value.
 
+    ``config`` supplies the caps (default: the default configuration).
+    """
     scope = Scope.parse(snapshot.scope_path)
+    config = config or ConsolidationConfig()
     found = [pl.DataFrame(schema=FAILURE_SCHEMA)]
     for table, td in sorted(diff.tables.items()):
         for kind, frame in td.frames().items():
@@ -156,7 +194,7 @@ def validate_diff(diff: Diff, snapshot: Snapshot) -> pl.DataFrame:
                 continue
             annotated = _annotate(table, kind, frame, diff, snapshot)
             try:
-                _schema(table, kind, scope.path, scope.tenant_id).validate(annotated, lazy=True)
+                _schema(table, kind, scope.path, scope.tenant_id, config).validate(annotated, lazy=True)
             except SchemaErrors as errors:
                 found.append(_failures(table, kind, annotated, errors))
     return pl.concat(found).unique(maintain_order=True)
