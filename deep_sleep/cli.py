@@ -24,6 +24,9 @@ def _quiet_prefect() -> None:
     os.environ.setdefault("DO_NOT_TRACK", "1")
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "WARNING")
+    # The temporary local server migrates its SQLite database on first start; on a busy 2-core
+    # machine that can take longer than Prefect's default 20 s.
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 
 
 def _as_of(value: str | None) -> datetime | None:
@@ -115,8 +118,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         reports.append(ConsolidationReport.from_dict(_run_flow(scope.display(), now, None, dsn, args.runs_dir)))
     print_summary(reports, title=f"Deep Sleep demo — as_of {now.isoformat()}")
     failed = [r for r in reports if r.status != "applied"]
-    for r in reports:
-        print(f"{r.status:8s} {Path(r.diff_uri or '').parent}")
+    runs = Path(reports[0].diff_uri or ".").parent.parent.parent if reports else None
+    print(f"snapshots, diffs and reports (report.json) of these runs are under {runs}")
     return 1 if failed else 0
 
 

@@ -19,7 +19,7 @@ def summary_rows(reports: Sequence[ConsolidationReport]) -> tuple[list[str], lis
     rows = [
         [
             _scope(r), r.status, *[str(r.counters.get(c, 0)) for c in moved], str(r.conflicts),
-            r.diff_hash[:12], str(len(r.errors)),
+            r.diff_hash[:8], str(len(r.errors)),
         ]
         for r in reports
     ]
@@ -58,14 +58,26 @@ def report_markdown(report: ConsolidationReport) -> str:
     return "\n".join(parts)
 
 
+def summary_columns(reports: Sequence[ConsolidationReport]) -> tuple[list[str], list[list[str]]]:
+    """The summary transposed for terminals: one row per counter, one column per scope (#1, #2 …)."""
+    header, rows = summary_rows(reports)
+    cols = [[header[i]] + [row[i] for row in rows] for i in range(1, len(header))]
+    return ["", *[f"#{n}" for n in range(1, len(reports) + 1)]], cols
+
+
 def print_summary(reports: Sequence[ConsolidationReport], title: str = "Deep Sleep") -> None:
+    """A counter × scope table (scopes numbered, listed below it) on the terminal."""
     from rich.console import Console
     from rich.table import Table
 
-    header, rows = summary_rows(reports)
+    header, rows = summary_columns(reports)
     table = Table(title=title)
-    for h in header:
-        table.add_column(h, justify="left" if h in ("scope", "status", "diff") else "right")
+    table.add_column(header[0], justify="left", no_wrap=True, min_width=max(len(r[0]) for r in rows))
+    for h in header[1:]:
+        table.add_column(h, justify="right", no_wrap=True)
     for row in rows:
         table.add_row(*row)
-    Console().print(table)
+    console = Console(width=max(100, Console().width))
+    console.print(table)
+    for n, r in enumerate(reports, 1):
+        console.print(f"#{n}  {_scope(r)}  ({r.status}; run {r.run_id})", highlight=False)
