@@ -197,6 +197,8 @@ def apply_diff(
             final = report.with_(rows_changed=applied, conflicts=conflicts, status="applied")
             cur.execute(LEDGER_SQL, parameters=ledger_params(final, mode, started_at, "applied"))
             con.commit()
+            cur.execute("DISCARD TEMP")  # staging tables are temporary: leave the pooled connection clean
+            con.commit()
         except BaseException:
             con.rollback()
             raise

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -30,6 +31,14 @@ DEFAULT_DATA_DIR = Path(".deep_sleep") / "pgdata"
 DEFAULT_DATABASE = "deep_sleep"
 _MIGRATION_LOCK = 0x0D5EE9  # pg_advisory_lock key for migrations
 _servers: dict[str, object] = {}  # embedded servers kept alive for this process
+_local = threading.local()
+
+
+def _adbc_pool() -> dict[str, object]:
+    pool = getattr(_local, "adbc", None)
+    if pool is None:
+        pool = _local.adbc = {}
+    return pool
 
 
 def embedded_dsn(data_dir: str | os.PathLike | None = None, database: str = DEFAULT_DATABASE) -> str:
@@ -108,14 +117,31 @@ class Store:
 
     @contextlib.contextmanager
     def adbc(self) -> Iterator[object]:
-        """An ADBC DB-API connection (autocommit off): Arrow in and out through COPY."""
-        import adbc_driver_postgresql.dbapi as adbc
+        """An ADBC DB-API connection (autocommit off): Arrow in and out through COPY.
 
-        con = adbc.connect(self.dsn)
+        Connections are reused per thread (opening one costs ~0.1 s: the driver reads the
+        server's type catalogue), which matters when a night runs hundreds of small scopes.
+        The caller must end its transaction (commit or rollback); a connection whose block
+        raised is closed rather than reused.
+        """
+        pool = _adbc_pool()
+        con = pool.pop(self.dsn, None)
+        if con is None:
+            import adbc_driver_postgresql.dbapi as adbc
+
+            con = adbc.connect(self.dsn)
         try:
             yield con
-        finally:
-            con.close()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                con.close()
+            raise
+        else:
+            old = pool.pop(self.dsn, None)  # a nested use returned one meanwhile: keep one
+            if old is not None:
+                with contextlib.suppress(Exception):
+                    old.close()
+            pool[self.dsn] = con
 
     def pg(self, autocommit: bool = False) -> psycopg.Connection:
         return psycopg.connect(self.dsn, autocommit=autocommit)

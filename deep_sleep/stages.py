@@ -33,7 +33,6 @@ from deep_sleep.report import ConsolidationReport
 from deep_sleep.scope import Scope
 from deep_sleep.snapshot import Snapshot, utc
 from validation import validate_diff
-from validation.quarantine import quarantine
 
 QUARANTINE_FILE = "quarantine.parquet"
 
@@ -81,7 +80,7 @@ def validate_stage(snapshot_dir: Path, diff_dir: Path, config: ConsolidationConf
     """Validate the diff against its snapshot.  On failure, write ``validation.parquet`` and mark the report failed."""
     t0 = time.perf_counter()
     report = ConsolidationReport.read(diff_dir)
-    snap, _ = quarantine(Snapshot.read(snapshot_dir), utc(report.as_of))  # the clean snapshot the plan saw
+    snap = _clean_snapshot(Snapshot.read(snapshot_dir), Path(diff_dir))  # the snapshot the plan saw
     diff = Diff.read(diff_dir)
     failures = validate_diff(diff, snap, config)
     timings = {**report.timings, "validate": round(time.perf_counter() - t0, 6)}
@@ -100,6 +99,22 @@ def validate_stage(snapshot_dir: Path, diff_dir: Path, config: ConsolidationConf
         report = report.with_(timings=timings)
     report.write(diff_dir)
     return report
+
+
+def _clean_snapshot(snap: Snapshot, diff_dir: Path) -> Snapshot:
+    """The snapshot minus the rows the plan stage quarantined (listed in the diff directory)."""
+    qfile = diff_dir / QUARANTINE_FILE
+    if not qfile.exists():
+        return snap
+    gone = pl.read_parquet(qfile)
+    frames = {}
+    for (table,), rows in gone.group_by("table"):
+        ids = rows.get_column("id")
+        keep = ~pl.col("id").cast(pl.String).is_in(ids.drop_nulls().implode())
+        if ids.null_count():
+            keep = keep & pl.col("id").is_not_null()
+        frames[table] = snap.table(table).filter(keep.fill_null(True) if not ids.null_count() else keep)
+    return snap.with_frames(frames)
 
 
 def apply_stage(store: Store, diff_dir: Path, mode: str = "nightly", started_at: datetime | None = None) -> ConsolidationReport:

@@ -95,17 +95,13 @@ def merge_json(frame: pl.DataFrame, patch: pl.Expr, column: str = "properties") 
     giving JSON object text, e.g. ``pl.struct(a=…).struct.json_encode()``).  Vectorized in DuckDB."""
     if not frame.height:
         return frame
-    import duckdb
+    from deep_sleep.duck import registered
 
     work = frame.with_row_index("_ds_row").with_columns(patch.alias("_ds_patch"))
-    con = duckdb.connect()
-    try:
-        con.register("work", work.select("_ds_row", column, "_ds_patch").to_arrow())
+    with registered(work.select("_ds_row", column, "_ds_patch").to_arrow()) as (con, name):
         merged = con.sql(
-            f"SELECT _ds_row, json_merge_patch(coalesce({column}, '{{}}'), _ds_patch)::VARCHAR AS {column} FROM work"
+            f"SELECT _ds_row, json_merge_patch(coalesce({column}, '{{}}'), _ds_patch)::VARCHAR AS {column} FROM {name}"
         ).pl()
-    finally:
-        con.close()
     merged = merged.with_columns(pl.col("_ds_row").cast(pl.UInt32))
     return work.drop(column, "_ds_patch").join(merged, on="_ds_row", how="left").sort("_ds_row").drop("_ds_row").select(frame.columns)
 

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-import duckdb
 import polars as pl
 
 from deep_sleep import tables
+from deep_sleep.duck import registered
 from deep_sleep.snapshot import Snapshot, utc
 
 QUARANTINE_SCHEMA = {"table": pl.String(), "id": pl.String(), "reason": pl.String(), "row": pl.String()}
@@ -54,15 +54,11 @@ def _json_shape_flags(frame: pl.DataFrame) -> dict[str, pl.Series]:
     cols = [c for c in JSON_SHAPE if c in frame.columns]
     if not cols or not frame.height:
         return {}
-    con = duckdb.connect()
-    try:
-        con.register("f", frame.select(cols).to_arrow())
-        exprs = ", ".join(
-            f"coalesce(NOT (json_valid({c}) AND json_type({c}::JSON) = '{JSON_SHAPE[c]}'), true) AS {c}" for c in cols
-        )
-        flags = con.sql(f"SELECT {exprs} FROM f").pl()
-    finally:
-        con.close()
+    exprs = ", ".join(
+        f"coalesce(NOT (json_valid({c}) AND json_type({c}::JSON) = '{JSON_SHAPE[c]}'), true) AS {c}" for c in cols
+    )
+    with registered(frame.select(cols).to_arrow()) as (con, name):
+        flags = con.sql(f"SELECT {exprs} FROM {name}").pl()
     return {c: flags.get_column(c) for c in cols}
 
 

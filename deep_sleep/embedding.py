@@ -1,0 +1,124 @@
+"""Text embeddings for the phases that compare texts (phase 12 compares skill names).
+
+An :class:`EmbeddingProvider` turns texts into an ``(n, dim)`` float32 matrix with
+L2-normalised rows (an all-zero row for a text with nothing to embed), so a dot product is a
+cosine.  The default, :class:`HashingEmbedder`, needs no model, no network and no state: it
+hashes the character trigrams of each word (``<deploy>`` → ``<de``, ``dep``, …, ``oy>``) of
+the casefolded, whitespace-normalised text into ``dim`` signed buckets with BLAKE2b, so the
+same text gives the same vector in every process, on every machine, in every replay (Python's
+``hash()`` is salted per process and is never used).  It measures spelling overlap, not
+meaning: "deploy billing service" is close to "Deploy the billing service", far from
+"rotate api keys".
+
+    >>> e = default_embedder()
+    >>> v = e.embed(["deploy billing service", "Deploy the billing service", "rotate api keys"])
+    >>> v.shape, bool(v[0] @ v[1] > 0.65 > v[0] @ v[2])
+    ((3, 256), True)
+
+Plugging in a real model: write a class with ``dim``, ``name`` and ``embed`` (any object that
+satisfies :class:`EmbeddingProvider` — no subclassing), whose ``dim`` is
+:data:`deep_sleep.tables.EMBEDDING_DIM` (the store's ``vector(256)``; project a bigger model's
+output down, e.g. with a fixed random projection or Matryoshka truncation, then re-normalise),
+and make :func:`default_embedder` return it — it is the one place the runner
+(:mod:`deep_sleep.plan`) gets the embedder of the phases that ask for ``embedder``.  Keep it
+deterministic (same text → same vector, no sampling, a pinned model version in ``name``):
+replay and the idempotence guarantee depend on it.  Phases may also be called directly with any
+provider (``procedural_promotion(…, embedder=my_model)``), which is how tests inject one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from functools import lru_cache
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+import polars as pl
+
+from deep_sleep.tables import EMBEDDING_DIM
+
+__all__ = ["EmbeddingProvider", "HashingEmbedder", "default_embedder"]
+
+
+@runtime_checkable
+class EmbeddingProvider(Protocol):
+    """Anything that embeds texts: ``embed(texts)`` → ``(len(texts), dim)`` float32, rows of norm 1 (or 0)."""
+
+    dim: int
+    name: str
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray: ...
+
+
+class HashingEmbedder:
+    """Signed feature hashing of per-word character n-grams; deterministic and dependency-free.
+
+    dim: number of buckets (the vector's length).
+    ngram: n-gram length in characters; words shorter than ``ngram - 2`` still give one n-gram
+        (the whole marked word, e.g. ``<a>``).
+    """
+
+    def __init__(self, dim: int = EMBEDDING_DIM, ngram: int = 3) -> None:
+        if dim < 2:
+            raise ValueError(f"HashingEmbedder: dim must be >= 2, got {dim}")
+        if ngram < 1:
+            raise ValueError(f"HashingEmbedder: ngram must be >= 1, got {ngram}")
+        self.dim = dim
+        self.ngram = ngram
+        self.name = f"hashing-char{ngram}gram-blake2b-{dim}"
+
+    def __repr__(self) -> str:
+        return f"HashingEmbedder(dim={self.dim}, ngram={self.ngram})"
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """``(len(texts), dim)`` float32, L2-normalised rows; an empty or blank text gives a zero row."""
+        n = len(texts)
+        out = np.zeros((n, self.dim), dtype=np.float32)
+        if not n:
+            return out
+        # str.casefold is the Unicode caseless form (ß → ss); polars has only lowercase.
+        folded = pl.Series("text", [t.casefold() if isinstance(t, str) else "" for t in texts], dtype=pl.String)
+        k = self.ngram
+        grams = (
+            pl.DataFrame({"text": folded})
+            .with_row_index("row")
+            .select("row", pl.col("text").str.extract_all(r"\S+"))
+            .explode("text")
+            .drop_nulls("text")
+            .select("row", pl.concat_str([pl.lit("<"), pl.col("text"), pl.lit(">")]).alias("word"))
+            .with_columns(pl.col("word").str.len_chars().alias("_len"))
+            .with_columns(pl.int_ranges(0, pl.max_horizontal(pl.col("_len") - k + 1, pl.lit(1))).alias("_at"))
+            .explode("_at")
+            .select("row", pl.col("word").str.slice(pl.col("_at"), k).alias("gram"))
+        )
+        if not grams.height:
+            return out
+        vocab = grams.get_column("gram").unique(maintain_order=True)
+        codes = np.array([_bucket(g, self.dim) for g in vocab.to_list()], dtype=np.int64)
+        index = grams.join(
+            pl.DataFrame({"gram": vocab, "code": codes}), on="gram", how="left", maintain_order="left"
+        )
+        rows = index.get_column("row").to_numpy().astype(np.int64)
+        code = index.get_column("code").to_numpy()
+        bucket, sign = np.abs(code) - 1, np.sign(code).astype(np.float64)
+        flat = np.bincount(rows * self.dim + bucket, weights=sign, minlength=n * self.dim)
+        mat = flat.reshape(n, self.dim)
+        norms = np.linalg.norm(mat, axis=1, keepdims=True)
+        np.divide(mat, norms, out=mat, where=norms > 0)
+        out[:] = mat
+        return out
+
+
+@lru_cache(maxsize=1 << 16)
+def _bucket(gram: str, dim: int) -> int:
+    """``±(bucket + 1)``: BLAKE2b-64 of the UTF-8 n-gram; low bits pick the bucket, the top bit the sign."""
+    h = int.from_bytes(hashlib.blake2b(gram.encode("utf-8"), digest_size=8).digest(), "little")
+    bucket = (h & 0x7FFF_FFFF_FFFF_FFFF) % dim
+    return -(bucket + 1) if h >> 63 else bucket + 1
+
+
+@lru_cache(maxsize=1)
+def default_embedder() -> EmbeddingProvider:
+    """The embedder the runner hands to phases that ask for ``embedder`` (one shared instance)."""
+    return HashingEmbedder(EMBEDDING_DIM)

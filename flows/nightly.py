@@ -1,0 +1,208 @@
+"""``deep_sleep_nightly``: every due scope of the fleet, with bounded concurrency and isolated failures.
+
+1. Gate (one set-based query): which scopes are due (SPEC §3); the rest are reported as skipped
+   with the reason.
+2. Per due scope, two tasks: ``plan-scope`` (extract → transform → validate, writing the
+   snapshot and diff directories) and ``apply-scope`` (tagged ``deep-sleep-apply``: a Prefect tag
+   concurrency limit caps concurrent applies).  Only paths and small dicts cross task
+   boundaries.  Transient database errors are retried; anything else fails that scope alone.
+3. The data-quality suite over the whole store, once for the night.
+4. A summary table artifact and a summary dict.
+
+Concurrency comes from the task runner: threads by default (``max_workers`` bounded), or a
+Dask cluster (``task_runner="dask"``, ``dask_address`` or a local cluster).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_table_artifact
+from prefect.cache_policies import NO_CACHE
+from prefect.task_runners import ThreadPoolTaskRunner
+from pydantic import BaseModel, Field
+
+from deep_sleep import stages
+from deep_sleep.config import ConsolidationConfig, load_config
+from deep_sleep.db import Store, connect_store
+from deep_sleep.gating import due_scopes
+from deep_sleep.report import ConsolidationReport
+from deep_sleep.scope import Scope
+from deep_sleep.snapshot import utc
+
+APPLY_TAG = "deep-sleep-apply"
+TRANSIENT_SQLSTATES = ("40001", "40P01", "55P03", "57P01", "08000", "08003", "08006")  # serialization, deadlock, lock timeout, shutdown, connection
+
+
+class NightlyParameters(BaseModel):
+    """Parameters of one night over the whole fleet (or the listed scopes)."""
+
+    as_of: datetime | None = Field(None, description="logical time of the night (UTC); default: now")
+    config_file: str | None = None
+    config: dict[str, Any] = Field(default_factory=dict, description="knob overrides")
+    dsn: str | None = None
+    runs_dir: str | None = None
+    scopes: list[str] | None = Field(None, description="consider only these scopes (default: every scope of the store)")
+    max_workers: int = Field(4, ge=1, description="scopes planned at once")
+    apply_concurrency: int = Field(2, ge=1, description="applies at once (Prefect tag concurrency limit)")
+    data_quality: bool = Field(True, description="run the great-expectations suite over the store after the night")
+    task_runner: Literal["threads", "dask"] = "threads"
+    dask_address: str | None = Field(None, description="scheduler address; default: a local cluster")
+    dask_workers: int = Field(2, ge=1, description="workers of the local Dask cluster")
+
+
+def is_transient(exc: BaseException | None) -> bool:
+    """Errors worth a retry: lost connections, lock timeouts, serialization failures, deadlocks."""
+    import psycopg
+
+    if exc is None:
+        return False
+    if isinstance(exc, psycopg.OperationalError):
+        return True
+    text = str(exc)
+    return any(code in text for code in TRANSIENT_SQLSTATES) or "connection" in text.lower() and "closed" in text.lower()
+
+
+def _retry_transient(task, task_run, state) -> bool:
+    try:
+        state.result()
+    except BaseException as exc:  # noqa: BLE001 - we are classifying it
+        return is_transient(exc)
+    return False
+
+
+@task(name="plan-scope", retries=2, retry_delay_seconds=2, retry_condition_fn=_retry_transient, cache_policy=NO_CACHE)
+def plan_scope_task(dsn: str, scope_path: str, as_of: datetime, config: ConsolidationConfig, runs_dir: str | None) -> dict:
+    """Extract, transform and validate one scope; returns where its diff is and whether it passed."""
+    store = Store(dsn)
+    run_id = str(uuid.uuid4())
+    base = stages.run_dir(runs_dir, Scope.parse(scope_path), as_of, run_id)
+    t = time.perf_counter()
+    snap_dir = stages.extract_stage(store, scope_path, as_of, config, base / "snapshot")
+    diff_dir = stages.plan_stage(snap_dir, config, as_of, base / "diff", run_id=run_id,
+                                 timings={"extract": round(time.perf_counter() - t, 6)})
+    report = stages.validate_stage(snap_dir, diff_dir, config)
+    return {"scope_path": scope_path, "diff_dir": str(diff_dir), "status": report.status}
+
+
+@task(name="apply-scope", tags=[APPLY_TAG], retries=2, retry_delay_seconds=2, retry_condition_fn=_retry_transient,
+      cache_policy=NO_CACHE)
+def apply_scope_task(dsn: str, planned: dict, started_at: datetime) -> dict:
+    """Apply one scope's validated diff (or record its failed validation)."""
+    report = stages.apply_stage(Store(dsn), Path(planned["diff_dir"]), mode="nightly", started_at=started_at)
+    return report.to_dict()
+
+
+@task(name="data-quality", cache_policy=NO_CACHE)
+def data_quality_task(dsn: str, out_dir: str, night_id: str) -> dict:
+    from validation.store_suite import run_store_suite
+
+    result = run_store_suite(dsn, Path(out_dir), run_id=night_id)
+    with Store(dsn).pg() as con:
+        con.execute(
+            "INSERT INTO data_quality_runs (id, nightly_run_id, success, failures, results_path, data_docs_path)"
+            " VALUES (%s, %s, %s, %s::jsonb, %s, %s)",
+            (str(uuid.uuid4()), night_id, result.success,
+             json.dumps([r for r in result.results if not r["success"]], default=str), result.json_path, result.data_docs_path),
+        )
+    return {"success": result.success, "results_path": result.json_path, "data_docs_path": result.data_docs_path,
+            "failed_checks": sorted({r["expectation"] for r in result.results if not r["success"]})}
+
+
+def ensure_apply_limit(limit: int) -> None:
+    """Create or update the tag concurrency limit that caps concurrent applies."""
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        client.create_concurrency_limit(tag=APPLY_TAG, concurrency_limit=limit)
+
+
+def _error_of(future) -> str:
+    try:
+        future.result()
+    except BaseException as exc:  # noqa: BLE001 - reported, not raised: one scope never stops the night
+        return f"{type(exc).__name__}: {exc}"
+    return ""
+
+
+@flow(name="deep_sleep_nightly", log_prints=True, task_runner=ThreadPoolTaskRunner(max_workers=4))
+def deep_sleep_nightly(params: NightlyParameters) -> dict[str, Any]:
+    """Consolidate every due scope; returns the night's summary (counts and one row per scope)."""
+    logger = get_run_logger()
+    started = datetime.now(UTC)
+    as_of = utc(params.as_of or started)
+    config = load_config(params.config_file, params.config)
+    store = connect_store(params.dsn)
+    night_id = str(uuid.uuid4())
+    ensure_apply_limit(params.apply_concurrency)
+
+    gates = due_scopes(store, as_of, config.gating)
+    if params.scopes is not None:
+        wanted = {Scope.coerce(s).path for s in params.scopes}
+        gates = [g for g in gates if g.scope_path in wanted]
+    due = [g for g in gates if g.due]
+    logger.info("%d scopes, %d due, %d skipped", len(gates), len(due), len(gates) - len(due))
+
+    planned = {g.scope_path: plan_scope_task.submit(store.dsn, g.scope_path, as_of, config, params.runs_dir) for g in due}
+    applied = {path: apply_scope_task.submit(store.dsn, fut, started) for path, fut in planned.items()}
+
+    rows: list[dict[str, Any]] = []
+    for g in gates:
+        if not g.due:
+            rows.append({"scope": Scope.parse(g.scope_path).display(), "status": "skipped", "reason": g.reason})
+            continue
+        error = _error_of(planned[g.scope_path]) or _error_of(applied[g.scope_path])
+        if error:
+            rows.append({"scope": Scope.parse(g.scope_path).display(), "status": "failed", "reason": error[:500]})
+            continue
+        report = ConsolidationReport.from_dict(applied[g.scope_path].result())
+        moved = {k: v for k, v in report.counters.items() if v}
+        rows.append({
+            "scope": Scope.parse(g.scope_path).display(),
+            "status": report.status if report.status == "applied" else "failed",
+            "reason": g.reason if report.status == "applied" else "; ".join(report.errors)[:500],
+            "changes": sum(sum(k.values()) for k in report.rows_changed.values()),
+            "conflicts": report.conflicts,
+            "counters": ", ".join(f"{k}={v}" for k, v in moved.items()),
+            "run_id": report.run_id,
+        })
+
+    quality = None
+    if params.data_quality and due:
+        out = stages.runs_dir(params.runs_dir) / "_nightly" / f"{as_of.strftime('%Y%m%dT%H%M%SZ')}_{night_id}" / "data_quality"
+        quality = data_quality_task(store.dsn, str(out), night_id)
+
+    counts = {s: sum(r["status"] == s for r in rows) for s in ("applied", "failed", "skipped")}
+    summary = {"night_id": night_id, "as_of": as_of.isoformat(), "scopes": len(gates), "due": len(due), **counts,
+               "data_quality": quality, "rows": rows}
+    create_table_artifact(
+        key="deep-sleep-nightly",
+        table=[{k: r.get(k, "") for k in ("scope", "status", "reason", "changes", "conflicts", "counters")} for r in rows],
+        description=(f"Deep Sleep night {as_of.isoformat()}: {len(due)} due, {counts['applied']} applied, "
+                     f"{counts['failed']} failed, {counts['skipped']} skipped"
+                     + (f"; data quality {'passed' if quality['success'] else 'FAILED'}: {quality['data_docs_path']}" if quality else "")),
+    )
+    for r in rows:
+        if r["status"] == "failed":
+            logger.warning("scope %s failed: %s", r["scope"], r["reason"])
+    return summary
+
+
+def run_nightly(params: NightlyParameters) -> dict[str, Any]:
+    """Run the nightly flow with the task runner the parameters ask for."""
+    if params.task_runner == "dask":
+        from prefect_dask import DaskTaskRunner
+
+        if params.dask_address:
+            runner = DaskTaskRunner(address=params.dask_address)
+        else:
+            runner = DaskTaskRunner(cluster_kwargs={"n_workers": params.dask_workers, "threads_per_worker": 1,
+                                                    "processes": True, "dashboard_address": None})
+        return deep_sleep_nightly.with_options(task_runner=runner)(params)
+    return deep_sleep_nightly.with_options(task_runner=ThreadPoolTaskRunner(max_workers=params.max_workers))(params)
