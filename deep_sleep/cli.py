@@ -51,7 +51,7 @@ def cmd_seed(args: argparse.Namespace) -> int:
 
 def _run_flow(scope: str, as_of: datetime | None, config_file: str | None, dsn: str | None, runs_dir: str | None):
     _quiet_prefect()
-    from flows.deep_sleep import DeepSleepParameters, deep_sleep
+    from flows.consolidate import DeepSleepParameters, deep_sleep
 
     return deep_sleep(DeepSleepParameters(scope=scope, as_of=as_of, config_file=config_file, dsn=dsn, runs_dir=runs_dir))
 
@@ -78,18 +78,142 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    """Transform and validate a stored snapshot; write the diff and report.  Touches no database."""
+    """Transform and validate a stored snapshot; write the diff and report.  Touches no database.
+
+    With ``--compare-config`` the snapshot is replayed under both configurations and compared.
+    """
     from deep_sleep.config import load_config
     from deep_sleep.render import report_markdown
     from deep_sleep.stages import plan_stage, validate_stage
 
     config = load_config(args.config)
     out = Path(args.out)
+    if args.compare_config:
+        from deep_sleep.compare import comparison_markdown, print_comparison, replay_stored
+
+        result = replay_stored(args.snapshot_dir, config, load_config(args.compare_config), as_of=_as_of(args.as_of), out=out)
+        (out / "comparison.md").write_text(comparison_markdown(result.comparison))
+        print_comparison(result.comparison)
+        print(f"\ndiffs, reports and the comparison written to {out}")
+        return 0
     plan_stage(Path(args.snapshot_dir), config, _as_of(args.as_of), out)
     report = validate_stage(Path(args.snapshot_dir), out, config)
     print(report_markdown(report))
     print(f"\ndiff written to {out} (hash {report.diff_hash})")
     return 1 if report.status == "failed" else 0
+
+
+def cmd_replay_range(args: argparse.Namespace) -> int:
+    """Replay every stored snapshot of a scope taken in [--from, --to]; optionally compare two configs."""
+    from deep_sleep.compare import range_markdown, replay_range
+    from deep_sleep.config import load_config
+    from deep_sleep.db import connect_store
+
+    results = replay_range(
+        args.runs_dir, args.scope, args.from_, args.to, load_config(args.config),
+        load_config(args.compare_config) if args.compare_config else None,
+        store=connect_store(args.dsn) if args.ledger else None, out=args.out,
+    )
+    print(range_markdown(results))
+    bad = [r for r in results if r.reproduces is False or r.report.status == "failed"]
+    return 1 if bad else 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    """Compare two diff directories (two configs, or two code versions, on the same snapshot)."""
+    from deep_sleep.compare import compare_dirs, comparison_markdown, print_comparison
+
+    cmp = compare_dirs(args.diff_a, args.diff_b)
+    if args.markdown:
+        print(comparison_markdown(cmp))
+    else:
+        print_comparison(cmp)
+    if args.out:
+        cmp.write(args.out)
+    return 0 if cmp.identical else 1
+
+
+def cmd_undo(args: argparse.Namespace) -> int:
+    from deep_sleep.db import connect_store
+    from deep_sleep.undo import undo, undo_markdown
+
+    result = undo(connect_store(args.dsn), args.run_id)
+    print(undo_markdown(result))
+    return 0 if result.complete else 1
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from deep_sleep.db import connect_store
+    from deep_sleep.ledger import last_runs, print_runs, runs_markdown
+
+    records = last_runs(connect_store(args.dsn), args.scope, args.limit)
+    if args.markdown:
+        print(runs_markdown(records))
+    else:
+        print_runs(records)
+    return 0
+
+
+def cmd_nightly(args: argparse.Namespace) -> int:
+    """One night over the fleet (every due scope), in Prefect's local mode unless PREFECT_API_URL is set."""
+    _quiet_prefect()
+    from flows.nightly import NightlyParameters, run_nightly
+
+    summary = run_nightly(NightlyParameters(
+        as_of=_as_of(args.as_of), config_file=args.config, dsn=args.dsn, runs_dir=args.runs_dir,
+        max_workers=args.max_workers, apply_concurrency=args.apply_concurrency, data_quality=not args.no_data_quality,
+        task_runner=args.task_runner, dask_address=args.dask_address,
+    ))
+    from deep_sleep.render import markdown_table
+
+    rows = [[r["scope"], r["status"], str(r.get("changes", "")), str(r.get("conflicts", "")), r.get("reason", "")[:80]]
+            for r in summary["rows"]]
+    print(markdown_table(["scope", "status", "changes", "conflicts", "reason"], rows))
+    dq = summary["data_quality"]
+    print(f"\n{summary['scopes']} scopes: {summary['due']} due, {summary['applied']} applied, {summary['failed']} failed, "
+          f"{summary['skipped']} skipped" + (f"; data quality {'passed' if dq['success'] else 'FAILED'} ({dq['data_docs_path']})" if dq else ""))
+    return 1 if summary["failed"] else 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Serve the nightly (on its cron), replay and backfill deployments from this process (no work pool)."""
+    _quiet_prefect()
+    if not os.environ.get("PREFECT_API_URL"):
+        print("deep-sleep serve: error: schedules need a Prefect server. Start one with `prefect server start` "
+              "and set PREFECT_API_URL=http://127.0.0.1:4200/api", file=sys.stderr)
+        return 2
+    from flows.deployments import serve
+
+    serve(cron=args.cron, dsn=args.dsn, runs_dir=args.runs_dir)
+    return 0
+
+
+def cmd_backfill(args: argparse.Namespace) -> int:
+    """Write scope_path for legacy rows in small resumable batches (or count them: --dry-run)."""
+    from deep_sleep import backfill as bf
+    from deep_sleep.db import connect_store
+    from deep_sleep.render import markdown_table
+
+    dsn = connect_store(args.dsn).dsn
+    if args.validate_only:
+        outcome = bf.validate_backfill(dsn, tables=args.table)
+        print("\n".join(outcome.messages()) or "ok: every row has a path, no row is in another tenant")
+        return 0 if outcome.ok else 1
+    kwargs = dict(batch_size=args.batch_size, lock_timeout_ms=args.lock_timeout_ms, dry_run=args.dry_run, job=args.job,
+                  tables=args.table, pause_ms=args.pause_ms, max_retries=args.max_retries)
+    if args.no_progress or args.json:
+        result = bf.backfill(dsn, **kwargs)
+    else:
+        with bf.rich_progress() as show:
+            result = bf.backfill(dsn, progress=show, **kwargs)
+    if args.json:
+        print(bf.dumps(result))
+    else:
+        header, rows = bf.result_rows(result)
+        print(markdown_table(header, rows))
+        if result.validation is not None:
+            print("\n".join(result.validation.messages()) or "validation: ok")
+    return 0 if result.dry_run or (result.validation is not None and result.validation.ok) else 1
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -161,7 +285,65 @@ def build_parser() -> argparse.ArgumentParser:
     y.add_argument("--as-of", required=True)
     y.add_argument("--out", required=True)
     y.add_argument("--config", default=None)
+    y.add_argument("--compare-config", default=None, help="replay again under this config and compare (per phase)")
     y.set_defaults(func=cmd_replay)
+
+    rr = sub.add_parser("replay-range", help="replay the stored snapshots of a scope over a date range (no writes)")
+    rr.add_argument("scope")
+    rr.add_argument("--from", dest="from_", required=True)
+    rr.add_argument("--to", required=True)
+    rr.add_argument("--runs-dir", default=None)
+    rr.add_argument("--config", default=None)
+    rr.add_argument("--compare-config", default=None)
+    rr.add_argument("--out", default=None)
+    rr.add_argument("--ledger", action="store_true", help="take each run's as_of and recorded hash from the store's ledger")
+    rr.set_defaults(func=cmd_replay_range)
+
+    c = sub.add_parser("compare", help="compare two diff directories per phase")
+    c.add_argument("diff_a")
+    c.add_argument("diff_b")
+    c.add_argument("--out", default=None)
+    c.add_argument("--markdown", action="store_true")
+    c.set_defaults(func=cmd_compare)
+
+    u = sub.add_parser("undo", help="restore a run's before-images unless rows changed since")
+    u.add_argument("run_id")
+    u.set_defaults(func=cmd_undo)
+
+    rp = sub.add_parser("report", help="the last runs from the ledger")
+    rp.add_argument("scope", nargs="?", default=None)
+    rp.add_argument("--limit", type=int, default=20)
+    rp.add_argument("--markdown", action="store_true")
+    rp.set_defaults(func=cmd_report)
+
+    ni = sub.add_parser("nightly", help="one night over every due scope (deep_sleep_nightly)")
+    ni.add_argument("--as-of", default=None)
+    ni.add_argument("--config", default=None)
+    ni.add_argument("--runs-dir", default=None)
+    ni.add_argument("--max-workers", type=int, default=4)
+    ni.add_argument("--apply-concurrency", type=int, default=2)
+    ni.add_argument("--no-data-quality", action="store_true")
+    ni.add_argument("--task-runner", choices=["threads", "dask"], default="threads")
+    ni.add_argument("--dask-address", default=None)
+    ni.set_defaults(func=cmd_nightly)
+
+    bf = sub.add_parser("backfill", help="write scope_path for legacy rows (resumable, small batches)")
+    bf.add_argument("--job", default="scope-backfill", help="checkpoint name: rerun with the same name to resume")
+    bf.add_argument("--batch-size", type=int, default=5000)
+    bf.add_argument("--lock-timeout-ms", type=int, default=200)
+    bf.add_argument("--pause-ms", type=int, default=0, help="sleep between batches, to yield to live traffic")
+    bf.add_argument("--max-retries", type=int, default=50)
+    bf.add_argument("--table", action="append", default=None, help="only this table (repeatable)")
+    bf.add_argument("--dry-run", action="store_true", help="count legacy rows per table and tenant; write nothing")
+    bf.add_argument("--validate-only", action="store_true")
+    bf.add_argument("--json", action="store_true")
+    bf.add_argument("--no-progress", action="store_true")
+    bf.set_defaults(func=cmd_backfill)
+
+    sv = sub.add_parser("serve", help="serve the nightly/replay/backfill deployments (needs PREFECT_API_URL)")
+    sv.add_argument("--cron", default="0 3 * * *", help="nightly schedule (default 03:00 UTC)")
+    sv.add_argument("--runs-dir", default=None)
+    sv.set_defaults(func=cmd_serve)
     return p
 
 

@@ -184,7 +184,10 @@ class Diff:
         return cls({name: TableDiff(**kinds) for name, kinds in found.items()})
 
 
-def _fold_updates(frame: pl.DataFrame, updates: pl.DataFrame) -> pl.DataFrame:
+def _fold_updates(frame: pl.DataFrame, updates: pl.DataFrame, add_missing: bool = False) -> pl.DataFrame:
+    if add_missing:  # e.g. a later phase sets valid_to on an edge inserted without one
+        missing = [c for c in updates.columns if c not in ("id", "expected_version", "phase") and c not in frame.columns]
+        frame = frame.with_columns(pl.lit(None, dtype=updates.schema[c]).alias(c) for c in missing)
     cols = [c for c in updates.columns if c not in ("id", "expected_version", "phase") and c in frame.columns]
     if not cols:
         return frame
@@ -207,7 +210,7 @@ def _normalise(td: TableDiff) -> TableDiff:
         on_new = updates.filter(pl.col("id").is_in(inserts.get_column("id").implode()))
         if on_new.height:
             phase = inserts.get_column("phase")
-            merged = _fold_updates(inserts.drop("phase"), on_new).with_columns(phase)
+            merged = _fold_updates(inserts.drop("phase"), on_new, add_missing=True).with_columns(phase)
             inserts = merged
             updates = updates.filter(~pl.col("id").is_in(on_new.get_column("id").implode()))
     return TableDiff(inserts=inserts, updates=updates, deletes=deletes)

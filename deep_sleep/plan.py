@@ -46,6 +46,7 @@ def _arguments(phase: Phase, snapshot: Snapshot, config: ConsolidationConfig, as
         "as_of": as_of,
         "lookback_hours": config.lookback_hours,
         "scope_path": snapshot.scope_path,
+        "settings": config,  # the whole configuration, for a phase that must keep another phase's invariant
     }
     if "embedder" in wanted:  # built only for the phases that ask (phase 12)
         from deep_sleep.embedding import default_embedder

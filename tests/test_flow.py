@@ -17,7 +17,7 @@ def test_flow_consolidates_a_scope_and_leaves_an_artifact(prefect_harness, store
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
-    from flows.deep_sleep import DeepSleepParameters, deep_sleep
+    from flows.consolidate import DeepSleepParameters, deep_sleep
 
     ids = small_graph(store, scope, NOW)
     result = deep_sleep(DeepSleepParameters(scope=scope.display(), as_of=NOW, dsn=store.dsn, runs_dir=str(runs_dir)))

@@ -3,7 +3,7 @@
 Adding a phase is adding a module and a line to ``ROSTER``.  Each phase function takes any of
 the arguments the runner offers, by name — ``snapshot`` (with earlier phases' diffs folded in),
 ``config`` (its own section of :class:`~deep_sleep.config.ConsolidationConfig`), ``as_of``,
-``lookback_hours`` — and returns a :class:`~transforms._common.PhaseResult`.
+``lookback_hours``, ``scope_path``, ``settings`` (the whole configuration), ``embedder`` — and returns a :class:`~transforms._common.PhaseResult`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from transforms._common import PhaseResult
+from transforms.cooccurrence import cooccurrence
+from transforms.decay_importance import decay_importance
+from transforms.drift import drift
+from transforms.episodic_summary import episodic_summary
+from transforms.label_recalls import label_recalls
+from transforms.meta_nodes import meta_nodes
+from transforms.pending_edges import pending_edges
+from transforms.procedural_promotion import procedural_promotion
+from transforms.prune_orphans import prune_orphans
+from transforms.soul_corrections import soul_corrections
 from transforms.strengthen import strengthen
+from transforms.supersession import supersession
+from transforms.synthetic_links import synthetic_links
+from transforms.tag_risk import tag_risk
+from transforms.train_reranker import train_reranker
 from transforms.working_ttl import working_ttl
 
 
@@ -32,7 +46,21 @@ class Phase:
 # SPEC §3 order.
 ROSTER: tuple[Phase, ...] = (
     Phase("1", strengthen, ("nodes_strengthened",)),
+    Phase("1.5", cooccurrence, ("edges_created", "edges_reinforced")),
+    Phase("2", tag_risk, ("risk_nodes_tagged",)),
+    Phase("2.5", pending_edges, ("edges_created",)),
+    Phase("D1", supersession, ("facts_superseded",)),
+    Phase("3", prune_orphans, ("nodes_pruned",)),
+    Phase("4", meta_nodes, ("meta_nodes_created", "meta_nodes_updated")),
+    Phase("5", soul_corrections, ("soul_updates", "soul_rejected")),
     Phase("8", working_ttl, ("working_ttl_pruned",)),
+    Phase("9", decay_importance, ("nodes_decayed",)),
+    Phase("10", episodic_summary, ("episodes_summarized",)),
+    Phase("11", synthetic_links, ("synthetic_edges_created",)),
+    Phase("12", procedural_promotion, ("draft_skills_promoted",)),
+    Phase("D2", label_recalls, ("recalls_labelled",)),
+    Phase("D3", train_reranker, ("reranker_steps",)),
+    Phase("D4", drift, ("identity_drifts",)),
 )
 
 QUICK_NAP: tuple[str, ...] = ("strengthen", "soul_corrections", "episodic_summary")

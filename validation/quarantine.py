@@ -49,9 +49,10 @@ REASONS = (
 )
 
 
-def _json_shape_flags(frame: pl.DataFrame) -> dict[str, pl.Series]:
+def _json_shape_flags(table: str, frame: pl.DataFrame) -> dict[str, pl.Series]:
     """column → boolean Series: True where the JSON text is not of the required shape (DuckDB json_type)."""
-    cols = [c for c in JSON_SHAPE if c in frame.columns]
+    kinds = tables.columns(table)
+    cols = [c for c in JSON_SHAPE if c in frame.columns and c in kinds and kinds[c].kind == "json"]
     if not cols or not frame.height:
         return {}
     exprs = ", ".join(
@@ -117,7 +118,7 @@ def quarantine(snapshot: Snapshot, as_of: datetime) -> tuple[Snapshot, pl.DataFr
         if not frame.height:
             clean[table] = frame
             continue
-        flags = _json_shape_flags(frame)
+        flags = _json_shape_flags(table, frame)
         work = frame.with_columns(*(s.alias(f"_bad_{c}") for c, s in flags.items()))
         work = work.with_columns(_reasons(table, work, snapshot.scope_path, as_of))
         if table == "memory_edges":

@@ -1,0 +1,40 @@
+"""The deployments of Deep Sleep, for ``deep-sleep serve`` (no work pool) — the same three that
+``deployments/prefect.yaml`` declares for workers:
+
+- ``deep_sleep_nightly/nightly`` on a cron schedule (default 03:00 UTC);
+- ``deep_sleep_replay/replay`` (run on demand with a snapshot or a scope and date range);
+- ``scope_backfill/backfill`` (run on demand; dry run by default).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def deployments(cron: str = "0 3 * * *", dsn: str | None = None, runs_dir: str | None = None) -> list[Any]:
+    from flows.backfill import scope_backfill
+    from flows.nightly import deep_sleep_nightly
+    from flows.replay import deep_sleep_replay
+
+    common = {k: v for k, v in {"dsn": dsn, "runs_dir": runs_dir}.items() if v}
+    return [
+        deep_sleep_nightly.to_deployment(
+            name="nightly", cron=cron, parameters={"params": common},
+            description="Consolidate every due scope of the store (gating, bounded concurrency, data-quality suite).",
+        ),
+        deep_sleep_replay.to_deployment(
+            name="replay", parameters={"params": {k: v for k, v in common.items() if k == "runs_dir"}},
+            description="Replay stored snapshots (one, or a scope over a date range); optionally compare two configs.",
+        ),
+        scope_backfill.to_deployment(
+            name="backfill", parameters={"params": {k: v for k, v in common.items() if k == "dsn"}},
+            description="Write scope_path for legacy rows in small, resumable batches.",
+        ),
+    ]
+
+
+def serve(cron: str = "0 3 * * *", dsn: str | None = None, runs_dir: str | None = None) -> None:
+    """Register the deployments with the Prefect server (PREFECT_API_URL) and run their flow runs here."""
+    from prefect import serve as prefect_serve
+
+    prefect_serve(*deployments(cron, dsn, runs_dir), limit=4)

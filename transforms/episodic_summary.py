@@ -1,0 +1,122 @@
+"""Phase 10 — episodic_summary: the oldest episodic events are folded into summary nodes (SPEC §3)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import polars as pl
+
+from deep_sleep.config import EpisodicSummaryConfig
+from deep_sleep.diff import Diff
+from deep_sleep.snapshot import Snapshot
+from transforms._common import PhaseResult, created_ids, merge_json, skip
+
+PHASE = "episodic_summary"
+LABEL = "META:episodic_summary"
+IMPORTANCE = 5.0
+# The summary text is capped so one node's properties stay a sane size; the events themselves
+# are kept whole in consolidation_archive by the apply.
+SUMMARY_MAX_CHARS = 8000
+TRUNCATED_NOTE = "\n… [truncated: the full events are kept in consolidation_archive]"
+
+
+def _iso_text(column: str) -> pl.Expr:
+    """A UTC timestamp as ISO 8601 text, the same form as :func:`deep_sleep.snapshot.iso`
+    (``…T03:00:00Z``, with ``.ffffff`` only when there are microseconds)."""
+    col = pl.col(column)
+    return (
+        pl.when(col.dt.microsecond() == 0)
+        .then(col.dt.to_string("%Y-%m-%dT%H:%M:%SZ"))
+        .otherwise(col.dt.to_string("%Y-%m-%dT%H:%M:%S%.6fZ"))
+    )
+
+
+def episodic_summary(snapshot: Snapshot, config: EpisodicSummaryConfig, as_of: datetime) -> PhaseResult:
+    """While the scope holds more than ``threshold`` episodic events, and for at most
+    ``max_batches`` batches per run, the oldest ``batch_size`` events (by ``created_at``, ties by
+    id) become one semantic node ``META:episodic_summary`` (importance 5.0) and are deleted (the
+    apply archives them).  So a run makes ``min(max_batches, ⌈(count − threshold) / batch_size⌉)``
+    batches of ``batch_size`` events (fewer only if the scope holds fewer events than that, which
+    takes a threshold below the batch size), and later runs keep working down a backlog.
+    The node's ``properties`` hold ``summary`` (the events' contents, each trimmed, oldest first,
+    joined by newlines; over 8 000 characters it is cut and ends with a note that the full events
+    are in ``consolidation_archive``), ``source_count``, ``first_at`` / ``last_at`` (ISO 8601,
+    the batch's oldest and newest ``created_at``) and ``source_ids`` (in that order).  Its id is
+    the UUIDv5 of the batch's first and last event ids, so several summary nodes accumulate over
+    time, all labelled ``META:episodic_summary``; if that node already exists (a previous run's
+    event deletes lost to a live write), its summary properties are refreshed instead of
+    inserted.  Each deleted event's reason names its summary node.  The counter counts events.
+    """
+    events = snapshot.table("episodic_events")
+    if not events.height:
+        return skip("missing input: no episodic events")
+    excess = events.height - config.threshold
+    if excess <= 0:
+        return PhaseResult(counters={"episodes_summarized": 0})
+    batches = min(config.max_batches, -(-excess // config.batch_size))
+    take = batches * config.batch_size
+    scope = snapshot.scope
+    chosen = (
+        events.bottom_k(take, by=["created_at", "id"])
+        .sort(["created_at", "id"])
+        .with_row_index("_pos")
+        .with_columns((pl.col("_pos") // config.batch_size).alias("_batch"))
+    )
+    summaries = (
+        chosen.group_by("_batch", maintain_order=True)
+        .agg(
+            pl.col("content").fill_null("").str.strip_chars().str.join("\n").alias("summary"),
+            pl.len().alias("source_count"),
+            pl.col("created_at").first().alias("first_at"),
+            pl.col("created_at").last().alias("last_at"),
+            pl.col("id").alias("source_ids"),
+        )
+        .with_columns(
+            pl.when(pl.col("summary").str.len_chars() > SUMMARY_MAX_CHARS)
+            .then(pl.col("summary").str.slice(0, SUMMARY_MAX_CHARS - len(TRUNCATED_NOTE)) + pl.lit(TRUNCATED_NOTE))
+            .otherwise(pl.col("summary"))
+            .alias("summary"),
+            (pl.col("source_ids").list.first() + "|" + pl.col("source_ids").list.last()).alias("_key"),
+        )
+    )
+    summaries = summaries.with_columns(created_ids(scope.path, PHASE, summaries.get_column("_key")).alias("id"))
+    patch = pl.struct(
+        "summary",
+        pl.col("source_count").cast(pl.Int64),
+        _iso_text("first_at").alias("first_at"),
+        _iso_text("last_at").alias("last_at"),
+        "source_ids",
+    ).struct.json_encode()
+    summaries = summaries.with_columns(patch.alias("properties"))
+
+    # The summary node exists already only if a previous run's event deletes lost to a live write.
+    found = snapshot.table("memory_nodes").filter(pl.col("id").is_in(summaries.get_column("id").implode()))
+    new = summaries.filter(~pl.col("id").is_in(found.get_column("id").implode()))
+    inserts = new.select(
+        "id",
+        pl.lit(scope.path).alias("scope_path"),
+        pl.lit(scope.tenant_id).alias("tenant_id"),
+        pl.lit("semantic").alias("layer"),
+        pl.lit(LABEL).alias("label"),
+        "properties",
+        pl.lit(IMPORTANCE).alias("importance"),
+        pl.lit(0, pl.Int64).alias("access_count"),
+        pl.lit(as_of).alias("created_at"),
+        pl.lit(as_of).alias("updated_at"),
+    )
+    refreshed = merge_json(
+        found.select("id", "version", "properties", pl.col("properties").alias("_old"))
+        .join(summaries.select("id", pl.col("properties").alias("_patch")), on="id"),
+        pl.col("_patch"),
+    )
+    refreshed = refreshed.filter(pl.col("properties") != pl.col("_old")).select("id", "version", "properties")
+    deletes = chosen.join(summaries.select("_batch", "id"), on="_batch", suffix="_node").select(
+        "id", "version", (pl.lit(f"summarised into {LABEL} ") + pl.col("id_node")).alias("reason")
+    )
+    diff = Diff.combine(
+        [
+            Diff.of("memory_nodes", PHASE, inserts=inserts, updates=refreshed if refreshed.height else None),
+            Diff.of("episodic_events", PHASE, deletes=deletes),
+        ]
+    )
+    return PhaseResult(diff=diff, counters={"episodes_summarized": deletes.height})

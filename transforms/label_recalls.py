@@ -1,0 +1,139 @@
+"""Phase D2 — label_recalls: implicit training labels for recalls nobody gave feedback on (SPEC §3).
+
+A recall (one ``recall_events`` row per returned hit, written by :func:`deep_sleep.online.recall`)
+is *used* if the conversation comes back to it: a word of its query shows up again in working
+memory or in an episodic event created after the recall.
+
+Words are maximal runs of letters (Unicode ``\\p{L}``, so digits and ``_`` split them), casefolded
+to lower case, at least 3 letters long, not in :data:`STOP_WORDS`.  A word "shows up" in a text
+when the text's own word set contains it (whole words: ``bill`` does not match ``billing``).
+The text of a working-memory node is its label plus the string values of its properties (JSON
+keys are left out: ``ttl_hours`` must not make ``hours`` appear everywhere); of an event, its
+content.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, timedelta
+
+import polars as pl
+
+from deep_sleep.config import LabelRecallsConfig
+from deep_sleep.diff import Diff
+from deep_sleep.snapshot import Snapshot
+from transforms._common import PhaseResult, skip
+
+PHASE = "label_recalls"
+IMPLICIT = "implicit"
+EXPLICIT = "explicit"
+MIN_WORD = 3
+WORD = r"\p{L}{3,}"  # polars (Rust regex) form
+_WORD_RE = re.compile(r"[^\W\d_]{3,}")  # Python form of the same thing
+STOP_WORDS = frozenset(
+    """
+    about above after again against all also and any are around because been before being below between
+    both but can cannot could did does doing done down during each else even ever every few for from
+    further get gets got had has have having her here hers herself him himself his how however into
+    its itself just like made make many more most much must myself not now off once only other our
+    ours ourselves out over own per please same she should since some still such than that the their
+    theirs them themselves then there these they this those though through too under until upon very
+    via was way were what whatever when where whether which while who whom whose why will with within
+    without would yes yet you your yours yourself yourselves tell show give know need want let say
+    said thing things something anything nothing really
+    """.split()
+)
+# JSON object keys ("key": ) — removed before a node's properties are searched for words.
+JSON_KEY = r'"(?:[^"\\]|\\.)*"\s*:'
+
+
+def query_words(text: str) -> list[str]:
+    """The words of ``text`` that count (see the module docstring), in order, without repeats.
+
+    >>> query_words("What about the Billing-API deploy, 2nd try?")
+    ['billing', 'api', 'deploy', 'try']
+    """
+    seen: dict[str, None] = {}
+    for w in _WORD_RE.findall(text.lower()):
+        if w not in STOP_WORDS:
+            seen.setdefault(w)
+    return list(seen)
+
+
+def _words(text: pl.Expr) -> pl.Expr:
+    return text.str.to_lowercase().str.extract_all(WORD)
+
+
+def _evidence(snapshot: Snapshot) -> pl.DataFrame:
+    """(word, at): every word of every working-memory node and episodic event, with its creation time."""
+    nodes = snapshot.table("memory_nodes").filter(pl.col("layer") == "working")
+    node_text = pl.concat_str(
+        [pl.col("label").fill_null(""), pl.col("properties").fill_null("").str.replace_all(JSON_KEY, " ")], separator=" "
+    )
+    docs = pl.concat(
+        [
+            nodes.select(_words(node_text).alias("word"), pl.col("created_at").alias("at")),
+            snapshot.table("episodic_events").select(_words(pl.col("content").fill_null("")).alias("word"), pl.col("created_at").alias("at")),
+        ]
+    )
+    return (
+        docs.explode("word")
+        .drop_nulls()
+        .filter(~pl.col("word").is_in(list(STOP_WORDS)))
+        .unique()
+        .sort("at")
+    )
+
+
+def label_recalls(snapshot: Snapshot, config: LabelRecallsConfig, as_of: datetime, lookback_hours: float) -> PhaseResult:
+    """Label every unlabelled recall created at or before ``as_of``.
+
+    Used — a word of its query appears in a working-memory node or episodic event created in
+    ``(recall.created_at, min(recall.created_at + lookback_hours, as_of)]`` — gives
+    ``label = max(similarity, min_label)``; otherwise ``label = similarity / 2``.  Both write
+    ``label_source = "implicit"``.  A row that has a label (explicit feedback from the online
+    path, or an earlier run's label) is never touched.
+
+    The label is given at the first run that sees the recall, with the evidence there is by
+    then: a recall a few minutes before ``as_of`` has had little time to come back and is more
+    likely labelled unused.  Waiting for its window to close would lose more: working memory
+    expires (phase 8 runs first) and old events are summarised away (phase 10).
+    """
+    recalls = snapshot.table("recall_events")
+    if not recalls.height:
+        return skip("missing input: no recall events")
+    todo = recalls.filter(pl.col("label").is_null() & (pl.col("created_at") <= as_of))
+    if not todo.height:
+        return PhaseResult(counters={"recalls_labelled": 0})
+    horizon = timedelta(hours=lookback_hours)
+    asks = (
+        todo.select("id", _words(pl.col("query").fill_null("")).alias("word"), "created_at")
+        .explode("word")
+        .drop_nulls("word")
+        .filter(~pl.col("word").is_in(list(STOP_WORDS)))
+        # the first evidence strictly after the recall: search from created_at + 1 µs
+        .with_columns((pl.col("created_at") + pl.duration(microseconds=1)).alias("after"))
+        .sort("after")
+    )
+    evidence = _evidence(snapshot)
+    used = (
+        asks.join_asof(evidence, left_on="after", right_on="at", by="word", strategy="forward", check_sortedness=False)
+        .filter(pl.col("at").is_not_null() & (pl.col("at") <= pl.min_horizontal(pl.col("created_at") + horizon, pl.lit(as_of))))
+        .select("id")
+        .unique()
+    )
+    sim = pl.col("similarity")
+    labelled = (
+        todo.with_columns(pl.col("id").is_in(used.get_column("id").implode()).alias("_used"))
+        .select(
+            "id",
+            "version",
+            pl.when(pl.col("_used")).then(pl.max_horizontal(sim, pl.lit(config.min_label))).otherwise(sim / 2).alias("label"),
+            pl.lit(IMPLICIT).alias("label_source"),
+        )
+        .sort("id")
+    )
+    return PhaseResult(
+        diff=Diff.of("recall_events", PHASE, updates=labelled),
+        counters={"recalls_labelled": labelled.height},
+    )

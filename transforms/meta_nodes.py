@@ -1,0 +1,171 @@
+"""Phase 4 — meta_nodes: a META:<prefix> node summarises each large label group (SPEC §3)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import polars as pl
+
+from deep_sleep.config import MetaNodesConfig
+from deep_sleep.diff import Diff
+from deep_sleep.snapshot import Snapshot
+from transforms._common import (
+    PhaseResult, created_ids, is_protected, json_number, label_prefix, merge_json, resolve_labels,
+)
+
+PHASE = "meta_nodes"
+RELATION = "CLUSTERS"
+STALE_REASON = "meta member no longer among the group's top members"
+TS = pl.Datetime("us", "UTC")
+
+
+def meta_nodes(snapshot: Snapshot, config: MetaNodesConfig, as_of: datetime) -> PhaseResult:
+    """Group semantic nodes by label prefix, leaving out ``META:`` and protected labels and labels
+    without a prefix (empty or blank).  A group of ≥ ``min_group`` gets the node ``META:<prefix>``
+    (importance 5.0): created when no semantic node of the scope has that label, otherwise the one
+    the label resolves to (as in phase 2.5) is updated — only if its properties would change.
+    ``properties``: ``summary`` (``"<prefix> (<n>): label; label; … and <k> more"``, the top
+    ``max_members`` labels by importance desc, ``updated_at`` desc, id asc), ``member_count`` (the
+    whole group) and ``member_ids`` (the top members, in that order); other keys are kept.  The META
+    node has a ``CLUSTERS`` edge to exactly its top members: missing ones are created and those to
+    nodes that fell out of the top (or out of the group) are deleted, so its fan-out never exceeds
+    ``max_members``.  A META node whose group shrank below ``min_group`` is left untouched.  If the
+    id a new META node would take already belongs to another node, the group is skipped and noted.
+    """
+    nodes = snapshot.table("memory_nodes")
+    groups = _groups(nodes, config)
+    if not groups.height:
+        return PhaseResult(counters={"meta_nodes_created": 0, "meta_nodes_updated": 0})
+
+    candidates = nodes.filter(pl.col("label").is_in(groups.get_column("label").implode()))
+    resolved = resolve_labels(candidates)
+    groups = groups.join(resolved.rename({"id": "meta_id"}), on="label", how="left", maintain_order="left")
+    existing = groups.filter(pl.col("meta_id").is_not_null())
+    new = groups.filter(pl.col("meta_id").is_null())
+    new = new.with_columns(created_ids(snapshot.scope_path, PHASE, new.get_column("prefix")).alias("meta_id"))
+    holders = nodes.filter(pl.col("id").is_in(new.get_column("meta_id").implode())) if new.height else nodes.clear()
+    taken = new.join(holders.select(pl.col("id").alias("meta_id"), pl.col("label").alias("holder")), on="meta_id")
+    new = new.join(taken.select("meta_id"), on="meta_id", how="anti")
+    notes = tuple(
+        taken.select(pl.format("META group '{}' skipped: its id {} belongs to node '{}'", "prefix", "meta_id", "holder"))
+        .to_series()
+        .to_list()
+    )
+    inserts, updates = _inserts(snapshot, new, as_of), _updates(candidates, existing)
+    node_diff = Diff.of(
+        "memory_nodes", PHASE, inserts=inserts if inserts.height else None, updates=updates if updates.height else None
+    )
+    metas = pl.concat([new.select("meta_id", "member_ids"), existing.select("meta_id", "member_ids")])
+    edge_diff = _clusters(snapshot, metas, as_of)
+    return PhaseResult(
+        diff=Diff({**node_diff.tables, **edge_diff.tables}),  # two tables, nothing to normalise
+        counters={"meta_nodes_created": inserts.height, "meta_nodes_updated": updates.height},
+        notes=notes,
+    )
+
+
+def _groups(nodes: pl.DataFrame, config: MetaNodesConfig) -> pl.DataFrame:
+    """One row per group of ≥ ``min_group``: prefix, label (``META:<prefix>``), member_count,
+    member_ids (the top ``max_members``) and summary."""
+    k = config.max_members
+    return (
+        nodes.lazy()
+        .filter((pl.col("layer") == "semantic") & ~pl.col("label").str.starts_with("META:") & ~is_protected())
+        .select("id", "label", "importance", "updated_at", label_prefix().alias("prefix"))
+        .filter(pl.col("prefix").is_not_null() & (pl.col("prefix") != ""))
+        .filter(pl.len().over("prefix") >= config.min_group)
+        .sort(["prefix", "importance", "updated_at", "id"], descending=[False, True, True, False], nulls_last=True)
+        .group_by("prefix", maintain_order=True)
+        .agg(
+            pl.len().alias("member_count"),
+            pl.col("id").head(k).alias("member_ids"),
+            pl.col("label").head(k).str.join("; ").alias("top_labels"),
+        )
+        .with_columns(
+            pl.format("{} ({}): {}", "prefix", "member_count", "top_labels").alias("summary"),
+            pl.format("META:{}", "prefix").alias("label"),
+        )
+        .with_columns(
+            pl.when(pl.col("member_count") > k)
+            .then(pl.format("{} … and {} more", "summary", pl.col("member_count") - k))
+            .otherwise("summary")
+            .alias("summary")
+        )
+        .drop("top_labels")
+        .collect()
+    )
+
+
+_PATCH = pl.struct("summary", "member_count", "member_ids").struct.json_encode()
+
+
+def _inserts(snapshot: Snapshot, new: pl.DataFrame, as_of: datetime) -> pl.DataFrame:
+    return new.select(
+        pl.col("meta_id").alias("id"),
+        pl.lit(snapshot.scope_path).alias("scope_path"),
+        pl.lit(snapshot.scope.tenant_id).alias("tenant_id"),
+        pl.lit("semantic").alias("layer"),
+        "label",
+        _PATCH.alias("properties"),
+        pl.lit(5.0).alias("importance"),
+        pl.lit(0, dtype=pl.Int64).alias("access_count"),
+        pl.lit(as_of, dtype=TS).alias("created_at"),
+        pl.lit(as_of, dtype=TS).alias("updated_at"),
+    )
+
+
+def _updates(candidates: pl.DataFrame, existing: pl.DataFrame) -> pl.DataFrame:
+    """Existing META nodes (``candidates``: the scope's nodes carrying a META label) whose summary, member_count or member_ids differ (compared as JSON values,
+    so the store's formatting and key order do not matter), with the three keys merged in."""
+    props = pl.col("properties")
+    ids_json = pl.format('["{}"]', pl.col("member_ids").list.join('","'))  # uuids need no escaping
+    changed = (
+        existing.join(candidates.select(pl.col("id").alias("meta_id"), "version", "properties"), on="meta_id")
+        .filter(
+            (props.str.json_path_match("$.summary") != pl.col("summary")).fill_null(True)
+            | (json_number("properties", "member_count") != pl.col("member_count").cast(pl.Float64)).fill_null(True)
+            | (props.str.json_path_match("$.member_ids") != ids_json).fill_null(True)
+        )
+        .select(pl.col("meta_id").alias("id"), "version", "properties", "summary", "member_count", "member_ids")
+    )
+    return merge_json(changed, _PATCH).select("id", "version", "properties").sort("id")
+
+
+def _clusters(snapshot: Snapshot, metas: pl.DataFrame, as_of: datetime) -> Diff:
+    """CLUSTERS edges from each META node to exactly its top members: insert the missing, delete the stale."""
+    wanted = metas.explode("member_ids").select(
+        pl.col("meta_id").alias("source_id"), pl.col("member_ids").alias("target_id")
+    )
+    have = (
+        snapshot.table("memory_edges")
+        .lazy()
+        .filter(pl.col("relation") == RELATION)
+        .select("id", "version", "source_id", "target_id")
+        .join(metas.lazy().select(pl.col("meta_id").alias("source_id")), on="source_id", how="semi")
+        .collect()
+    )
+    # Any existing row with the same (source, target, relation) — even a superseded one — holds the natural key.
+    missing = wanted.join(have, on=["source_id", "target_id"], how="anti").sort("source_id", "target_id")
+    stale = have.join(wanted, on=["source_id", "target_id"], how="anti").select("id", "version").sort("id")
+    keys = missing.select(pl.format("{}|{}", "source_id", "target_id")).to_series()
+    ts = pl.lit(as_of, dtype=TS)
+    inserts = missing.select(
+        created_ids(snapshot.scope_path, PHASE, keys).alias("id"),
+        pl.lit(snapshot.scope_path).alias("scope_path"),
+        pl.lit(snapshot.scope.tenant_id).alias("tenant_id"),
+        "source_id",
+        "target_id",
+        pl.lit(RELATION).alias("relation"),
+        pl.lit(1.0).alias("weight"),
+        pl.lit("{}").alias("properties"),
+        ts.alias("created_at"),
+        ts.alias("updated_at"),
+        ts.alias("valid_from"),
+    )
+    return Diff.of(
+        "memory_edges",
+        PHASE,
+        inserts=inserts if inserts.height else None,
+        deletes=stale if stale.height else None,
+        reason=STALE_REASON,
+    )

@@ -1,0 +1,137 @@
+"""Phase 2.5 — pending_edges: edges proposed by live turns are created (SPEC §3)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import polars as pl
+
+from deep_sleep import tables
+from deep_sleep.config import ConsolidationConfig, PendingEdgesConfig
+from deep_sleep.diff import Diff
+from deep_sleep.scope import Scope
+from deep_sleep.snapshot import Snapshot, iso
+from transforms._common import PhaseResult, created_id, created_ids, resolve_labels, skip
+
+OUTCOMES = ("created", "duplicate", "exists", "self_loop", "unresolved_source", "unresolved_target", "neighbour_cap")
+CO_OCCURRED = "CO_OCCURRED"
+
+
+def pending_edges(snapshot: Snapshot, config: PendingEdgesConfig, as_of: datetime, scope_path: str,
+                  settings: ConsolidationConfig) -> PhaseResult:
+    """Unconsumed ``pending_connections`` (``consumed_by_run`` null): both labels are resolved over the
+    scope's current semantic nodes (highest importance, then latest ``updated_at``, then smallest id);
+    the edge (source, target, relation) is created with the row's weight unless a label does not
+    resolve, it would be a self-loop, or an edge with that natural key already exists (including one
+    created earlier in this run, and one closed by ``valid_to``: the store's unique key ignores validity).
+    Several rows proposing the same edge create it once: the oldest row (``created_at``, then id) gets
+    ``created``, the others ``duplicate``.  A ``CO_OCCURRED`` proposal must keep phase 1.5's cap (no node
+    over ``max_neighbours`` distinct CO_OCCURRED neighbours, counting this run's new edges): one that
+    joins two nodes not yet neighbours is created only if it is among the first free-slot such
+    proposals at both ends, else ``neighbour_cap``.  Every examined row is marked consumed with its
+    outcome — the first that applies of ``unresolved_source``, ``unresolved_target``, ``self_loop``,
+    ``exists``, ``duplicate``, ``neighbour_cap``, else ``created``.  Pure phases do not know the run's
+    ledger id, so ``consumed_by_run`` is the run's *logical id*: UUIDv5 of (scope_path, "run", ISO
+    ``as_of``) — the same for every attempt at that ``as_of``, joinable to the ledger through
+    (scope_path, as_of).
+    """
+    pending = snapshot.table("pending_connections").filter(pl.col("consumed_by_run").is_null())
+    if not pending.height:
+        return skip("missing input: no pending connections")
+    run_id = created_id(scope_path, "run", iso(as_of) or "")
+    # Resolve only the labels the pending rows name, and look only for the edges they propose.
+    wanted = pl.concat([pending.get_column("source_label"), pending.get_column("target_label")]).unique().implode()
+    nodes = snapshot.table("memory_nodes").select("id", "layer", "label", "importance", "updated_at")
+    labels = resolve_labels(nodes.filter(pl.col("label").is_in(wanted)))
+    key = ["source_id", "target_id", "relation"]
+    rows = (
+        pending.sort(["created_at", "id"], nulls_last=True)
+        .join(labels.rename({"label": "source_label", "id": "source_id"}), on="source_label", how="left", maintain_order="left")
+        .join(labels.rename({"label": "target_label", "id": "target_id"}), on="target_label", how="left", maintain_order="left")
+    )
+    proposed = rows.select(key).drop_nulls().unique()
+    existing = (
+        snapshot.table("memory_edges")
+        .select(key)
+        .filter(pl.col("source_id").is_in(proposed.get_column("source_id").implode()))
+        .join(proposed, on=key, how="semi")
+        .unique()
+        .with_columns(pl.lit(True).alias("_exists"))
+    )
+    rows = rows.join(existing, on=key, how="left", maintain_order="left").with_columns(
+        pl.when(pl.col("source_id").is_null()).then(pl.lit("unresolved_source"))
+        .when(pl.col("target_id").is_null()).then(pl.lit("unresolved_target"))
+        .when(pl.col("source_id") == pl.col("target_id")).then(pl.lit("self_loop"))
+        .when(pl.col("_exists").fill_null(False)).then(pl.lit("exists"))
+        .when(~pl.struct(key).is_first_distinct()).then(pl.lit("duplicate"))
+        .otherwise(pl.lit("created"))
+        .alias("outcome")
+    )
+    cap = settings.cooccurrence.max_neighbours  # the same invariant phase 1.5 keeps
+    rows = _neighbour_cap(rows, snapshot.table("memory_edges"), cap)
+    consumed = rows.select("id", "version", pl.lit(run_id).alias("consumed_by_run"), "outcome").sort("id")
+    created = rows.filter(pl.col("outcome") == "created")
+    diffs = [Diff.of("pending_connections", "pending_edges", updates=consumed)]
+    if created.height:
+        keys = created.select(pl.concat_str("source_id", "target_id", "relation", separator="|")).to_series()
+        inserts = created.select(
+            created_ids(scope_path, "pending_edges", keys).alias("id"),
+            pl.lit(scope_path).alias("scope_path"),
+            pl.lit(Scope.parse(scope_path).tenant_id).alias("tenant_id"),
+            "source_id",
+            "target_id",
+            "relation",
+            "weight",
+            pl.lit("{}").alias("properties"),
+            *(pl.lit(as_of).dt.cast_time_unit("us").alias(c) for c in ("created_at", "updated_at", "valid_from")),
+            # Present (null) so that a later phase's update of the new edge (supersession) merges into it.
+            pl.lit(None, dtype=tables.TS).alias("valid_to"),
+        ).sort("id")
+        diffs.append(Diff.of("memory_edges", "pending_edges", inserts=inserts))
+    return PhaseResult(diff=Diff.combine(diffs), counters={"edges_created": created.height})
+
+
+def _neighbour_cap(rows: pl.DataFrame, edges: pl.DataFrame, cap: int) -> pl.DataFrame:
+    """Turn ``created`` into ``neighbour_cap`` for CO_OCCURRED proposals that would give a node more than
+    ``cap`` distinct CO_OCCURRED neighbours.  A proposal joining two nodes not yet neighbours (either
+    direction) takes a slot at both ends; it is kept iff it is among the first ``free`` such
+    proposals (``created_at``, then id; both directions of one pair count once) at each end."""
+    wanted = (pl.col("outcome") == "created") & (pl.col("relation") == CO_OCCURRED)
+    proposed = rows.filter(wanted)
+    if not proposed.height:
+        return rows
+    touched = pl.concat([proposed.get_column("source_id"), proposed.get_column("target_id")]).unique().implode()
+    co = (
+        edges.select("source_id", "target_id", "relation")
+        .filter((pl.col("relation") == CO_OCCURRED) & (pl.col("source_id") != pl.col("target_id")))
+        .filter(pl.col("source_id").is_in(touched) | pl.col("target_id").is_in(touched))
+    )
+    linked = pl.concat(
+        [co.select(a="source_id", b="target_id"), co.select(a="target_id", b="source_id")]
+    ).unique()
+    free = linked.group_by("a").len("deg").select(node="a", free=(cap - pl.col("deg").cast(pl.Int64)).clip(lower_bound=0))
+    pair = [pl.min_horizontal("source_id", "target_id").alias("lo"), pl.max_horizontal("source_id", "target_id").alias("hi")]
+    new_pairs = (
+        rows.with_row_index("_order")
+        .filter(wanted)
+        .join(linked, left_on=["source_id", "target_id"], right_on=["a", "b"], how="anti", maintain_order="left")
+        .select("_order", *pair)
+        .unique(subset=["lo", "hi"], keep="first", maintain_order=True)
+    )
+    ends = pl.concat([new_pairs.select("_order", "lo", "hi", node="lo"), new_pairs.select("_order", "lo", "hi", node="hi")])
+    refused = (
+        ends.join(free, on="node", how="left")
+        .with_columns(pl.col("_order").rank("ordinal").over("node").alias("_rank"))
+        .filter(pl.col("_rank") > pl.col("free").fill_null(cap))
+        .select("lo", "hi")
+        .unique()
+        .with_columns(pl.lit(True).alias("_refused"))
+    )
+    return (
+        rows.with_columns(*pair)
+        .join(refused, on=["lo", "hi"], how="left", maintain_order="left")
+        .with_columns(
+            pl.when(wanted & pl.col("_refused").fill_null(False)).then(pl.lit("neighbour_cap")).otherwise("outcome").alias("outcome")
+        )
+        .drop("lo", "hi", "_refused")
+    )

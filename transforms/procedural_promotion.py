@@ -1,0 +1,242 @@
+"""Phase 12 — procedural_promotion: actions the agent keeps repeating become draft skills (SPEC §3).
+
+Grammar of an action sentence (matched case-insensitively anywhere in an event's content, so
+"Then I ran …", "and I deployed …" and "First I checked X, then I deployed Y" all match; the
+first match of an event counts)::
+
+    phrase  := "I" VERB OBJECT
+    VERB    := one of ACTION_VERBS' forms (past or base: "ran" / "run", "rolled back" / "roll back", …)
+    OBJECT  := word (blanks word)*      word = letters, digits, ' - _ /
+
+The object ends at the first other character (punctuation, a line end).  Normalised, the
+pattern key is ``<base verb> <object>`` where the object is casefolded, cut at the first
+conjunction or relative word (CUT_WORDS: "and", "then", "that", …), stripped of the articles
+"the", "a", "an" and kept to its first 4 words: "Then I deployed the billing service." →
+``deploy billing service``.  A sentence with no object word left makes no pattern.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+import numpy as np
+import polars as pl
+
+from deep_sleep.config import ProceduralPromotionConfig
+from deep_sleep.diff import Diff
+from deep_sleep.embedding import EmbeddingProvider
+from deep_sleep.snapshot import Snapshot
+from deep_sleep.tables import EMBEDDING_DIM
+from transforms._common import PhaseResult, created_ids, in_window, skip
+
+PHASE = "procedural_promotion"
+
+# base form → the forms that follow "I" (past first).
+ACTION_VERBS: dict[str, tuple[str, ...]] = {
+    "run": ("ran", "run"),
+    "deploy": ("deployed", "deploy"),
+    "build": ("built", "build"),
+    "rebuild": ("rebuilt", "rebuild"),
+    "create": ("created", "create"),
+    "fix": ("fixed", "fix"),
+    "patch": ("patched", "patch"),
+    "debug": ("debugged", "debug"),
+    "migrate": ("migrated", "migrate"),
+    "restart": ("restarted", "restart"),
+    "reboot": ("rebooted", "reboot"),
+    "configure": ("configured", "configure"),
+    "install": ("installed", "install"),
+    "upgrade": ("upgraded", "upgrade"),
+    "test": ("tested", "test"),
+    "write": ("wrote", "write"),
+    "update": ("updated", "update"),
+    "release": ("released", "release"),
+    "publish": ("published", "publish"),
+    "merge": ("merged", "merge"),
+    "review": ("reviewed", "review"),
+    "revert": ("reverted", "revert"),
+    "roll back": ("rolled back", "roll back"),
+    "back up": ("backed up", "back up"),
+    "restore": ("restored", "restore"),
+    "set up": ("set up",),
+    "clean up": ("cleaned up", "clean up"),
+    "rotate": ("rotated", "rotate"),
+    "reset": ("reset",),
+    "schedule": ("scheduled", "schedule"),
+    "send": ("sent", "send"),
+    "close": ("closed", "close"),
+    "provision": ("provisioned", "provision"),
+    "scale": ("scaled", "scale"),
+    "enable": ("enabled", "enable"),
+    "disable": ("disabled", "disable"),
+}
+ARTICLES = ("the", "a", "an")
+CUT_WORDS = ("and", "then", "but", "or", "so", "because", "while", "after", "before", "when", "that", "which", "who")
+OBJECT_WORDS = 4
+MAX_EXAMPLES = 5
+EXAMPLE_MAX_CHARS = 200
+
+_FORM_TO_BASE = {form: base for base, forms in ACTION_VERBS.items() for form in forms}
+_VERB_ALT = "|".join(sorted((f.replace(" ", r"\s+") for f in _FORM_TO_BASE), key=lambda f: (-len(f), f)))
+_WORD = r"[\p{L}\p{N}][\p{L}\p{N}'_/-]*"
+# ASCII word boundary and case folding for "I" and the verbs (much faster than Unicode's); the
+# object's words are Unicode.
+ACTION_SENTENCE = rf"(?-u:\b)(?P<phrase>(?i-u:I\s+(?P<verb>{_VERB_ALT})\s+)(?P<object>{_WORD}(?:[ \t]+{_WORD})*))"
+_CUT = rf"(?:^|\s)(?:{'|'.join(CUT_WORDS)})(?:\s.*)?$"
+_ARTICLE = rf"(?:^|\s)(?:{'|'.join(ARTICLES)})(?:\s|$)"
+_FIRST_WORDS = rf"^(\S+(?:\s\S+){{0,{OBJECT_WORDS - 1}}})"
+
+
+def _normalised_action_type() -> pl.Expr:
+    raw = pl.col("metadata").str.json_path_match("$.action_type")
+    key = raw.str.to_lowercase().str.replace_all(r"[^\p{L}\p{N}]+", "_").str.strip_chars("_")
+    return pl.when(key.str.len_chars() > 0).then(key)
+
+
+def _sentence_pattern() -> tuple[pl.Expr, pl.Expr]:
+    """(pattern key, the matched phrase) of the first action sentence of ``content``, or nulls."""
+    groups = pl.col("content").str.extract_groups(ACTION_SENTENCE)
+    verb = groups.struct.field("verb").str.to_lowercase().str.replace_all(r"\s+", " ").replace_strict(_FORM_TO_BASE, default=None)
+    obj = (
+        pl.concat_str([pl.lit(" "), groups.struct.field("object").str.to_lowercase().str.replace_all(r"\s+", "  "), pl.lit(" ")])
+        .str.replace(_CUT, "")
+        .str.replace_all(_ARTICLE, " ")
+        .str.strip_chars()
+        .str.replace_all(r"\s+", " ")
+        .str.extract(_FIRST_WORDS, 1)
+    )
+    key = pl.concat_str([verb, obj], separator=" ")
+    phrase = groups.struct.field("phrase").str.replace_all(r"\s+", " ")
+    return key, phrase
+
+
+def procedural_promotion(
+    snapshot: Snapshot, config: ProceduralPromotionConfig, as_of: datetime, embedder: EmbeddingProvider
+) -> PhaseResult:
+    """In episodic events with ``created_at`` in (as_of − ``lookback_days``, as_of], an event's
+    action pattern is its ``metadata.action_type`` when present and non-empty (casefolded, runs
+    of non-alphanumerics → ``_``: "Deploy-Service" → ``deploy_service``), else the verb-object
+    phrase of its first action sentence (module docstring: "I deployed the billing service" →
+    ``deploy billing service``).  A pattern seen in ≥ ``min_occurrences`` events becomes a
+    ``procedural_skills`` row with status ``draft`` (never ``active``), source
+    ``consolidation``, name = the pattern as a title ("Deploy billing service"), steps = up to 5
+    distinct example phrases (the matched sentence, or the event's trimmed content cut at 200
+    characters for ``action_type`` patterns), oldest first, and embedding = the embedder's
+    vector of the name.  Candidates go most frequent first (ties by pattern key), at most
+    ``max_per_run`` per run; one is skipped if a skill of the scope — of any status, so a
+    rejected or archived draft is not proposed again — already has its pattern key, or if its
+    name's cosine with the name of such a skill, or of a candidate accepted earlier in this run,
+    is ≥ ``duplicate_cosine`` (existing names are re-embedded with the same embedder; stored
+    embeddings are not trusted, they may come from another model).
+    """
+    events = snapshot.table("episodic_events")
+    if not events.height:
+        return skip("missing input: no episodic events")
+    if embedder.dim != EMBEDDING_DIM:
+        raise ValueError(
+            f"{PHASE}: embedder {embedder.name!r} makes {embedder.dim}-dimensional vectors; "
+            f"procedural_skills.embedding is vector({EMBEDDING_DIM}). Project its output to {EMBEDDING_DIM} dimensions."
+        )
+    start = as_of - timedelta(days=config.lookback_days)
+    sentence_key, phrase = _sentence_pattern()
+    recent = events.filter(in_window("created_at", start, as_of)).with_row_index("_row")
+    typed = (
+        recent.filter(pl.col("metadata").str.contains("action_type", literal=True))
+        .with_columns(_normalised_action_type().alias("pattern_key"))
+        .drop_nulls("pattern_key")
+    )
+    by_type = typed.select(
+        "_row", "created_at", "id", "pattern_key",
+        pl.col("content").fill_null("").str.strip_chars().str.replace_all(r"\s+", " ").alias("example"),
+    ).with_columns(
+        pl.when(pl.col("example").str.len_chars() > EXAMPLE_MAX_CHARS)
+        .then(pl.col("example").str.slice(0, EXAMPLE_MAX_CHARS - 1) + "…")
+        .otherwise(pl.col("example"))
+        .alias("example")
+    )
+    said = recent.filter(~pl.col("_row").is_in(typed.get_column("_row").implode()) & pl.col("content").str.contains(ACTION_SENTENCE))
+    # Parse each distinct text once: episodes repeat their sentences (that is what makes a pattern).
+    parsed = said.select(pl.col("content").unique()).with_columns(sentence_key.alias("pattern_key"), phrase.alias("example"))
+    by_sentence = said.join(parsed, on="content").select("_row", "created_at", "id", "pattern_key", "example").drop_nulls("pattern_key")
+    seen = pl.concat([by_type, by_sentence.select(by_type.columns)], how="vertical_relaxed")
+    skills = snapshot.table("procedural_skills")
+    scope = snapshot.scope
+    candidates = (
+        seen.sort(["created_at", "id"])
+        .group_by("pattern_key", maintain_order=True)
+        .agg(pl.len().alias("occurrences"), pl.col("example").unique(maintain_order=True).head(MAX_EXAMPLES).alias("steps"))
+        .filter(pl.col("occurrences") >= config.min_occurrences)
+        .join(skills.select("pattern_key").drop_nulls(), on="pattern_key", how="anti")
+        .sort(["occurrences", "pattern_key"], descending=[True, False])
+    )
+    if not candidates.height or config.max_per_run == 0:
+        return _promoted(None)
+    candidates = candidates.with_columns(created_ids(scope.path, PHASE, candidates.get_column("pattern_key")).alias("id"))
+    candidates = candidates.join(skills.select("id"), on="id", how="anti", maintain_order="left")
+    title = pl.col("pattern_key").str.replace_all("_", " ")
+    candidates = candidates.with_columns((title.str.slice(0, 1).str.to_uppercase() + title.str.slice(1)).alias("name"))
+
+    vectors = embedder.embed(candidates.get_column("name").to_list())
+    keep = _greedy_distinct(
+        vectors.astype(np.float64),
+        embedder.embed(skills.get_column("name").drop_nulls().to_list()).astype(np.float64),
+        config.duplicate_cosine,
+        config.max_per_run,
+    )
+    chosen = (
+        candidates.with_columns(pl.Series("embedding", vectors).cast(pl.Array(pl.Float32, EMBEDDING_DIM)))
+        .with_row_index("_rank")
+        .filter(pl.col("_rank").is_in(keep))
+    )
+    if not chosen.height:
+        return _promoted(None)
+    inserts = chosen.select(
+        "id",
+        pl.lit(scope.path).alias("scope_path"),
+        pl.lit(scope.tenant_id).alias("tenant_id"),
+        "name",
+        pl.concat_str(
+            [
+                pl.lit("Seen in "), pl.col("occurrences").cast(pl.String),
+                pl.lit(f" episodic events of the last {config.lookback_days:g} days (pattern "), pl.col("pattern_key"),
+                pl.lit("). Drafted by consolidation: review before activating."),
+            ]
+        ).alias("description"),
+        # a JSON array of strings: encode {"steps": [...]} and keep the array
+        pl.struct("steps").struct.json_encode().str.strip_prefix('{"steps":').str.strip_suffix("}").alias("steps"),
+        pl.lit("draft").alias("status"),
+        pl.lit("consolidation").alias("source"),
+        "pattern_key",
+        pl.col("occurrences").cast(pl.Int64),
+        "embedding",
+        pl.lit(as_of).alias("created_at"),
+        pl.lit(as_of).alias("updated_at"),
+    )
+    return _promoted(inserts)
+
+
+def _greedy_distinct(candidates: np.ndarray, existing: np.ndarray, threshold: float, limit: int) -> list[int]:
+    """Indices of up to ``limit`` candidates, in order, each with cosine < ``threshold`` to every
+    existing vector and to every candidate kept before it (rows are unit or zero vectors)."""
+    free = np.ones(len(candidates), dtype=bool)
+    if len(existing):
+        free &= (candidates @ existing.T).max(axis=1) < threshold
+    kept: list[int] = []
+    for _ in range(limit):  # at most max_per_run rounds, each vectorized over all candidates
+        left = np.flatnonzero(free)
+        if not len(left):
+            break
+        pick = int(left[0])
+        kept.append(pick)
+        free &= candidates @ candidates[pick] < threshold
+        free[pick] = False
+    return kept
+
+
+def _promoted(inserts: pl.DataFrame | None) -> PhaseResult:
+    if inserts is None or not inserts.height:
+        return PhaseResult(counters={"draft_skills_promoted": 0})
+    return PhaseResult(
+        diff=Diff.of("procedural_skills", PHASE, inserts=inserts),
+        counters={"draft_skills_promoted": inserts.height},
+    )

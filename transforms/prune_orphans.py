@@ -1,0 +1,152 @@
+"""Phase 3 — prune_orphans: weak, stale, unconnected memories and expired ones go (SPEC §3)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+import numpy as np
+import polars as pl
+
+from deep_sleep.config import PruneOrphansConfig
+from deep_sleep.diff import Diff
+from deep_sleep.snapshot import Snapshot
+from transforms._common import PhaseResult, is_protected, json_number
+
+PHASE = "prune_orphans"
+TTL_REASON = "semantic ttl expired"
+ORPHAN_REASON = "orphan: weak, stale and at most max_degree neighbours"
+
+
+def prune_orphans(snapshot: Snapshot, config: PruneOrphansConfig, as_of: datetime) -> PhaseResult:
+    """Delete unprotected semantic nodes (with their incident edges) that either
+    (a) have a numeric ``properties.ttl_hours`` with ``updated_at + ttl_hours ≤ as_of`` — whatever their
+    importance or degree — or (b) are orphans: importance < ``importance_factor`` × 10, ``updated_at``
+    strictly older than ``min_age_days`` before as_of (a node exactly that old stays), and at most
+    ``max_degree`` distinct neighbours.  Neighbours are the other ends of every edge in the snapshot
+    (any relation, either direction, superseded edges included, edges created earlier in the run
+    included; self-loops do not count).  Degree is measured on the graph that survives this run: a
+    neighbour deleted here does not count, so a chain of weak nodes hanging off the graph goes in one
+    run and a rerun finds nothing new (peeling to a fixpoint).  A node matching both rules is deleted
+    with the ttl reason, as is any edge touching an expired node.
+    """
+    nodes = snapshot.table("memory_nodes")
+    # Eager, cheapest tests first: polars' lazy optimizer would fuse the filters and parse every
+    # node's JSON; here only the few nodes whose properties mention ttl_hours are parsed.
+    cols = nodes.select("id", "version", "layer", "label", "properties", "importance", "updated_at")
+    semantic = pl.col("layer") == "semantic"
+    ttl = json_number("properties", "ttl_hours")
+    age_us = (pl.lit(as_of, dtype=pl.Datetime("us", "UTC")) - pl.col("updated_at")).dt.total_microseconds()
+    expired = (
+        cols.filter(semantic & pl.col("properties").str.contains("ttl_hours", literal=True))
+        # Whole microseconds as in working_ttl, compared as floats: no overflow for absurd ttl values.
+        .filter(ttl.is_finite() & (age_us.cast(pl.Float64) >= (ttl * 3_600_000_000).floor()))
+        .filter(~is_protected())
+        .select("id", "version")
+    )
+    weak = (
+        cols.filter(
+            semantic
+            & (pl.col("importance") < config.importance_factor * 10)
+            & (pl.col("updated_at") < as_of - timedelta(days=config.min_age_days))
+        )
+        .filter(~is_protected())
+        .select("id", "version")
+    )
+    if not (expired.height or weak.height):
+        return PhaseResult(counters={"nodes_pruned": 0})
+    seed = _seed(nodes.get_column("id"))
+    expired = expired.with_columns(pl.col("id").hash(seed).alias("h"))
+    weak = weak.with_columns(pl.col("id").hash(seed).alias("h"))
+    weak = weak.filter(~pl.col("h").is_in(expired.get_column("h").implode()))
+    edges = snapshot.table("memory_edges").select(
+        "id", "version", pl.col("source_id").hash(seed).alias("s"), pl.col("target_id").hash(seed).alias("t")
+    )
+    orphans = weak.filter(_peel(edges, weak.get_column("h"), expired.get_column("h"), config.max_degree))
+    doomed = pl.concat(
+        [
+            expired.select("id", "version", "h", pl.lit(TTL_REASON).alias("reason")),
+            orphans.select("id", "version", "h", pl.lit(ORPHAN_REASON).alias("reason")),
+        ]
+    )
+    if not doomed.height:
+        return PhaseResult(counters={"nodes_pruned": 0})
+    return PhaseResult(diff=_delete(edges, doomed), counters={"nodes_pruned": doomed.height})
+
+
+def _seed(ids: pl.Series) -> int:
+    """A hash seed under which the scope's node ids have distinct 64-bit hashes, so the graph work
+    below runs on integers instead of 36-character strings (a collision is ~1e-8 at 1M nodes; the
+    next seed then resolves it).  Edges point at nodes of the snapshot: the extract quarantines
+    dangling ones."""
+    for seed in range(8):
+        if ids.hash(seed).n_unique() == ids.len():
+            return seed
+    raise ValueError("memory_nodes: duplicate ids in the snapshot")
+
+
+def _peel(edges: pl.DataFrame, weak: pl.Series, expired: pl.Series, max_degree: int) -> np.ndarray:
+    """Which weak nodes end with ≤ ``max_degree`` surviving distinct neighbours once expired nodes and
+    peeled weak nodes are gone (a boolean mask over ``weak``, given as id hashes).  Round k removes the
+    weak nodes whose count dropped to ``max_degree`` in round k − 1; only the neighbours of a round's
+    removals are looked at again, so the work stays linear in the weak nodes' edges."""
+    n_weak = weak.len()
+    if not n_weak:
+        return np.zeros(0, dtype=bool)
+    pos = pl.DataFrame({"h": weak, "p": np.arange(n_weak, dtype=np.int64)})
+    ends = edges.lazy().select("s", "t").filter(pl.col("s") != pl.col("t"))
+    # Distinct (weak node, live neighbour) pairs, both directions; b_pos: the neighbour's own weak position.
+    pairs = (
+        pl.concat([ends.select(a="s", b="t"), ends.select(a="t", b="s")])
+        .filter(pl.col("a").is_in(weak.implode()) & ~pl.col("b").is_in(expired.implode()))
+        .unique()
+        .join(pos.lazy().rename({"h": "a", "p": "a_pos"}), on="a")
+        .join(pos.lazy().rename({"h": "b", "p": "b_pos"}), on="b", how="left")
+        .select("a_pos", "b_pos")
+        .collect()
+    )
+    degree = np.bincount(pairs.get_column("a_pos").to_numpy(), minlength=n_weak)
+    # Weak-weak pairs grouped by the neighbour: when b goes, each holder a loses one.
+    ww = pairs.drop_nulls().sort("b_pos")
+    holder = ww.get_column("a_pos").to_numpy()
+    starts = np.concatenate([[0], np.cumsum(np.bincount(ww.get_column("b_pos").to_numpy(), minlength=n_weak))])
+
+    removed = np.zeros(n_weak, dtype=bool)
+    frontier = np.flatnonzero(degree <= max_degree)
+    while frontier.size:
+        removed[frontier] = True
+        lo, lengths = starts[frontier], starts[frontier + 1] - starts[frontier]
+        total = int(lengths.sum())
+        if not total:
+            break
+        offsets = np.repeat(lo - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths)
+        hit = holder[offsets + np.arange(total)]
+        np.subtract.at(degree, hit, 1)
+        hit = np.unique(hit)
+        frontier = hit[~removed[hit] & (degree[hit] <= max_degree)]
+    return removed
+
+
+def _delete(edges: pl.DataFrame, doomed: pl.DataFrame) -> Diff:
+    """Node deletes with their reasons, and every incident edge (the ttl reason wins when an edge
+    touches an expired node)."""
+    reasons = doomed.select("h", "reason")
+    hashes = reasons.get_column("h").implode()
+    incident = (
+        edges.lazy()
+        .filter(pl.col("s").is_in(hashes) | pl.col("t").is_in(hashes))
+        .join(reasons.lazy().rename({"h": "s", "reason": "rs"}), on="s", how="left")
+        .join(reasons.lazy().rename({"h": "t", "reason": "rt"}), on="t", how="left")
+        .select(
+            "id",
+            "version",
+            pl.when((pl.col("rs") == TTL_REASON) | (pl.col("rt") == TTL_REASON))
+            .then(pl.lit(f"{TTL_REASON} (incident edge)"))
+            .otherwise(pl.lit(f"{ORPHAN_REASON} (incident edge)"))
+            .alias("reason"),
+        )
+        .sort("id")
+        .collect()
+    )
+    nodes = Diff.of("memory_nodes", PHASE, deletes=doomed.drop("h").sort("id"))
+    edges = Diff.of("memory_edges", PHASE, deletes=incident)
+    return Diff({**nodes.tables, **edges.tables})  # two tables, nothing to normalise

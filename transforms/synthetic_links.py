@@ -1,0 +1,116 @@
+"""Phase 11 — synthetic_links: nodes the episodes keep mentioning together get linked (SPEC §3)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+import polars as pl
+
+from deep_sleep.config import SyntheticLinksConfig
+from deep_sleep.diff import Diff
+from deep_sleep.snapshot import Snapshot
+from transforms._common import PhaseResult, created_ids, in_window, resolve_labels, skip
+
+PHASE = "synthetic_links"
+RELATION = "SYNTHETIC_LINK"
+# `[semantic:X]` names the node labelled X; `[SOUL:X]` the node labelled `SOUL:X`.  X is
+# everything up to the closing bracket (no nested brackets), taken verbatim.
+MARKER = r"\[(?:semantic|SOUL):[^\[\]]+\]"
+_SHIFT = 1 << 32
+
+
+def synthetic_links(snapshot: Snapshot, config: SyntheticLinksConfig, as_of: datetime) -> PhaseResult:
+    """In episodic events with ``created_at`` in (as_of − ``lookback_days``, as_of], markers
+    ``[semantic:X]`` (the node labelled exactly X) and ``[SOUL:X]`` (the node labelled
+    ``SOUL:X``) are resolved among the scope's semantic nodes as in phase 2.5 (highest
+    importance, then latest ``updated_at``, then smallest id); an unresolvable marker is ignored.
+    Each event counts once per pair of distinct nodes it references (a marker repeated, or two
+    markers resolving to one node, adds nothing).  A pair seen together in more than
+    ``min_cooccurrences`` events gets a ``SYNTHETIC_LINK`` edge (source = smaller id, weight
+    ``weight``, ``valid_from`` = as_of) with ``properties.provenance = "synthetic"`` and
+    ``source_episodic_ids`` = the first ``max_sources`` of its events' ids in sorted order —
+    unless a ``SYNTHETIC_LINK`` edge already joins the pair in either direction (current or
+    superseded).  At most ``max_pairs`` edges per run: highest co-count first, ties by
+    (source, target); the rest wait for the next run.  Markers are case-sensitive, as written.
+    """
+    start = as_of - timedelta(days=config.lookback_days)
+    events = snapshot.table("episodic_events")
+    if not events.height:
+        return skip("missing input: no episodic events")
+    # Events and nodes are handled as integer codes (uuid text is slow to hash and join); node
+    # codes follow id order, so comparing codes compares ids.
+    window = events.filter(in_window("created_at", start, as_of) & pl.col("content").str.contains("[", literal=True))
+    mentions = (
+        window.select(pl.int_range(pl.len(), dtype=pl.UInt32).alias("event"), pl.col("content").str.extract_all(MARKER).alias("marker"))
+        .explode("marker")
+        .drop_nulls("marker")
+    )
+    markers = mentions.select(pl.col("marker").unique()).with_columns(
+        pl.col("marker").str.strip_prefix("[").str.strip_suffix("]").str.strip_prefix("semantic:").alias("label")
+    )
+    nodes = snapshot.table("memory_nodes")
+    resolved = (
+        resolve_labels(nodes.filter(pl.col("label").is_in(markers.get_column("label").implode())))
+        .sort("id")
+        .with_row_index("node")
+    )
+    # Distinct (event, node) pairs, packed into one integer: far cheaper to deduplicate than two columns.
+    refs = (
+        mentions.join(markers.join(resolved, on="label").select("marker", "node"), on="marker")
+        .select((pl.col("event").cast(pl.UInt64) * _SHIFT + pl.col("node")).unique().alias("ref"))
+        .select((pl.col("ref") // _SHIFT).cast(pl.UInt32).alias("event"), (pl.col("ref") % _SHIFT).cast(pl.UInt32).alias("node"))
+    )
+    together = refs.join(refs, on="event", suffix="_b").filter(pl.col("node") < pl.col("node_b"))
+    code = resolved.select("id", "node")
+    linked = (
+        snapshot.table("memory_edges")
+        .filter(pl.col("relation") == RELATION)
+        .join(code.rename({"id": "source_id", "node": "a"}), on="source_id")
+        .join(code.rename({"id": "target_id", "node": "b"}), on="target_id")
+        .select(pl.min_horizontal("a", "b").alias("node"), pl.max_horizontal("a", "b").alias("node_b"))
+    )
+    chosen = (
+        together.group_by("node", "node_b")
+        .len("co_count")
+        .filter(pl.col("co_count") > config.min_cooccurrences)
+        .join(linked, on=["node", "node_b"], how="anti")
+        .sort(["co_count", "node", "node_b"], descending=[True, False, False])
+        .head(config.max_pairs)
+    )
+    if not chosen.height:
+        return _nothing()
+    event_ids = window.select(pl.int_range(pl.len(), dtype=pl.UInt32).alias("event"), pl.col("id").alias("event_id"))
+    sources = (
+        together.join(chosen.select("node", "node_b"), on=["node", "node_b"], how="semi")
+        .join(event_ids, on="event")
+        .group_by("node", "node_b")
+        .agg(pl.col("event_id").sort().head(config.max_sources).alias("source_episodic_ids"))
+    )
+    chosen = (
+        chosen.join(sources, on=["node", "node_b"], maintain_order="left")
+        .join(code.rename({"id": "source_id"}), on="node", maintain_order="left")
+        .join(code.rename({"id": "target_id", "node": "node_b"}), on="node_b", maintain_order="left")
+    )
+    scope = snapshot.scope
+    keys = chosen.select(pl.col("source_id") + "|" + pl.col("target_id")).to_series()
+    inserts = chosen.select(
+        created_ids(scope.path, PHASE, keys).alias("id"),
+        pl.lit(scope.path).alias("scope_path"),
+        pl.lit(scope.tenant_id).alias("tenant_id"),
+        "source_id",
+        "target_id",
+        pl.lit(RELATION).alias("relation"),
+        pl.lit(float(config.weight)).alias("weight"),
+        pl.struct(pl.lit("synthetic").alias("provenance"), "source_episodic_ids").struct.json_encode().alias("properties"),
+        pl.lit(as_of).alias("created_at"),
+        pl.lit(as_of).alias("updated_at"),
+        pl.lit(as_of).alias("valid_from"),
+    )
+    return PhaseResult(
+        diff=Diff.of("memory_edges", PHASE, inserts=inserts),
+        counters={"synthetic_edges_created": inserts.height},
+    )
+
+
+def _nothing() -> PhaseResult:
+    return PhaseResult(counters={"synthetic_edges_created": 0})

@@ -1,0 +1,107 @@
+"""Phase 2 — tag_risk: recent nodes that talk about risk are flagged (SPEC §3)."""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import datetime
+
+import polars as pl
+
+from deep_sleep.config import TagRiskConfig
+from deep_sleep.diff import Diff
+from deep_sleep.snapshot import Snapshot, iso
+from transforms._common import PhaseResult, in_window, merge_json, window_start
+
+# A word start is the start of the text or any character that is not a letter, mark or digit.
+_WORD_START = r"(?:^|[^\p{L}\p{M}\p{N}])"
+_META = re.compile(r"([\\.+*?()|\[\]{}^$])")
+
+# JSON tokens that matter for finding top-level string values: string literals and punctuation.
+_TOKEN = r'"(?:[^"\\]|\\.)*"|[{}\[\]:,]'
+
+
+def tag_risk(snapshot: Snapshot, config: TagRiskConfig, as_of: datetime, lookback_hours: float) -> PhaseResult:
+    """Recent nodes whose label or any top-level string value of ``properties`` contains a marker word
+    at a word start, case-insensitively (``errors``, ``Risky``, ``my_error`` match; ``terror`` does not),
+    get ``properties.risk_node = true`` and ``properties.risk_tagged_at = as_of`` (ISO 8601, ``Z``).  A
+    word start is the start of the text or a character that is not a Unicode letter, mark or digit (so
+    ``_``, ``-`` and spaces separate words).  Keys, and strings nested inside arrays or objects, are not
+    searched: a property's value is text only when it is a top-level string.  Nodes whose
+    ``risk_node`` is already the JSON boolean ``true`` are skipped (``false`` or the string "true" are
+    re-tagged).  A matching node whose properties are not a JSON
+    object is left alone (tagging would overwrite them) and reported in the notes.  Empty markers are
+    ignored.
+    """
+    zero = {"risk_nodes_tagged": 0}
+    markers = sorted({m for m in config.markers if m})
+    if not markers:
+        return PhaseResult(counters=zero)
+    words = "|".join(_escape(m) for m in markers)
+    pattern = f"{_WORD_START}(?i:{words})"
+    start = window_start(snapshot, as_of, lookback_hours)
+    recent = (
+        snapshot.table("memory_nodes")
+        .select("id", "version", "layer", "label", "properties", "updated_at")
+        .filter((pl.col("layer") == "semantic") & in_window("updated_at", start, as_of))
+        .filter(~_json_true("properties", "risk_node"))
+        .with_columns(
+            pl.col("label").str.contains(pattern).fill_null(False).alias("_label_hit"),
+            pl.col("properties").str.strip_chars_start().str.starts_with("{").fill_null(False).alias("_object"),
+        )
+    )
+    # Only nodes whose raw JSON holds a marker (or an escape that might spell one) need their
+    # values looked at one by one; most nodes have none.
+    maybe = recent.filter(
+        ~pl.col("_label_hit")
+        & pl.col("_object")
+        & (pl.col("properties").str.contains(f"(?i)(?:{words})") | pl.col("properties").str.contains("\\", literal=True))
+    )
+    value_hits = _value_hits(maybe, pattern) if maybe.height else pl.Series("id", [], pl.String)
+    hits = recent.filter(pl.col("_label_hit") | pl.col("id").is_in(value_hits.implode()))
+    untaggable = hits.filter(~pl.col("_object")).get_column("id").sort()
+    notes = ()
+    if untaggable.len():
+        shown = ", ".join(untaggable.head(10).to_list()) + (" …" if untaggable.len() > 10 else "")
+        notes = (f"{untaggable.len()} risk node(s) not tagged: properties are not a JSON object ({shown})",)
+    tagged = hits.filter(pl.col("_object")).select("id", "version", "properties").sort("id")
+    if not tagged.height:
+        return PhaseResult(counters=zero, notes=notes)
+    patch = json.dumps({"risk_node": True, "risk_tagged_at": iso(as_of)}, separators=(",", ":"))
+    updates = merge_json(tagged, pl.lit(patch))
+    return PhaseResult(
+        diff=Diff.of("memory_nodes", "tag_risk", updates=updates),
+        counters={"risk_nodes_tagged": updates.height},
+        notes=notes,
+    )
+
+
+def _json_true(column: str, key: str) -> pl.Expr:
+    """Top-level ``key`` of the JSON object ``column`` is the boolean ``true`` (not the string "true")."""
+    return (pl.col(column).str.json_path_match(f"$.{key}") == "true").fill_null(False) & pl.col(column).str.contains(
+        f'"{key}"\\s*:\\s*true'
+    ).fill_null(False)
+
+
+def _value_hits(maybe: pl.DataFrame, pattern: str) -> pl.Series:
+    """Ids of nodes with a top-level string value matching ``pattern``: tokenize the JSON text, keep
+    string tokens right after a ``:`` at depth 1 (inside the outer object only), decode, match."""
+    step = pl.when(pl.col("tok").is_in(["{", "["])).then(1).when(pl.col("tok").is_in(["}", "]"])).then(-1).otherwise(0)
+    return (
+        maybe.select("id", pl.col("properties").str.extract_all(_TOKEN).alias("tok"))
+        .with_row_index("_row")
+        .explode("tok")
+        .with_columns(
+            pl.col("tok").shift(1).over("_row").alias("_prev"),
+            step.cum_sum().over("_row").alias("_depth"),
+        )
+        .filter(pl.col("tok").str.starts_with('"') & (pl.col("_depth") == 1) & (pl.col("_prev") == ":"))
+        .filter(pl.col("tok").str.json_decode(pl.String).str.contains(pattern))
+        .get_column("id")
+        .unique()
+    )
+
+
+def _escape(marker: str) -> str:
+    """A marker as a regex literal (Polars uses Rust regex syntax)."""
+    return _META.sub(r"\\\1", marker)
