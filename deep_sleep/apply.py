@@ -40,11 +40,15 @@ def stage_name(table: str, kind: str) -> str:
     return f"_ds_{table}_{kind}"
 
 
-def delete_sql(table: str) -> str:
-    """Guarded delete with archive; parameters $1 scope_path, $2 run_id.  Returns one count."""
+def delete_sql(table: str, nodes_deleted: bool = False) -> str:
+    """Guarded delete with archive; parameters $1 scope_path, $2 run_id.  Returns one count.
+
+    ``nodes_deleted``: node deletes are staged too, so edges listed with a node whose own delete
+    was skipped (a conflict) are kept.
+    """
     stage = stage_name(table, "deletes")
     keep_incident = ""
-    if table == "memory_edges":
+    if table == "memory_edges" and nodes_deleted:
         nodes = stage_name("memory_nodes", "deletes")
         keep_incident = (
             f" AND NOT EXISTS (SELECT 1 FROM {nodes} nd JOIN memory_nodes n ON n.id = nd.id::uuid"
@@ -166,6 +170,7 @@ def apply_diff(
     with store.adbc() as con:
         cur = con.cursor()
         try:
+            cur.execute("DISCARD TEMP")  # staging tables of an earlier apply on this pooled connection
             cur.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", parameters=(scope,))
             cur.fetch_arrow_table()
             # Stage everything first, then mutate: the mutations then run back to back.
@@ -183,7 +188,7 @@ def apply_diff(
             for table, kind in order:
                 body = staged[(table, kind)]
                 if kind == "deletes":
-                    n = _scalar(cur, delete_sql(table), (scope, report.run_id))
+                    n = _scalar(cur, delete_sql(table, ("memory_nodes", "deletes") in staged), (scope, report.run_id))
                 elif kind == "updates":
                     changed = [c for c in body.columns if c not in KEY_COLUMNS]
                     n = _scalar(cur, update_sql(table, changed), (scope,))
@@ -196,8 +201,6 @@ def apply_diff(
                 _scalar(cur, QUARANTINE_SQL, (report.run_id, scope))
             final = report.with_(rows_changed=applied, conflicts=conflicts, status="applied")
             cur.execute(LEDGER_SQL, parameters=ledger_params(final, mode, started_at, "applied"))
-            con.commit()
-            cur.execute("DISCARD TEMP")  # staging tables are temporary: leave the pooled connection clean
             con.commit()
         except BaseException:
             con.rollback()

@@ -27,6 +27,8 @@ def _quiet_prefect() -> None:
     # The temporary local server migrates its SQLite database on first start; on a busy 2-core
     # machine that can take longer than Prefect's default 20 s.
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+    # Tasks waiting for an apply slot poll at most every 0.5 s (Prefect's default 30 s idles slots).
+    os.environ.setdefault("PREFECT_SERVER_CONCURRENCY_MAXIMUM_CONCURRENCY_SLOT_WAIT_SECONDS", "0.5")
 
 
 def _as_of(value: str | None) -> datetime | None:

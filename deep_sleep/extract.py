@@ -2,7 +2,8 @@
 
 Rows are read by exact ``scope_path = $1`` (SPEC §1: consolidation is partitioned by exact
 scope).  The append-only access log is read from ``log_since`` on (the earliest window start
-any phase can ask for); every other table is read whole.
+any phase can ask for), and never from before the scope's latest applied quick nap (which
+counted the events up to its ``as_of``); every other table is read whole.
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ from deep_sleep.db import Store
 from deep_sleep.scope import Scope
 from deep_sleep.snapshot import Snapshot, utc
 
+NAP_FLOOR_SQL = (
+    "SELECT max(as_of) AS as_of FROM consolidation_runs WHERE scope_path = $1 AND status = 'applied' AND mode = 'quick_nap'"
+)
 PREVIOUS_RUN_SQL = (
     "SELECT max(as_of) AS as_of FROM consolidation_runs WHERE scope_path = $1 AND status = 'applied' AND mode = 'nightly'"
 )
@@ -78,10 +82,15 @@ def extract(store: Store, scope: Scope | str, log_since: datetime | None = None)
             taken_at = cur.fetch_arrow_table().column(0)[0].as_py()
             cur.execute(PREVIOUS_RUN_SQL, parameters=(scope.path,))
             previous = cur.fetch_arrow_table().column(0)[0].as_py()
+            # Access events a quick nap already counted are not counted again by the nightly.
+            cur.execute(NAP_FLOOR_SQL, parameters=(scope.path,))
+            nap = cur.fetch_arrow_table().column(0)[0].as_py()
+            floors = [utc(t) for t in (log_since, nap) if t is not None]
+            since = max(floors) if floors else None
             frames = {}
             for table in tables.TABLES:
-                bounded = log_since is not None
-                params = (scope.path, utc(log_since)) if bounded and table == "memory_access_log" else (scope.path,)
+                bounded = since is not None
+                params = (scope.path, since) if bounded and table == "memory_access_log" else (scope.path,)
                 cur.execute(select_sql(table, bounded), parameters=params)
                 frames[table] = _to_polars(table, cur.fetch_arrow_table())
         finally:

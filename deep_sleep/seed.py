@@ -814,7 +814,7 @@ def _gen_small(c: _Ctx, nodes: pl.DataFrame, info: dict[str, np.ndarray], index:
             pl.Series("features", feats).cast(pl.List(pl.Float64)),
             pl.Series("score", np.round(sim + rng.normal(0, 0.05, m), 4)),
             pl.Series("label", label).set(pl.Series(~explicit), None),
-            pl.Series("label_source", ["feedback"] * m, dtype=pl.String).set(pl.Series(~explicit), None),
+            pl.Series("label_source", ["explicit"] * m, dtype=pl.String).set(pl.Series(~explicit), None),
             pl.Series("trained_at", [None] * m, dtype=ts),
             _ts(now - rng.integers(_US, 48 * _HOUR, m), "created_at"),
             pl.Series("version", [1] * m, dtype=pl.Int64),

@@ -157,3 +157,17 @@ def test_sigkill_inside_apply_leaves_the_store_as_it_was_and_a_rerun_applies(sto
     assert rerun.status == "applied" and rerun.conflicts == 0
     assert dump(store, scope) != before
     assert rerun.rows_changed["memory_nodes"] == {"deletes": 1, "updates": 3}
+
+
+def test_edge_deletes_without_node_deletes_apply(store, scope):
+    """Supersession-free edge deletes (e.g. CLUSTERS edges a META node drops) stand alone in a diff."""
+    ids = small_graph(store, scope, NOW)
+    snap = extract(store, scope)
+    edges = snap.table("memory_edges").select("id", "version")
+    diff = Diff.of("memory_edges", "meta_nodes", deletes=edges, reason="member left the group")
+    report = ConsolidationReport(scope_path=scope.path, as_of="2026-11-20T03:00:00Z", run_id=str(uuid.uuid4()))
+    from deep_sleep.apply import apply_diff
+
+    result = apply_diff(store, diff, report)
+    assert result.applied == {"memory_edges": {"deletes": 1}} and result.conflicts == 0
+    assert scalar(store, "SELECT count(*) FROM memory_edges WHERE source_id = %s", ids["hot"][0]) == 0
