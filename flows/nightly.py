@@ -4,7 +4,7 @@
    with the reason.
 2. Per due scope, two tasks: ``plan-scope`` (extract → transform → validate, writing the
    snapshot and diff directories) and ``apply-scope`` (tagged ``deep-sleep-apply``: a Prefect tag
-   concurrency limit caps concurrent applies).  Only paths and small dicts cross task
+   apply slot pool in the store caps concurrent applies).  Only paths and small dicts cross task
    boundaries.  Transient database errors are retried; anything else fails that scope alone.
 3. The data-quality suite over the whole store, once for the night.
 4. A summary table artifact and a summary dict.
@@ -15,7 +15,9 @@ Dask cluster (``task_runner="dask"``, ``dask_address`` or a local cluster).
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import time
 import uuid
 from datetime import UTC, datetime
@@ -25,6 +27,7 @@ from typing import Any, Literal
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
+from prefect.futures import as_completed
 from prefect.task_runners import ThreadPoolTaskRunner
 from pydantic import BaseModel, Field
 
@@ -50,7 +53,7 @@ class NightlyParameters(BaseModel):
     runs_dir: str | None = None
     scopes: list[str] | None = Field(None, description="consider only these scopes (default: every scope of the store)")
     max_workers: int = Field(4, ge=1, description="scopes planned at once")
-    apply_concurrency: int = Field(2, ge=1, description="applies at once (Prefect tag concurrency limit)")
+    apply_concurrency: int = Field(2, ge=1, description="applies at once (apply slots held in the store)")
     data_quality: bool = Field(True, description="run the great-expectations suite over the store after the night")
     task_runner: Literal["threads", "dask"] = "threads"
     dask_address: str | None = Field(None, description="scheduler address; default: a local cluster")
@@ -88,14 +91,16 @@ def plan_scope_task(dsn: str, scope_path: str, as_of: datetime, config: Consolid
     diff_dir = stages.plan_stage(snap_dir, config, as_of, base / "diff", run_id=run_id,
                                  timings={"extract": round(time.perf_counter() - t, 6)})
     report = stages.validate_stage(snap_dir, diff_dir, config)
-    return {"scope_path": scope_path, "diff_dir": str(diff_dir), "status": report.status}
+    return {"scope_path": scope_path, "diff_dir": str(diff_dir), "status": report.status, "worker_pid": os.getpid()}
 
 
 @task(name="apply-scope", tags=[APPLY_TAG], retries=2, retry_delay_seconds=2, retry_condition_fn=_retry_transient,
       cache_policy=NO_CACHE)
-def apply_scope_task(dsn: str, planned: dict, started_at: datetime) -> dict:
-    """Apply one scope's validated diff (or record its failed validation)."""
-    report = stages.apply_stage(Store(dsn), Path(planned["diff_dir"]), mode="nightly", started_at=started_at)
+def apply_scope_task(dsn: str, planned: dict, started_at: datetime, apply_concurrency: int) -> dict:
+    """Apply one scope's validated diff (or record its failed validation), holding one of the
+    night's ``apply_concurrency`` apply slots."""
+    with apply_slot(dsn, apply_concurrency):
+        report = stages.apply_stage(Store(dsn), Path(planned["diff_dir"]), mode="nightly", started_at=started_at)
     return report.to_dict()
 
 
@@ -115,12 +120,31 @@ def data_quality_task(dsn: str, out_dir: str, night_id: str) -> dict:
             "failed_checks": sorted({r["expectation"] for r in result.results if not r["success"]})}
 
 
-def ensure_apply_limit(limit: int) -> None:
-    """Create or update the tag concurrency limit that caps concurrent applies."""
-    from prefect.client.orchestration import get_client
+APPLY_SLOT_CLASS = 0x0D5EE9 + 1  # pg advisory lock class of the apply slots
 
-    with get_client(sync_client=True) as client:
-        client.create_concurrency_limit(tag=APPLY_TAG, concurrency_limit=limit)
+
+@contextlib.contextmanager
+def apply_slot(dsn: str, slots: int, poll_seconds: float = 0.05):
+    """Hold one of ``slots`` apply slots: session advisory locks (class, 0…slots−1) in the store.
+
+    The cap holds across threads, processes and Dask workers, because the store itself keeps it;
+    a crashed holder's slot is freed with its connection.  (Prefect's tag concurrency limit was
+    the first choice; with Prefect 3.9.1 and the thread-pool runner, waiting tasks stalled with
+    the limit's active slots at 0, so the night never finished.  The task keeps the tag for
+    filtering in the UI.)
+    """
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as con:
+        while True:
+            for slot in range(slots):
+                if con.execute("SELECT pg_try_advisory_lock(%s, %s)", (APPLY_SLOT_CLASS, slot)).fetchone()[0]:
+                    try:
+                        yield slot
+                    finally:
+                        con.execute("SELECT pg_advisory_unlock(%s, %s)", (APPLY_SLOT_CLASS, slot))
+                    return
+            time.sleep(poll_seconds)
 
 
 def _error_of(future) -> str:
@@ -140,7 +164,6 @@ def deep_sleep_nightly(params: NightlyParameters) -> dict[str, Any]:
     config = load_config(params.config_file, params.config)
     store = connect_store(params.dsn)
     night_id = str(uuid.uuid4())
-    ensure_apply_limit(params.apply_concurrency)
 
     gates = due_scopes(store, as_of, config.gating)
     if params.scopes is not None:
@@ -150,7 +173,15 @@ def deep_sleep_nightly(params: NightlyParameters) -> dict[str, Any]:
     logger.info("%d scopes, %d due, %d skipped", len(gates), len(due), len(gates) - len(due))
 
     planned = {g.scope_path: plan_scope_task.submit(store.dsn, g.scope_path, as_of, config, params.runs_dir) for g in due}
-    applied = {path: apply_scope_task.submit(store.dsn, fut, started) for path, fut in planned.items()}
+    # An apply is submitted when its plan is done, so no worker thread sits waiting on an upstream future.
+    path_of = {fut.task_run_id: path for path, fut in planned.items()}
+    applied = {}
+    for fut in as_completed(list(planned.values())):
+        try:
+            plan_result = fut.result()
+        except BaseException:  # noqa: BLE001 - reported with the scope below
+            continue
+        applied[path_of[fut.task_run_id]] = apply_scope_task.submit(store.dsn, plan_result, started, params.apply_concurrency)
 
     rows: list[dict[str, Any]] = []
     for g in gates:
@@ -162,6 +193,7 @@ def deep_sleep_nightly(params: NightlyParameters) -> dict[str, Any]:
             rows.append({"scope": Scope.parse(g.scope_path).display(), "status": "failed", "reason": error[:500]})
             continue
         report = ConsolidationReport.from_dict(applied[g.scope_path].result())
+        worker_pid = planned[g.scope_path].result()["worker_pid"]
         moved = {k: v for k, v in report.counters.items() if v}
         rows.append({
             "scope": Scope.parse(g.scope_path).display(),
@@ -171,6 +203,7 @@ def deep_sleep_nightly(params: NightlyParameters) -> dict[str, Any]:
             "conflicts": report.conflicts,
             "counters": ", ".join(f"{k}={v}" for k, v in moved.items()),
             "run_id": report.run_id,
+            "worker_pid": worker_pid,
         })
 
     quality = None

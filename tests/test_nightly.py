@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import uuid
 from datetime import UTC, datetime, timedelta
 
 import psycopg
@@ -10,8 +11,8 @@ import pytest
 
 from deep_sleep.config import GatingConfig
 from deep_sleep.db import Store, migrate, with_database
-from deep_sleep.gating import gate
 from deep_sleep.scope import Scope
+from deep_sleep.gating import gate
 from deep_sleep.seed import SeedSpec, scopes_of, seed_store
 
 NOW = datetime(2026, 11, 20, 3, 0, tzinfo=UTC)
@@ -90,3 +91,26 @@ def test_nightly_over_200_scopes(prefect_harness, fleet, tmp_path):
     assert third["due"] == 3 and third["applied"] == 3
     fourth = run_nightly(params.model_copy(update={"as_of": NOW + timedelta(minutes=15), "data_quality": False}))
     assert fourth["due"] == 0 and fourth["skipped"] == 200
+
+
+@pytest.mark.flow
+def test_nightly_on_a_local_dask_cluster_with_two_worker_processes(prefect_harness, store, tmp_path, monkeypatch):
+    """The same flow, distributed: tasks run in two Dask worker processes."""
+    from flows.nightly import NightlyParameters, run_nightly
+    from tests.storeutil import small_graph
+
+    monkeypatch.setenv("DASK_TEMPORARY_DIRECTORY", str(tmp_path / "dask"))
+    tag = uuid.uuid4().hex[:8]
+    scopes = [Scope.root("org", f"dask{tag}").child("brand", f"b{i}") for i in range(4)]
+    for s in scopes:
+        small_graph(store, s, NOW)
+    summary = run_nightly(NightlyParameters(
+        as_of=NOW, dsn=store.dsn, runs_dir=str(tmp_path / "runs"), scopes=[s.display() for s in scopes],
+        data_quality=False, task_runner="dask", dask_workers=2))
+    assert summary["due"] == 4 and summary["applied"] == 4 and summary["failed"] == 0, summary["rows"]
+    assert all(r["counters"] for r in summary["rows"])
+    pids = {r["worker_pid"] for r in summary["rows"]}
+    assert os.getpid() not in pids  # planned in the Dask worker processes, not here
+    with store.pg() as con:
+        assert con.execute("SELECT count(*) FROM consolidation_runs WHERE scope_path = ANY(%s) AND status = 'applied'",
+                           ([s.path for s in scopes],)).fetchone()[0] == 4
