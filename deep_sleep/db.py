@@ -109,6 +109,15 @@ def migrate(dsn: str) -> list[str]:
     return applied
 
 
+def release_connections(dsn: str | None = None) -> None:
+    """Close this thread's pooled ADBC connections (to ``dsn``, or all), e.g. before a database is
+    dropped or used as a template."""
+    pool = _adbc_pool()
+    for key in [k for k in pool if dsn is None or k == dsn]:
+        with contextlib.suppress(Exception):
+            pool.pop(key).close()
+
+
 @dataclass(frozen=True)
 class Store:
     """A migrated store reachable at ``dsn``."""

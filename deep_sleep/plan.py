@@ -38,7 +38,8 @@ class Plan:
     quarantined: pl.DataFrame
 
 
-def _arguments(phase: Phase, snapshot: Snapshot, config: ConsolidationConfig, as_of: datetime) -> dict:
+def _arguments(phase: Phase, snapshot: Snapshot, config: ConsolidationConfig, as_of: datetime,
+               extracted: Snapshot) -> dict:
     wanted = inspect.signature(phase.fn).parameters
     offered = {
         "snapshot": snapshot,
@@ -47,6 +48,7 @@ def _arguments(phase: Phase, snapshot: Snapshot, config: ConsolidationConfig, as
         "lookback_hours": config.lookback_hours,
         "scope_path": snapshot.scope_path,
         "settings": config,  # the whole configuration, for a phase that must keep another phase's invariant
+        "extracted": extracted,  # the snapshot before any phase (for evidence an earlier phase archived)
     }
     if "embedder" in wanted:  # built only for the phases that ask (phase 12)
         from deep_sleep.embedding import default_embedder
@@ -84,7 +86,7 @@ def plan(
             skipped[phase.name] = "disabled by config"
             continue
         t0 = time.perf_counter()
-        result: PhaseResult = phase.fn(**_arguments(phase, view, config, as_of))
+        result: PhaseResult = phase.fn(**_arguments(phase, view, config, as_of, snapshot))
         timings[phase.name] = round(time.perf_counter() - t0, 6)
         if result.skipped:
             skipped[phase.name] = result.skipped

@@ -663,7 +663,7 @@ def _gen_episodic(c: _Ctx, nodes: pl.DataFrame, info: dict[str, np.ndarray]) -> 
         .when(_when(cat == 2)).then(_cat("Mentioned [semantic:ghost ", w1, "] which nobody remembers."))
         .when(_when((cat == 3) & (tmpl == 0))).then(_cat("I ", verb, " the ", obj, "."))
         .when(_when((cat == 3) & (tmpl == 1))).then(_cat("Then I ", verb, " the ", obj, "."))
-        .when(_when(cat == 3)).then(_cat("First I checked the ", w1, " dashboard, then I ", verb, " the ", obj, "."))
+        .when(_when(cat == 3)).then(_cat("First I checked the status dashboard, then I ", verb, " the ", obj, "."))
         .otherwise(_cat("Talked about ", w1, " ", w2, " for the ", pre, " review."))
     ).to_series()
     mr = rng.random(count)

@@ -18,7 +18,7 @@ import psycopg
 import pytest
 
 from deep_sleep.config import ConsolidationConfig
-from deep_sleep.db import Store, migrate, with_database
+from deep_sleep.db import Store, migrate, release_connections, with_database
 from deep_sleep.scope import Scope
 from deep_sleep.stages import apply_stage, consolidate_scope, extract_stage, plan_stage, validate_stage
 from tests.storeutil import scalar
@@ -164,9 +164,18 @@ KILLED_APPLY = textwrap.dedent(
 
 
 def _clone(admin_dsn: str, template: str, name: str) -> Store:
+    release_connections()  # a template database must have no open sessions
     with psycopg.connect(admin_dsn, autocommit=True) as con:
         con.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        con.execute(f"CREATE DATABASE {name} TEMPLATE {template}")
+        for attempt in range(50):
+            try:
+                con.execute(f"CREATE DATABASE {name} TEMPLATE {template}")
+                break
+            except psycopg.errors.ObjectInUse:  # e.g. an autovacuum worker visiting the template
+                if attempt == 49:
+                    raise
+                con.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (template,))
+                time.sleep(0.1)
     return Store(with_database(admin_dsn, name))
 
 

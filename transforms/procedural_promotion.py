@@ -111,7 +111,8 @@ def _sentence_pattern() -> tuple[pl.Expr, pl.Expr]:
 
 
 def procedural_promotion(
-    snapshot: Snapshot, config: ProceduralPromotionConfig, as_of: datetime, embedder: EmbeddingProvider
+    snapshot: Snapshot, config: ProceduralPromotionConfig, as_of: datetime, embedder: EmbeddingProvider,
+    extracted: Snapshot | None = None,
 ) -> PhaseResult:
     """In episodic events with ``created_at`` in (as_of − ``lookback_days``, as_of], an event's
     action pattern is its ``metadata.action_type`` when present and non-empty (casefolded, runs
@@ -129,7 +130,8 @@ def procedural_promotion(
     is ≥ ``duplicate_cosine`` (existing names are re-embedded with the same embedder; stored
     embeddings are not trusted, they may come from another model).
     """
-    events = snapshot.table("episodic_events")
+    # Events summarised (and deleted) by phase 10 earlier in this run still happened: count them.
+    events = (extracted or snapshot).table("episodic_events")
     if not events.height:
         return skip("missing input: no episodic events")
     if embedder.dim != EMBEDDING_DIM:
