@@ -35,8 +35,9 @@ def _p(msg: str) -> None:
 
 
 def _fresh_store(admin_dsn: str, name: str):
-    from deep_sleep.db import Store, ensure_database, migrate, with_database
+    from deep_sleep.db import Store, ensure_database, migrate, release_connections, with_database
 
+    release_connections()  # pooled connections to the database about to be dropped
     with psycopg.connect(admin_dsn, autocommit=True) as con:
         con.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
     ensure_database(admin_dsn, name)

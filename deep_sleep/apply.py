@@ -47,15 +47,15 @@ def delete_sql(table: str, nodes_deleted: bool = False) -> str:
     was skipped (a conflict) are kept.
     """
     stage = stage_name(table, "deletes")
-    keep_incident = ""
+    kept, keep_incident = "", ""
     if table == "memory_edges" and nodes_deleted:
-        nodes = stage_name("memory_nodes", "deletes")
-        keep_incident = (
-            f" AND NOT EXISTS (SELECT 1 FROM {nodes} nd JOIN memory_nodes n ON n.id = nd.id::uuid"
-            f" WHERE n.id = t.source_id OR n.id = t.target_id)"
-        )
+        # node deletes ran first: staged node ids that still exist were skipped as conflicts
+        kept = (f"kept AS (SELECT n.id FROM memory_nodes n JOIN {stage_name('memory_nodes', 'deletes')} nd"
+                f" ON n.id = nd.id::uuid), ")
+        keep_incident = (" AND NOT EXISTS (SELECT 1 FROM kept k WHERE k.id = t.source_id)"
+                         " AND NOT EXISTS (SELECT 1 FROM kept k WHERE k.id = t.target_id)")
     return (
-        f"WITH gone AS (DELETE FROM {table} t USING {stage} s"
+        f"WITH {kept}gone AS (DELETE FROM {table} t USING {stage} s"
         f" WHERE t.id = s.id::uuid AND t.scope_path = $1 AND t.version = s.expected_version{keep_incident}"
         f" RETURNING t.*, s.reason AS _ds_reason),"
         f" archived AS (INSERT INTO consolidation_archive (run_id, table_name, row_id, op, reason, row)"
