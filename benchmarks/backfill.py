@@ -83,7 +83,7 @@ def seed_legacy(dsn: str, rows: int) -> dict[str, int]:
 def fingerprint(dsn: str) -> dict[str, dict[str, str]]:
     """Order-independent hashes: scoped rows whole; legacy rows without scope_path and version."""
     out: dict[str, dict[str, str]] = {"scoped": {}, "legacy": {}}
-    legacy = f"(scope_path IS NULL OR scope_path = 'tenant' || chr(31) || tenant_id)"
+    legacy = "(scope_path IS NULL OR scope_path = 'tenant' || chr(31) || tenant_id)"
     with psycopg.connect(dsn) as con:
         for t in SHARES:
             out["scoped"][t] = str(con.execute(

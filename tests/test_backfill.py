@@ -17,6 +17,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from tests.storeutil import create_database, drop_database
+
 from deep_sleep.backfill import (
     VALID_TENANT_SQL,
     BackfillOptions,
@@ -27,7 +29,7 @@ from deep_sleep.backfill import (
     rich_progress,
     validate_backfill,
 )
-from deep_sleep.db import Store, migrate, with_database
+from deep_sleep.db import Store
 from deep_sleep.scope import Scope
 from deep_sleep.seed import SeedSpec, seed_store
 
@@ -83,36 +85,20 @@ def seed_legacy(dsn: str) -> None:
 
 
 def _clone(admin_dsn: str, template: str, name: str) -> Store:
-    with psycopg.connect(admin_dsn, autocommit=True) as con:
-        con.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        for attempt in range(50):
-            try:
-                con.execute(f"CREATE DATABASE {name} TEMPLATE {template}")
-                break
-            except psycopg.errors.ObjectInUse:  # an autovacuum worker visiting the template: it can go
-                if attempt == 49:
-                    raise
-                con.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (template,))
-                time.sleep(0.1)
-    return Store(with_database(admin_dsn, name))
+    return create_database(admin_dsn, name, template=template)
 
 
 @pytest.fixture(scope="module")
 def template(admin_dsn):
     """A database with a small seeded store of scoped rows and TOTAL legacy rows, cloned per test."""
     name = f"ds_backfill_tpl_{os.getpid()}"
-    with psycopg.connect(admin_dsn, autocommit=True) as con:
-        con.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        con.execute(f"CREATE DATABASE {name}")
-    store = Store(with_database(admin_dsn, name))
-    migrate(store.dsn)
+    store = create_database(admin_dsn, name)
     seed_store(store, SeedSpec(tenants=3, scopes_per_tenant=1, nodes_per_scope=200, seed=5))
     seed_legacy(store.dsn)
     with psycopg.connect(store.dsn, autocommit=True) as con:
         con.execute("VACUUM ANALYZE")
     yield name
-    with psycopg.connect(admin_dsn, autocommit=True) as con:
-        con.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    drop_database(admin_dsn, name)
 
 
 @pytest.fixture
@@ -120,8 +106,7 @@ def db(admin_dsn, template):
     name = f"ds_backfill_{os.getpid()}_{uuid.uuid4().hex[:6]}"
     store = _clone(admin_dsn, template, name)
     yield store
-    with psycopg.connect(admin_dsn, autocommit=True) as con:
-        con.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    drop_database(admin_dsn, name)
 
 
 BOOKKEEPING = ("scope_backfill_checkpoints", "scope_backfill_conflicts")

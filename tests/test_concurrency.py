@@ -18,10 +18,10 @@ import psycopg
 import pytest
 
 from deep_sleep.config import ConsolidationConfig
-from deep_sleep.db import Store, migrate, release_connections, with_database
+from deep_sleep.db import Store
 from deep_sleep.scope import Scope
 from deep_sleep.stages import apply_stage, consolidate_scope, extract_stage, plan_stage, validate_stage
-from tests.storeutil import scalar
+from tests.storeutil import create_database, drop_database, scalar
 
 NOW = datetime(2026, 11, 20, 3, 0, tzinfo=UTC)
 DOMAIN = ("memory_nodes", "memory_edges", "episodic_events")
@@ -164,30 +164,14 @@ KILLED_APPLY = textwrap.dedent(
 
 
 def _clone(admin_dsn: str, template: str, name: str) -> Store:
-    release_connections()  # a template database must have no open sessions
-    with psycopg.connect(admin_dsn, autocommit=True) as con:
-        con.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        for attempt in range(50):
-            try:
-                con.execute(f"CREATE DATABASE {name} TEMPLATE {template}")
-                break
-            except psycopg.errors.ObjectInUse:  # e.g. an autovacuum worker visiting the template
-                if attempt == 49:
-                    raise
-                con.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (template,))
-                time.sleep(0.1)
-    return Store(with_database(admin_dsn, name))
+    return create_database(admin_dsn, name, template=template)
 
 
 @pytest.fixture(scope="module")
 def crash_template(admin_dsn, tmp_path_factory):
     """A database with one mid-size scope and a planned diff for it, used as a template per trial."""
     name = f"ds_crash_tpl_{os.getpid()}"
-    with psycopg.connect(admin_dsn, autocommit=True) as con:
-        con.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        con.execute(f"CREATE DATABASE {name}")
-    store = Store(with_database(admin_dsn, name))
-    migrate(store.dsn)
+    store = create_database(admin_dsn, name)
     scope = Scope.root("org", "crash").child("brand", "b1")
     bulk_scope(store, scope, 8_000)
     work = tmp_path_factory.mktemp("crash")
@@ -204,9 +188,8 @@ def crash_template(admin_dsn, tmp_path_factory):
     after = checksum(ref, scope)
     assert after != before
     yield {"admin": admin_dsn, "name": name, "scope": scope, "diff_dir": diff_dir, "before": before, "after": after, "seconds": seconds}
-    with psycopg.connect(admin_dsn, autocommit=True) as con:
-        for db in (name, f"{name}_ref", f"{name}_trial"):
-            con.execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
+    for db in (name, f"{name}_ref", f"{name}_trial"):
+        drop_database(admin_dsn, db)
 
 
 def test_sigkill_at_random_moments_leaves_before_or_after_and_reruns_converge(crash_template, tmp_path):

@@ -8,11 +8,10 @@ from __future__ import annotations
 import os
 from datetime import UTC, datetime
 
-import psycopg
 import pytest
 
-from deep_sleep.db import Store, migrate, with_database
 from deep_sleep.report import ConsolidationReport
+from tests.storeutil import create_database, drop_database
 from deep_sleep.seed import SeedSpec, scopes_of, seed_store
 
 NOW = datetime(2026, 11, 20, 3, 0, tzinfo=UTC)
@@ -21,16 +20,11 @@ NOW = datetime(2026, 11, 20, 3, 0, tzinfo=UTC)
 @pytest.fixture
 def seeded(admin_dsn):
     name = f"ds_e2e_{os.getpid()}"
-    with psycopg.connect(admin_dsn, autocommit=True) as con:
-        con.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        con.execute(f"CREATE DATABASE {name}")
-    store = Store(with_database(admin_dsn, name))
-    migrate(store.dsn)
+    store = create_database(admin_dsn, name)
     spec = SeedSpec(tenants=1, scopes_per_tenant=1, nodes_per_scope=40, seed=9, now=NOW, days=90)
     seed_store(store, spec)
     yield store, scopes_of(spec)[-1]
-    with psycopg.connect(admin_dsn, autocommit=True) as con:
-        con.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    drop_database(admin_dsn, name)
 
 
 def _count(store, sql, *params):

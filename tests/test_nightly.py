@@ -6,13 +6,12 @@ import os
 import uuid
 from datetime import UTC, datetime, timedelta
 
-import psycopg
 import pytest
 
 from deep_sleep.config import GatingConfig
-from deep_sleep.db import Store, migrate, with_database
 from deep_sleep.scope import Scope
 from deep_sleep.gating import gate
+from tests.storeutil import create_database, drop_database
 from deep_sleep.seed import SeedSpec, scopes_of, seed_store
 
 NOW = datetime(2026, 11, 20, 3, 0, tzinfo=UTC)
@@ -31,16 +30,11 @@ def test_gate_rule():
 def fleet(admin_dsn):
     """200 scopes: 40 tenants × (an org scope + 4 conversations), 30 nodes each."""
     name = f"ds_fleet_{os.getpid()}"
-    with psycopg.connect(admin_dsn, autocommit=True) as con:
-        con.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        con.execute(f"CREATE DATABASE {name}")
-    store = Store(with_database(admin_dsn, name))
-    migrate(store.dsn)
+    store = create_database(admin_dsn, name)
     spec = SeedSpec(tenants=40, scopes_per_tenant=4, nodes_per_scope=30, seed=3, now=NOW)
     seed_store(store, spec)
     yield store, scopes_of(spec)
-    with psycopg.connect(admin_dsn, autocommit=True) as con:
-        con.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    drop_database(admin_dsn, name)
 
 
 @pytest.mark.flow

@@ -258,7 +258,7 @@ def test_tag_risk_matches_a_reference(case):
 @given(snapshots())
 def test_pending_edges_consumes_every_open_row_once(case):
     result = _run(case[0], case[1], ["cooccurrence", "pending_edges"])
-    snap, config = result.snapshot, case[1]
+    snap = result.snapshot
     open_rows = snap.table("pending_connections").filter(pl.col("consumed_by_run").is_null())
     if not open_rows.height:
         assert result.report.phases_skipped["pending_edges"] == "missing input: no pending connections"
