@@ -164,7 +164,7 @@ def cmd_nightly(args: argparse.Namespace) -> int:
     summary = run_nightly(NightlyParameters(
         as_of=_as_of(args.as_of), config_file=args.config, dsn=args.dsn, runs_dir=args.runs_dir,
         max_workers=args.max_workers, apply_concurrency=args.apply_concurrency, data_quality=not args.no_data_quality,
-        task_runner=args.task_runner, dask_address=args.dask_address,
+        task_runner=args.task_runner, dask_address=args.dask_address, prefect_apply_limit=not args.no_prefect_apply_limit,
     ))
     from deep_sleep.render import markdown_table
 
@@ -325,6 +325,8 @@ def build_parser() -> argparse.ArgumentParser:
     ni.add_argument("--max-workers", type=int, default=4)
     ni.add_argument("--apply-concurrency", type=int, default=2)
     ni.add_argument("--no-data-quality", action="store_true")
+    ni.add_argument("--no-prefect-apply-limit", action="store_true",
+                    help="cap applies only with the store's apply slots, not also with the Prefect tag limit")
     ni.add_argument("--task-runner", choices=["threads", "dask"], default="threads")
     ni.add_argument("--dask-address", default=None)
     ni.set_defaults(func=cmd_nightly)

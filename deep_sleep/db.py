@@ -10,6 +10,7 @@ Bulk data moves through ADBC (Arrow-native COPY); small statements and DDL throu
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
@@ -34,11 +35,24 @@ _servers: dict[str, object] = {}  # embedded servers kept alive for this process
 _local = threading.local()
 
 
+_pools: list[dict[str, object]] = []  # every thread's pool, closed at exit
+
+
 def _adbc_pool() -> dict[str, object]:
     pool = getattr(_local, "adbc", None)
     if pool is None:
         pool = _local.adbc = {}
+        _pools.append(pool)
     return pool
+
+
+@atexit.register
+def _close_pools() -> None:
+    for pool in _pools:
+        for con in list(pool.values()):
+            with contextlib.suppress(Exception):
+                con.close()
+        pool.clear()
 
 
 def embedded_dsn(data_dir: str | os.PathLike | None = None, database: str = DEFAULT_DATABASE) -> str:

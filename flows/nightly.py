@@ -54,6 +54,8 @@ class NightlyParameters(BaseModel):
     scopes: list[str] | None = Field(None, description="consider only these scopes (default: every scope of the store)")
     max_workers: int = Field(4, ge=1, description="scopes planned at once")
     apply_concurrency: int = Field(2, ge=1, description="applies at once (apply slots held in the store)")
+    prefect_apply_limit: bool = Field(True, description="also cap applies with the Prefect tag concurrency limit "
+                                      "'deep-sleep-apply' (visible in the UI; costs slot-polling time per apply)")
     data_quality: bool = Field(True, description="run the great-expectations suite over the store after the night")
     task_runner: Literal["threads", "dask"] = "threads"
     dask_address: str | None = Field(None, description="scheduler address; default: a local cluster")
@@ -123,15 +125,22 @@ def data_quality_task(dsn: str, out_dir: str, night_id: str) -> dict:
 APPLY_SLOT_CLASS = 0x0D5EE9 + 1  # pg advisory lock class of the apply slots
 
 
+def ensure_apply_limit(limit: int) -> None:
+    """Create (or resize) the Prefect tag concurrency limit ``deep-sleep-apply``."""
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        client.create_concurrency_limit(tag=APPLY_TAG, concurrency_limit=limit)
+
+
 @contextlib.contextmanager
 def apply_slot(dsn: str, slots: int, poll_seconds: float = 0.05):
     """Hold one of ``slots`` apply slots: session advisory locks (class, 0…slots−1) in the store.
 
     The cap holds across threads, processes and Dask workers, because the store itself keeps it;
-    a crashed holder's slot is freed with its connection.  (Prefect's tag concurrency limit was
-    the first choice; with Prefect 3.9.1 and the thread-pool runner, waiting tasks stalled with
-    the limit's active slots at 0, so the night never finished.  The task keeps the tag for
-    filtering in the UI.)
+    a crashed holder's slot is freed with its connection.  The Prefect tag concurrency limit
+    ``deep-sleep-apply`` caps the same tasks on the orchestrator's side; the store-side slots make
+    the cap hold even for applies that do not go through Prefect (or a server that lost a lease).
     """
     import psycopg
 
@@ -164,6 +173,8 @@ def deep_sleep_nightly(params: NightlyParameters) -> dict[str, Any]:
     config = load_config(params.config_file, params.config)
     store = connect_store(params.dsn)
     night_id = str(uuid.uuid4())
+    if params.prefect_apply_limit:
+        ensure_apply_limit(params.apply_concurrency)
 
     gates = due_scopes(store, as_of, config.gating)
     if params.scopes is not None:
