@@ -51,15 +51,11 @@ def _pct(xs: list[float]) -> dict[str, float]:
 
 
 def _store(admin_dsn: str, reuse: bool):
-    from deep_sleep.db import Store, ensure_database, migrate, with_database
+    from deep_sleep.db import create_database, migrate
 
-    if not reuse:
-        with psycopg.connect(admin_dsn, autocommit=True) as con:
-            con.execute(f"DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)")
-    ensure_database(admin_dsn, DATABASE)
-    dsn = with_database(admin_dsn, DATABASE)
-    migrate(dsn)
-    return Store(dsn)
+    store = create_database(admin_dsn, DATABASE, replace=not reuse)
+    migrate(store.dsn)  # a reused database may predate a migration
+    return store
 
 
 def _seed(store, nodes: int, now: datetime) -> str:

@@ -27,7 +27,6 @@ import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
-import psycopg
 
 
 def _p(msg: str) -> None:
@@ -35,15 +34,9 @@ def _p(msg: str) -> None:
 
 
 def _fresh_store(admin_dsn: str, name: str):
-    from deep_sleep.db import Store, ensure_database, migrate, release_connections, with_database
+    from deep_sleep.db import create_database
 
-    release_connections()  # pooled connections to the database about to be dropped
-    with psycopg.connect(admin_dsn, autocommit=True) as con:
-        con.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-    ensure_database(admin_dsn, name)
-    dsn = with_database(admin_dsn, name)
-    migrate(dsn)
-    return Store(dsn)
+    return create_database(admin_dsn, name)
 
 
 def copy_baseline(store, scope_path: str) -> dict[str, float]:

@@ -220,19 +220,14 @@ def cmd_backfill(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """Seed a fresh demo database, consolidate every demo scope through the flow, print the reports."""
-    import psycopg
-
-    from deep_sleep.db import connect_store, embedded_dsn, ensure_database, resolve_dsn, with_database
+    from deep_sleep.db import create_database, embedded_dsn, resolve_dsn
     from deep_sleep.render import print_summary
     from deep_sleep.report import ConsolidationReport
     from deep_sleep.seed import SeedSpec, scopes_of, seed_store
 
     admin = resolve_dsn(args.dsn) if args.dsn else embedded_dsn(database="postgres")
-    with psycopg.connect(admin, autocommit=True) as con:
-        con.execute("DROP DATABASE IF EXISTS deep_sleep_demo WITH (FORCE)")
-    ensure_database(admin, "deep_sleep_demo")
-    dsn = with_database(admin, "deep_sleep_demo")
-    store = connect_store(dsn)
+    store = create_database(admin, "deep_sleep_demo")  # the demo always starts from a fresh database
+    dsn = store.dsn
     now = datetime.now(UTC).replace(microsecond=0)
     spec = SeedSpec(tenants=args.tenants, scopes_per_tenant=args.scopes_per_tenant, nodes_per_scope=args.nodes, seed=args.seed, now=now)
     counts = seed_store(store, spec)

@@ -132,6 +132,39 @@ def release_connections(dsn: str | None = None) -> None:
             pool.pop(key).close()
 
 
+def create_database(admin_dsn: str, name: str, template: str | None = None, *, replace: bool = True) -> Store:
+    """The database ``name`` on the server of ``admin_dsn`` — dropped and created afresh (``replace``),
+    migrated, or cloned from ``template`` — for tests, benchmarks and the demo."""
+    import time
+
+    release_connections()  # no pooled session may linger on a template or a database being dropped
+    with psycopg.connect(admin_dsn, autocommit=True) as con:
+        if replace:
+            con.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        exists = con.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
+        for attempt in range(50):
+            if exists:
+                break
+            try:
+                con.execute(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else ""))
+                break
+            except psycopg.errors.ObjectInUse:  # e.g. an autovacuum worker visiting the template
+                if attempt == 49:
+                    raise
+                con.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (template,))
+                time.sleep(0.1)
+    store = Store(with_database(admin_dsn, name))
+    if template is None:
+        migrate(store.dsn)
+    return store
+
+
+def drop_database(admin_dsn: str, name: str) -> None:
+    release_connections()
+    with psycopg.connect(admin_dsn, autocommit=True) as con:
+        con.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
 @dataclass(frozen=True)
 class Store:
     """A migrated store reachable at ``dsn``."""

@@ -15,10 +15,9 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 # default would leave slots idle for most of a night of small scopes.
 os.environ.setdefault("PREFECT_SERVER_CONCURRENCY_MAXIMUM_CONCURRENCY_SLOT_WAIT_SECONDS", "0.5")
 
-import psycopg
 import pytest
 
-from deep_sleep.db import Store, embedded_dsn, ensure_database, migrate, with_database
+from deep_sleep.db import create_database, drop_database, embedded_dsn
 from deep_sleep.scope import Scope
 
 
@@ -35,14 +34,8 @@ def admin_dsn() -> str:
 def store(admin_dsn: str):
     """A migrated store on a database of its own, dropped after the session."""
     name = f"ds_test_{os.getpid()}"
-    with psycopg.connect(admin_dsn, autocommit=True) as con:
-        con.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-    ensure_database(admin_dsn, name)
-    dsn = with_database(admin_dsn, name)
-    migrate(dsn)
-    yield Store(dsn)
-    with psycopg.connect(admin_dsn, autocommit=True) as con:
-        con.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    yield create_database(admin_dsn, name)
+    drop_database(admin_dsn, name)
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import uuid
 from datetime import datetime, timedelta
 
 from deep_sleep import tables
-from deep_sleep.db import Store
+from deep_sleep.db import Store, create_database, drop_database  # noqa: F401 - re-exported for tests
 from deep_sleep.scope import Scope
 
 SCOPED_TABLES = tuple(tables.TABLES) + ("consolidation_archive",)
@@ -89,38 +89,3 @@ def scalar(store: Store, sql: str, *params):
     with store.pg() as con:
         return con.execute(sql, params).fetchone()[0]
 
-
-def create_database(admin_dsn: str, name: str, template: str | None = None) -> Store:
-    """A fresh database ``name`` (dropped first if it exists), migrated, or cloned from ``template``."""
-    import time
-
-    import psycopg
-
-    from deep_sleep.db import migrate, release_connections, with_database
-
-    release_connections()  # no pooled session may linger on a template or a database being dropped
-    with psycopg.connect(admin_dsn, autocommit=True) as con:
-        con.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        for attempt in range(50):
-            try:
-                con.execute(f"CREATE DATABASE {name}" + (f" TEMPLATE {template}" if template else ""))
-                break
-            except psycopg.errors.ObjectInUse:  # e.g. an autovacuum worker visiting the template
-                if attempt == 49:
-                    raise
-                con.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (template,))
-                time.sleep(0.1)
-    store = Store(with_database(admin_dsn, name))
-    if template is None:
-        migrate(store.dsn)
-    return store
-
-
-def drop_database(admin_dsn: str, name: str) -> None:
-    import psycopg
-
-    from deep_sleep.db import release_connections
-
-    release_connections()
-    with psycopg.connect(admin_dsn, autocommit=True) as con:
-        con.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
