@@ -500,7 +500,7 @@ def _gen_nodes(c: _Ctx) -> tuple[pl.DataFrame, dict[str, np.ndarray]]:
 
 
 def _special_nodes(c: _Ctx) -> list[tuple]:
-    """Protected nodes: SOUL edits (recent) and AGENT_IDENTITY facts."""
+    """Protected nodes (SOUL edits, recent; AGENT_IDENTITY facts) and one expired thinking note."""
     rng = c.rng("special")
     now = c.now
     h = _h64(c.spec.seed, c.key)
@@ -529,6 +529,9 @@ def _special_nodes(c: _Ctx) -> list[tuple]:
     rows.append(("semantic", "AGENT_IDENTITY:mission", mission, 9.5, 12, t - 10 * _DAY, t))
     t = ago(50 * 24, 60 * 24)
     rows.append(("semantic", "AGENT_IDENTITY:core_values", '{"value": "honesty, care"}', 2.0, 0, t - _DAY, t))
+    # every scope has at least one thinking note whose 24 h TTL has run out (phase 8 has work)
+    t = ago(30, 40)
+    rows.append(("working", "note: scratch from an earlier turn", '{"ttl_hours": 24, "kind": "thinking"}', 3.0, 0, t, t))
     horizon = now - c.spec.days * _DAY
     return [(*r[:5], max(r[5], horizon), max(r[6], horizon)) for r in rows]
 

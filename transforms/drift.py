@@ -54,7 +54,7 @@ def drift(snapshot: Snapshot, config: DriftConfig, as_of: datetime, lookback_hou
     text = pl.concat_str([pl.col("label").fill_null(""), pl.col("properties").fill_null("").str.replace_all(JSON_KEY, " ")], separator=" ")
     words = nodes.filter(in_window("updated_at", start, as_of)).select(text.str.to_lowercase().str.extract_all(WORD).alias("w"))
     if not words.height:
-        return PhaseResult(counters={"identity_drifts": 0})
+        return skip("missing input: no working memory in the window")
     shown = words.select(
         (pl.col("w").list.eval(pl.element().is_in(list(lexicon))).list.any().sum() / words.height).alias(name)
         for name, lexicon in TRAITS.items()
