@@ -138,12 +138,9 @@ def ledger_params(report: ConsolidationReport, mode: str, started_at: datetime, 
 
 
 def record_run(store: Store, report: ConsolidationReport, mode: str, started_at: datetime, status: str) -> None:
-    """Write a ledger row on its own (failed runs; applied runs are recorded inside :func:`apply_plan`)."""
-    with store.adbc() as con:
-        cur = con.cursor()
+    """Write a ledger row on its own (failed runs; applied runs are recorded inside :func:`apply_diff`)."""
+    with store.transaction() as cur:
         cur.execute(LEDGER_SQL, parameters=ledger_params(report, mode, started_at, status))
-        con.commit()
-        cur.close()
 
 
 def apply_diff(
@@ -167,44 +164,36 @@ def apply_diff(
     scope = report.scope_path
     applied: dict[str, dict[str, int]] = {}
     conflicts = 0
-    with store.adbc() as con:
-        cur = con.cursor()
-        try:
-            cur.execute("DISCARD TEMP")  # staging tables of an earlier apply on this pooled connection
-            cur.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", parameters=(scope,))
-            cur.fetch_arrow_table()
-            # Stage everything first, then mutate: the mutations then run back to back.
-            staged: dict[tuple[str, str], pl.DataFrame] = {}
-            for table, td in diff.tables.items():
-                for kind, frame in td.frames().items():
-                    if not frame.height:
-                        continue
-                    if kind == "updates":
-                        frame = _collapse_updates(table, frame)
-                    body = frame.drop("phase") if "phase" in frame.columns else frame
-                    cur.adbc_ingest(stage_name(table, kind), _arrow(body), mode="create", temporary=True)
-                    staged[(table, kind)] = body
-            order = sorted(staged, key=lambda tk: (("deletes", "updates", "inserts").index(tk[1]), tk[0] != "memory_nodes", tk[0]))
-            for table, kind in order:
-                body = staged[(table, kind)]
-                if kind == "deletes":
-                    n = _scalar(cur, delete_sql(table, ("memory_nodes", "deletes") in staged), (scope, report.run_id))
-                elif kind == "updates":
-                    changed = [c for c in body.columns if c not in KEY_COLUMNS]
-                    n = _scalar(cur, update_sql(table, changed), (scope,))
-                else:
-                    n = _scalar(cur, insert_sql(table, [c for c in body.columns if c in tables.columns(table)]), (scope,))
-                applied.setdefault(table, {})[kind] = n
-                conflicts += body.height - n
-            if quarantined is not None and quarantined.height:
-                cur.adbc_ingest("_ds_quarantine", _arrow(quarantined), mode="create", temporary=True)
-                _scalar(cur, QUARANTINE_SQL, (report.run_id, scope))
-            final = report.with_(rows_changed=applied, conflicts=conflicts, status="applied")
-            cur.execute(LEDGER_SQL, parameters=ledger_params(final, mode, started_at, "applied"))
-            con.commit()
-        except BaseException:
-            con.rollback()
-            raise
-        finally:
-            cur.close()
+    with store.transaction() as cur:
+        cur.execute("DISCARD TEMP")  # staging tables of an earlier apply on this pooled connection
+        cur.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", parameters=(scope,))
+        cur.fetch_arrow_table()
+        # Stage everything first, then mutate: the mutations then run back to back.
+        staged: dict[tuple[str, str], pl.DataFrame] = {}
+        for table, td in diff.tables.items():
+            for kind, frame in td.frames().items():
+                if not frame.height:
+                    continue
+                if kind == "updates":
+                    frame = _collapse_updates(table, frame)
+                body = frame.drop("phase") if "phase" in frame.columns else frame
+                cur.adbc_ingest(stage_name(table, kind), _arrow(body), mode="create", temporary=True)
+                staged[(table, kind)] = body
+        order = sorted(staged, key=lambda tk: (("deletes", "updates", "inserts").index(tk[1]), tk[0] != "memory_nodes", tk[0]))
+        for table, kind in order:
+            body = staged[(table, kind)]
+            if kind == "deletes":
+                n = _scalar(cur, delete_sql(table, ("memory_nodes", "deletes") in staged), (scope, report.run_id))
+            elif kind == "updates":
+                changed = [c for c in body.columns if c not in KEY_COLUMNS]
+                n = _scalar(cur, update_sql(table, changed), (scope,))
+            else:
+                n = _scalar(cur, insert_sql(table, [c for c in body.columns if c in tables.columns(table)]), (scope,))
+            applied.setdefault(table, {})[kind] = n
+            conflicts += body.height - n
+        if quarantined is not None and quarantined.height:
+            cur.adbc_ingest("_ds_quarantine", _arrow(quarantined), mode="create", temporary=True)
+            _scalar(cur, QUARANTINE_SQL, (report.run_id, scope))
+        final = report.with_(rows_changed=applied, conflicts=conflicts, status="applied")
+        cur.execute(LEDGER_SQL, parameters=ledger_params(final, mode, started_at, "applied"))
     return ApplyResult(applied=applied, conflicts=conflicts)

@@ -199,6 +199,22 @@ class Store:
                     old.close()
             pool[self.dsn] = con
 
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[object]:
+        """An ADBC cursor inside one transaction: committed when the block ends, rolled back (and
+        the connection discarded) if it raises."""
+        with self.adbc() as con:
+            cur = con.cursor()
+            try:
+                yield cur
+                con.commit()
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    con.rollback()
+                raise
+            finally:
+                cur.close()
+
     def pg(self, autocommit: bool = False) -> psycopg.Connection:
         return psycopg.connect(self.dsn, autocommit=autocommit)
 

@@ -941,48 +941,40 @@ def load(store, frames: dict[str, pl.DataFrame]) -> dict[str, int]:
     (see ``REBUILD_MIN_ROWS``).  Returns rows inserted per table (every table of the input).
     """
     counts: dict[str, int] = {}
-    with store.adbc() as con:
-        cur = con.cursor()
-        try:
-            cur.execute("SET LOCAL maintenance_work_mem = '256MB'")
-            for table, df in frames.items():
-                if table not in TABLES:
-                    raise KeyError(f"load: unknown table {table!r}; Deep Sleep knows {', '.join(TABLES)}")
-                if df.height == 0:
-                    counts[table] = 0
-                    continue
-                known = columns(table)
-                stage_cols, selects = [], []
-                for name in df.columns:
-                    col = known.get(name)
-                    if name == "embedding" or (col is not None and col.kind == "vector"):
-                        stage_cols.append(pl.col(name).cast(pl.List(pl.Float32)))
-                        selects.append(f'"{name}"::real[]::vector')
-                    else:
-                        stage_cols.append(pl.col(name))
-                        selects.append(col.cast_sql(f'"{name}"') if col is not None else f'"{name}"')
-                t0 = time.perf_counter()
-                stage = f"_ds_seed_{table}"
-                data = df.select(stage_cols).to_arrow(compat_level=pl.CompatLevel.oldest())
-                cur.adbc_ingest(stage, data, mode="create", temporary=True)
-                del data
-                t1 = time.perf_counter()
-                restore = _detach_indexes(cur, table) if df.height >= REBUILD_MIN_ROWS else None
-                cols_sql = ", ".join(f'"{c}"' for c in df.columns)
-                cur.execute(f'INSERT INTO {table} ({cols_sql}) SELECT {", ".join(selects)} FROM "{stage}"')
-                counts[table] = cur.rowcount if cur.rowcount is not None and cur.rowcount >= 0 else df.height
-                cur.execute(f'DROP TABLE "{stage}"')
-                t2 = time.perf_counter()
-                for ddl in restore or ():
-                    cur.execute(ddl)
-                log.debug("seed load %s: %d rows, stage %.2fs, insert %.2fs, index rebuild %s", table, df.height,
-                          t1 - t0, t2 - t1, f"{time.perf_counter() - t2:.2f}s" if restore else "no")
-            con.commit()
-        except BaseException:
-            con.rollback()
-            raise
-        finally:
-            cur.close()
+    with store.transaction() as cur:
+        cur.execute("SET LOCAL maintenance_work_mem = '256MB'")
+        for table, df in frames.items():
+            if table not in TABLES:
+                raise KeyError(f"load: unknown table {table!r}; Deep Sleep knows {', '.join(TABLES)}")
+            if df.height == 0:
+                counts[table] = 0
+                continue
+            known = columns(table)
+            stage_cols, selects = [], []
+            for name in df.columns:
+                col = known.get(name)
+                if name == "embedding" or (col is not None and col.kind == "vector"):
+                    stage_cols.append(pl.col(name).cast(pl.List(pl.Float32)))
+                    selects.append(f'"{name}"::real[]::vector')
+                else:
+                    stage_cols.append(pl.col(name))
+                    selects.append(col.cast_sql(f'"{name}"') if col is not None else f'"{name}"')
+            t0 = time.perf_counter()
+            stage = f"_ds_seed_{table}"
+            data = df.select(stage_cols).to_arrow(compat_level=pl.CompatLevel.oldest())
+            cur.adbc_ingest(stage, data, mode="create", temporary=True)
+            del data
+            t1 = time.perf_counter()
+            restore = _detach_indexes(cur, table) if df.height >= REBUILD_MIN_ROWS else None
+            cols_sql = ", ".join(f'"{c}"' for c in df.columns)
+            cur.execute(f'INSERT INTO {table} ({cols_sql}) SELECT {", ".join(selects)} FROM "{stage}"')
+            counts[table] = cur.rowcount if cur.rowcount is not None and cur.rowcount >= 0 else df.height
+            cur.execute(f'DROP TABLE "{stage}"')
+            t2 = time.perf_counter()
+            for ddl in restore or ():
+                cur.execute(ddl)
+            log.debug("seed load %s: %d rows, stage %.2fs, insert %.2fs, index rebuild %s", table, df.height,
+                      t1 - t0, t2 - t1, f"{time.perf_counter() - t2:.2f}s" if restore else "no")
     return counts
 
 

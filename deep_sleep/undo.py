@@ -339,59 +339,51 @@ def undo(store: Store, run_id: str) -> UndoResult:
         if n:
             reverted.setdefault(table, {})[kind] = n
 
-    with store.adbc() as con:
-        cur = con.cursor()
-        try:
-            _scalar(cur, "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))::text", (scope,))
-            # Re-read under the lock: a racing undo (or a second click) sees the first one's verdict.
-            current = _frame(cur, "SELECT status, mode FROM consolidation_runs WHERE run_id = $1::uuid FOR UPDATE", (run.run_id,))
-            if current.height != 1 or current["status"][0] != "applied":
-                _refuse(get_run(store, run.run_id))
-            cur.execute(f"CREATE TEMPORARY TABLE {DONE} (table_name text, kind text, id text) ON COMMIT DROP")
-            for table, st in staged.items():
-                for kind, frame in (("inserts", st.inserts), ("updates", st.updates)):
-                    if frame is not None and frame.height:
-                        cur.adbc_ingest(stage_name(table, kind), frame.to_arrow(), mode="create", temporary=True)
-            # 1. rows the run inserted, 2. values it changed, 3. rows it deleted (nodes before edges).
-            for table in _node_tables_first(t for t, st in staged.items() if st.inserts is not None and st.inserts.height):
-                reason = f"inserted by run {run.run_id}, removed by its undo"
-                count(table, "inserts", _scalar(cur, remove_inserts_sql(table, staged[table].inserts.columns), (scope, undo_id, reason)))
-                missed.append(_frame(cur, not_restored_sql(table, "inserts"), (scope,)).with_columns(
-                    pl.lit(table).alias("table"), pl.lit("inserts").alias("kind")))
-            for table in _node_tables_first(t for t, st in staged.items() if st.updates is not None):
-                st = staged[table]
-                if st.updates.height:
-                    count(table, "updates", _scalar(cur, restore_updates_sql(table, list(st.changed), list(st.unchanged)), (scope,)))
-                    missed.append(_frame(cur, not_restored_sql(table, "updates"), (scope,)).with_columns(
-                        pl.lit(table).alias("table"), pl.lit("updates").alias("kind")))
-                if st.missing:
-                    missed.append(pl.DataFrame({"id": list(st.missing)}).with_columns(
-                        pl.lit(NO_BEFORE_IMAGE).alias("reason"), pl.lit(None, pl.Int64).alias("live_version"),
-                        pl.lit(table).alias("table"), pl.lit("updates").alias("kind")))
-            archived = _frame(cur, "SELECT DISTINCT table_name FROM consolidation_archive WHERE run_id = $1::uuid AND op = 'delete'",
-                              (run.run_id,))["table_name"].to_list()
-            unknown = [t for t in archived if t not in tables.MUTABLE]
-            if unknown:
-                raise UndoError(f"run {run.run_id} archived rows of {', '.join(unknown)}, which this version does not know; "
-                                "nothing was changed")
-            for table in _node_tables_first(archived):
-                count(table, "deletes", _scalar(cur, reinsert_deletes_sql(table), (scope, run.run_id)))
-                missed.append(_frame(cur, not_restored_sql(table, "deletes"), (scope, run.run_id)).with_columns(
-                    pl.lit(table).alias("table"), pl.lit("deletes").alias("kind")))
-            not_restored = _not_restored(missed)
-            result = UndoResult(run_id=run.run_id, undo_run_id=undo_id, scope_path=scope, reverted=reverted,
-                                not_restored=not_restored)
-            if _scalar(cur, f"WITH u AS ({UNDONE_SQL} RETURNING 1) SELECT count(*) FROM u", (run.run_id,)) != 1:
-                raise UndoError(f"run {run.run_id} changed status while it was being undone; nothing was changed")
-            cur.execute(UNDO_LEDGER_SQL, parameters=(
-                undo_id, scope, started, json.dumps(_writes(reverted), sort_keys=True), not_restored.height, run.run_id,
-                json.dumps(result.not_restored_counts(), sort_keys=True)))
-            con.commit()
-        except BaseException:
-            con.rollback()
-            raise
-        finally:
-            cur.close()
+    with store.transaction() as cur:
+        _scalar(cur, "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))::text", (scope,))
+        # Re-read under the lock: a racing undo (or a second click) sees the first one's verdict.
+        current = _frame(cur, "SELECT status, mode FROM consolidation_runs WHERE run_id = $1::uuid FOR UPDATE", (run.run_id,))
+        if current.height != 1 or current["status"][0] != "applied":
+            _refuse(get_run(store, run.run_id))
+        cur.execute(f"CREATE TEMPORARY TABLE {DONE} (table_name text, kind text, id text) ON COMMIT DROP")
+        for table, st in staged.items():
+            for kind, frame in (("inserts", st.inserts), ("updates", st.updates)):
+                if frame is not None and frame.height:
+                    cur.adbc_ingest(stage_name(table, kind), frame.to_arrow(), mode="create", temporary=True)
+        # 1. rows the run inserted, 2. values it changed, 3. rows it deleted (nodes before edges).
+        for table in _node_tables_first(t for t, st in staged.items() if st.inserts is not None and st.inserts.height):
+            reason = f"inserted by run {run.run_id}, removed by its undo"
+            count(table, "inserts", _scalar(cur, remove_inserts_sql(table, staged[table].inserts.columns), (scope, undo_id, reason)))
+            missed.append(_frame(cur, not_restored_sql(table, "inserts"), (scope,)).with_columns(
+                pl.lit(table).alias("table"), pl.lit("inserts").alias("kind")))
+        for table in _node_tables_first(t for t, st in staged.items() if st.updates is not None):
+            st = staged[table]
+            if st.updates.height:
+                count(table, "updates", _scalar(cur, restore_updates_sql(table, list(st.changed), list(st.unchanged)), (scope,)))
+                missed.append(_frame(cur, not_restored_sql(table, "updates"), (scope,)).with_columns(
+                    pl.lit(table).alias("table"), pl.lit("updates").alias("kind")))
+            if st.missing:
+                missed.append(pl.DataFrame({"id": list(st.missing)}).with_columns(
+                    pl.lit(NO_BEFORE_IMAGE).alias("reason"), pl.lit(None, pl.Int64).alias("live_version"),
+                    pl.lit(table).alias("table"), pl.lit("updates").alias("kind")))
+        archived = _frame(cur, "SELECT DISTINCT table_name FROM consolidation_archive WHERE run_id = $1::uuid AND op = 'delete'",
+                          (run.run_id,))["table_name"].to_list()
+        unknown = [t for t in archived if t not in tables.MUTABLE]
+        if unknown:
+            raise UndoError(f"run {run.run_id} archived rows of {', '.join(unknown)}, which this version does not know; "
+                            "nothing was changed")
+        for table in _node_tables_first(archived):
+            count(table, "deletes", _scalar(cur, reinsert_deletes_sql(table), (scope, run.run_id)))
+            missed.append(_frame(cur, not_restored_sql(table, "deletes"), (scope, run.run_id)).with_columns(
+                pl.lit(table).alias("table"), pl.lit("deletes").alias("kind")))
+        not_restored = _not_restored(missed)
+        result = UndoResult(run_id=run.run_id, undo_run_id=undo_id, scope_path=scope, reverted=reverted,
+                            not_restored=not_restored)
+        if _scalar(cur, f"WITH u AS ({UNDONE_SQL} RETURNING 1) SELECT count(*) FROM u", (run.run_id,)) != 1:
+            raise UndoError(f"run {run.run_id} changed status while it was being undone; nothing was changed")
+        cur.execute(UNDO_LEDGER_SQL, parameters=(
+            undo_id, scope, started, json.dumps(_writes(reverted), sort_keys=True), not_restored.height, run.run_id,
+            json.dumps(result.not_restored_counts(), sort_keys=True)))
     return result
 
 
