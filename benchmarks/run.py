@@ -7,7 +7,8 @@ the generator makes for it) into a fresh database, then times
 
 - the stages of a real run: extract (ADBC, one REPEATABLE READ transaction, + Parquet),
   transform (all phases, + Parquet), validate (pandera), apply (one transaction), total;
-- each phase;
+- each phase, and the rest of the transform stage: reading the snapshot, quarantine, folding
+  each phase's diff into the next phase's view, combining, hashing and writing the diff;
 - the raw baseline on the same rows: COPY out (ADBC ``fetch_arrow_table`` of the same SELECTs,
   which ADBC runs as binary COPY) and COPY in (ADBC ``adbc_ingest`` of those Arrow tables into
   temporary tables);
@@ -27,6 +28,10 @@ import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
+
+
+# Parts of the transform stage besides the phases (see ConsolidationReport.timings).
+TRANSFORM_PARTS = ("read_snapshot", "quarantine", "fold", "combine", "diff_hash", "write_diff")
 
 
 def _p(msg: str) -> None:
@@ -69,6 +74,7 @@ def bench_scale(admin_dsn: str, scale: int, work: Path) -> dict:
     from deep_sleep.report import ConsolidationReport
     from deep_sleep.seed import SeedSpec, generate, load, scopes_of
     from deep_sleep.stages import apply_stage, extract_stage, plan_stage, validate_stage
+    from transforms import phase_names
 
     store = _fresh_store(admin_dsn, "deep_sleep_bench")
     now = datetime.now(UTC).replace(microsecond=0)
@@ -101,6 +107,9 @@ def bench_scale(admin_dsn: str, scale: int, work: Path) -> dict:
     diff_dir = plan_stage(snap_dir, config, now, base / "diff", run_id=run_id)
     stages["transform"] = time.perf_counter() - t
     _p(f"transform {stages['transform']:.2f}s")
+    inside = ConsolidationReport.read(diff_dir).timings
+    _p("          " + ", ".join(f"{k} {inside[k]:.2f}s" for k in TRANSFORM_PARTS if k in inside)
+       + f", phases {sum(v for k, v in inside.items() if k in phase_names()):.2f}s")
     t = time.perf_counter()
     report = validate_stage(snap_dir, diff_dir)
     stages["validate"] = time.perf_counter() - t
@@ -113,21 +122,26 @@ def bench_scale(admin_dsn: str, scale: int, work: Path) -> dict:
     stages["total"] = time.perf_counter() - t0
     _p(f"apply     {stages['apply']:.2f}s; total {stages['total']:.2f}s")
     report = ConsolidationReport.read(diff_dir)
-    from transforms import phase_names
-
     phases = {p: report.timings[p] for p in phase_names() if p in report.timings}
     _p("COPY baseline")
     copy = copy_baseline(store, scope_path)
-    nodes = copy["rows"]["memory_nodes"]
+    # The nodes the run consolidated (the snapshot's); the COPY baseline runs after the apply, on fewer.
+    extracted = {t: e["rows"] for t, e in json.loads((snap_dir / "manifest.json").read_text())["tables"].items()}
+    nodes = extracted["memory_nodes"]
     transform_phases_s = sum(phases.values())
     result = {
         "scale": scale,
         "nodes": nodes,
-        "rows_extracted": copy["rows"],
+        "rows_extracted": extracted,
+        "rows_copied": copy["rows"],
         "seed_seconds": {"generate": round(gen_s, 3), "load": round(load_s, 3)},
         "stages_seconds": {k: round(v, 3) for k, v in stages.items()},
         "phases_seconds": {k: round(v, 4) for k, v in phases.items()},
+        "transform_parts_seconds": {k: round(report.timings[k], 4) for k in TRANSFORM_PARTS if k in report.timings},
+        # the phases alone; the phases with folding each diff into the next phase's view; the stage
         "transform_nodes_per_second": round(nodes / transform_phases_s) if transform_phases_s else None,
+        "phases_and_fold_nodes_per_second": round(nodes / (transform_phases_s + report.timings.get("fold", 0.0))),
+        "transform_stage_nodes_per_second": round(nodes / stages["transform"]),
         "copy_seconds": {k: v for k, v in copy.items() if k != "rows"},
         "ratio_total_to_copy": round(stages["total"] / copy["copy_total"], 2) if copy["copy_total"] else None,
         "diff_rows": report.rows_changed,

@@ -20,6 +20,7 @@ of a row inserted in the same run are merged into the insert.
 from __future__ import annotations
 
 import hashlib
+import io
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -129,15 +130,20 @@ class Diff:
         return {name: td.counts() for name, td in sorted(self.tables.items())}
 
     def content_hash(self) -> str:
-        """sha256 of a canonical serialisation: tables, kinds, columns and rows in a fixed order."""
+        """sha256 of a canonical serialisation: tables, kinds, columns and rows in a fixed order
+        (rows by phase, then id), each frame as newline-delimited JSON."""
         h = hashlib.sha256()
         for name in sorted(self.tables):
             for kind, frame in self.tables[name].frames().items():
                 if not frame.height:
                     continue
                 h.update(f"{name}.{kind}\n".encode())
-                canon = frame.select(sorted(frame.columns)).sort(["phase", "id"])
-                h.update(canon.write_ndjson().encode())
+                canon = frame.select(sorted(frame.columns))
+                if not _in_canonical_order(canon):  # one phase's rows usually come sorted by id already
+                    canon = canon.sort(["phase", "id"])
+                buf = io.BytesIO()
+                canon.write_ndjson(buf)
+                h.update(buf.getbuffer())
         return h.hexdigest()
 
     # -- folding ---------------------------------------------------------------------------
@@ -147,7 +153,7 @@ class Diff:
         for name, td in self.tables.items():
             frame = snapshot.table(name)
             if td.deletes.height:
-                frame = frame.join(td.deletes.select("id"), on="id", how="anti")
+                frame = frame.filter(~pl.col("id").is_in(td.deletes.get_column("id").implode()))
             if td.updates.height:
                 frame = _fold_updates(frame, td.updates)
             if td.inserts.height:
@@ -167,7 +173,7 @@ class Diff:
         for name, td in self.tables.items():
             for kind, frame in td.frames().items():
                 if frame.height:
-                    frame.write_parquet(out / f"{name}.{kind}.parquet", compression="zstd", statistics=False)
+                    frame.write_parquet(out / f"{name}.{kind}.parquet", **tables.PARQUET_OPTIONS)
         return out
 
     @classmethod
@@ -192,10 +198,32 @@ def _fold_updates(frame: pl.DataFrame, updates: pl.DataFrame, add_missing: bool 
     if not cols:
         return frame
     # Several phases may update one row: the last non-null value per column wins.
-    latest = updates.group_by("id", maintain_order=True).agg(pl.col(c).drop_nulls().last() for c in cols)
+    latest = updates.select("id", *cols)
+    if not latest.get_column("id").is_unique().all():
+        latest = latest.group_by("id", maintain_order=True).agg(pl.col(c).drop_nulls().last() for c in cols)
     latest = latest.with_columns(pl.col(c).cast(frame.schema[c]) for c in cols)
-    joined = frame.join(latest, on="id", how="left", suffix="__new")
-    return joined.with_columns(pl.coalesce(pl.col(f"{c}__new"), pl.col(c)).alias(c) for c in cols).select(frame.columns)
+    # Write the new values in place of the old ones by row position: only the changed columns are
+    # copied, the others stay shared with the previous view (a join would rebuild every column).
+    at = latest.join(frame.select("id").with_row_index("_pos"), on="id", how="inner")
+    flat = [c for c in cols if not frame.schema[c].is_nested()]
+    out = []
+    for c in flat:
+        got = at.filter(pl.col(c).is_not_null())
+        column = frame.get_column(c).clone()
+        if got.height:
+            column.scatter(got.get_column("_pos"), got.get_column(c))
+        out.append(column)
+    frame = frame.with_columns(out) if out else frame
+    nested = [c for c in cols if c not in flat]
+    if not nested:
+        return frame
+    joined = frame.join(latest.select("id", *nested), on="id", how="left", suffix="__new")
+    return joined.with_columns(pl.coalesce(pl.col(f"{c}__new"), pl.col(c)).alias(c) for c in nested).select(frame.columns)
+
+
+def _in_canonical_order(frame: pl.DataFrame) -> bool:
+    """True when the rows are already ordered by (phase, id) — one phase's rows sorted by id."""
+    return frame.get_column("phase").n_unique() == 1 and frame.get_column("id").is_sorted()
 
 
 def _normalise(td: TableDiff) -> TableDiff:

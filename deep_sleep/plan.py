@@ -70,16 +70,19 @@ def plan(
     """Quarantine rows that break the store's invariants (``check_rows``), then run the roster (or
     the named ``phases``) in order, folding each diff in before the next phase."""
     as_of = utc(as_of)
+    timings: dict[str, float] = {}
     quarantined = pl.DataFrame(schema=QUARANTINE_SCHEMA)
     if check_rows:
+        t0 = time.perf_counter()
         snapshot, quarantined = quarantine(snapshot, as_of)
+        timings["quarantine"] = round(time.perf_counter() - t0, 6)
     view = snapshot
     diffs: list[Diff] = []
     counters = dict.fromkeys(COUNTERS, 0)
     by_phase: dict[str, dict[str, int]] = {}
     run: list[str] = []
     skipped: dict[str, str] = {}
-    timings: dict[str, float] = {}
+    folding = 0.0
     notes: dict[str, list[str]] = {}
     for phase in roster(phases):
         if not config.phase(phase.name).enabled:
@@ -101,8 +104,16 @@ def plan(
         by_phase[phase.name] = {k: int(v) for k, v in result.counters.items() if v}
         if result.diff.has_changes:
             diffs.append(result.diff)
+            t0 = time.perf_counter()
             view = result.diff.fold(view)
+            folding += time.perf_counter() - t0
+    timings["fold"] = round(folding, 6)
+    t0 = time.perf_counter()
     diff = Diff.combine(diffs)
+    timings["combine"] = round(time.perf_counter() - t0, 6)
+    t0 = time.perf_counter()
+    diff_hash = diff.content_hash()
+    timings["diff_hash"] = round(time.perf_counter() - t0, 6)
     report = ConsolidationReport(
         scope_path=snapshot.scope_path,
         as_of=iso(as_of) or "",
@@ -113,7 +124,7 @@ def plan(
         timings=timings,
         rows_changed=diff.row_counts(),
         notes=notes,
-        diff_hash=diff.content_hash(),
+        diff_hash=diff_hash,
         quarantined=summarise(quarantined),
     )
     return Plan(snapshot=snapshot, diff=diff, report=report, quarantined=quarantined)

@@ -97,7 +97,7 @@ class Snapshot:
         for name in tables.TABLES:
             frame = self.table(name)
             file = f"{name}.parquet"
-            frame.write_parquet(out / file, compression="zstd", statistics=False)
+            frame.write_parquet(out / file, **tables.PARQUET_OPTIONS)
             manifest_tables[name] = {"file": file, "rows": frame.height}
         manifest = {
             "scope_path": self.scope_path,

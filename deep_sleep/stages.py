@@ -65,11 +65,15 @@ def plan_stage(snapshot_dir: Path, config: ConsolidationConfig, as_of: datetime,
     """
     t0 = time.perf_counter()
     snap = Snapshot.read(snapshot_dir)
+    t1 = time.perf_counter()
     result = plan(snap, config, as_of, phases)
+    t2 = time.perf_counter()
     result.diff.write(out)
     if result.quarantined.height:
         result.quarantined.write_parquet(Path(out) / QUARANTINE_FILE)
-    seconds = {**(timings or {}), **result.report.timings, "transform": round(time.perf_counter() - t0, 6)}
+    t3 = time.perf_counter()
+    seconds = {**(timings or {}), **result.report.timings, "read_snapshot": round(t1 - t0, 6),
+               "write_diff": round(t3 - t2, 6), "transform": round(t3 - t0, 6)}
     report = result.report.with_(run_id=run_id, snapshot_uri=str(Path(snapshot_dir).resolve()),
                                  diff_uri=str(Path(out).resolve()), timings=seconds)
     report.write(out)

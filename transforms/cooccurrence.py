@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from datetime import datetime
 
+import numpy as np
 import polars as pl
 
 from deep_sleep import tables
@@ -108,59 +109,78 @@ def _mutual_nearest(nodes: pl.DataFrame, linked: pl.DataFrame, n: int, k: int, w
     """Pairs (a < b) of node numbers that pick each other among their ``free`` nearest candidates.
 
     ``nodes``: i (id order), t (µs), free.  ``linked``: existing edges as si/ti (not candidates).
+    A node's candidates lie within ``k`` places of it in time order (see :func:`cooccurrence`), so
+    they fit in one row of a ``n × (3k + 1)`` matrix: each row is sorted on its own (tiny sorts
+    instead of one big sort of every candidate).
     """
     # Order A = (t, id): the later side in preference order, and each equal-time group by id.
     # Order B = (t, id desc): walking left from a group's start gives earlier times nearest first,
     # and within one earlier time the smallest id first.
-    a_ord = _with_groups(nodes.sort(["t", "i"]))
-    b_ord = _with_groups(nodes.sort(["t", "i"], descending=[False, True]))
-    parts = []
+    a_ord = _positions(nodes.sort(["t", "i"]))
+    b_ord = _positions(nodes.sort(["t", "i"], descending=[False, True]))
+    none = np.iinfo(np.int64).max
+    slots = 3 * k + 1
+    dt = np.full((n, slots), none, dtype=np.int64)
+    partner = np.zeros((n, slots), dtype=np.int64)
+    slot = 0
     for j in range(1, k + 1):
-        parts.append(_partners(a_ord, pl.col("_ge") + j, n))  # strictly later
-        parts.append(_partners(b_ord, pl.col("_gs") - j, n))  # strictly earlier
+        _place(dt, partner, slot, a_ord, a_ord["ge"] + j, n, width)  # strictly later
+        _place(dt, partner, slot + 1, b_ord, b_ord["gs"] - j, n, width)  # strictly earlier
+        slot += 2
     for j in range(k + 1):
-        parts.append(_partners(a_ord, pl.col("_gs") + j, n, same_group=True))  # same time
-    existing = pl.concat(
-        [linked.select(pl.col("si").alias("a"), pl.col("ti").alias("b")), linked.select(pl.col("ti").alias("a"), pl.col("si").alias("b"))]
-    ).with_columns(_key("a", "b", n))
-    cand = (
-        pl.concat(parts)
-        .filter(pl.col("dt") <= width)
-        .with_columns(_key("a", "b", n))
-        .join(existing.select("key"), on="key", how="anti")
-        .sort(["a", "dt", "b"])
-    )
-    first = pl.when(pl.col("a") != pl.col("a").shift(1, fill_value=-1)).then(pl.int_range(pl.len())).forward_fill()
-    chosen = cand.filter((pl.int_range(pl.len()) - first) < pl.col("free"))
-    back = chosen.select(_key("b", "a", n)).to_series()
-    return chosen.filter((pl.col("a") < pl.col("b")) & pl.col("key").is_in(back.implode())).select("a", "b").sort("a", "b")
+        at = a_ord["gs"] + j
+        _place(dt, partner, slot, a_ord, np.where((at <= a_ord["ge"]) & (at != a_ord["pos"]), at, -1), n, width)  # same time
+        slot += 1
+    valid = dt != none
+    owner = np.broadcast_to(np.arange(n, dtype=np.int64)[:, None], dt.shape)
+    # Pairs that already have a CO_OCCURRED edge are not candidates.
+    si, ti = linked.get_column("si").to_numpy(), linked.get_column("ti").to_numpy()
+    valid[valid] = ~_member(owner[valid] * n + partner[valid], np.concatenate([si * n + ti, ti * n + si]))
+    # Rank by (|Δt|, partner) packed in one integer; |Δt| is replaced by its dense rank when the
+    # packed value could overflow (only for absurdly wide windows).
+    gap = dt[valid]
+    if gap.size and (int(gap.max()) + 1) * n >= 2**62:
+        gap = np.unique(gap, return_inverse=True)[1].astype(np.int64)
+    rank = np.full(dt.shape, none, dtype=np.int64)
+    rank[valid] = gap * n + partner[valid]
+    rank.sort(axis=1)  # one tiny sort per node instead of one big sort of every candidate
+    free = nodes.sort("i").get_column("free").to_numpy()
+    chosen = (rank != none) & (np.arange(slots)[None, :] < free[:, None])
+    a = owner[chosen]
+    b = rank[chosen] % n
+    mutual = _member(a * n + b, b * n + a) & (a < b)
+    return pl.DataFrame({"a": a[mutual], "b": b[mutual]}).sort("a", "b")
 
 
-def _with_groups(ordered: pl.DataFrame) -> pl.DataFrame:
-    """Add each row's equal-time group bounds (first and last position) in this order."""
-    pos = pl.int_range(pl.len(), dtype=pl.Int64)
-    new = pl.col("t") != pl.col("t").shift(1)
-    last = pl.col("t") != pl.col("t").shift(-1)
-    return ordered.with_columns(
-        pl.when(new.fill_null(True)).then(pos).forward_fill().alias("_gs"),
-        pl.when(last.fill_null(True)).then(pos).backward_fill().alias("_ge"),
-    )
+def _member(values: np.ndarray, among: np.ndarray) -> np.ndarray:
+    """``values`` ∈ ``among``, element-wise (a hash lookup; numpy's isin sorts)."""
+    return pl.Series(values).is_in(pl.Series(among).implode()).to_numpy()
 
 
-def _partners(ordered: pl.DataFrame, at: pl.Expr, n: int, same_group: bool = False) -> pl.DataFrame:
-    """(a, b, dt, free of a) for the partner at position ``at`` of ``ordered`` (dropped when out of range)."""
-    ok = (at >= 0) & (at < n)
-    if same_group:
-        ok = ok & (at <= pl.col("_ge")) & (at != pl.int_range(pl.len(), dtype=pl.Int64))
-    idx = at.clip(0, n - 1)
-    return ordered.select(
-        pl.col("i").alias("a"),
-        pl.col("i").gather(idx).alias("b"),
-        (pl.col("t").gather(idx) - pl.col("t")).abs().alias("dt"),
-        "free",
-        ok.alias("_ok"),
-    ).filter(pl.col("_ok") & (pl.col("free") > 0)).drop("_ok")
+def _positions(ordered: pl.DataFrame) -> dict[str, np.ndarray]:
+    """Numpy columns of ``ordered`` plus each row's position and its equal-time group's first (gs)
+    and last (ge) position in this order."""
+    t = ordered.get_column("t").to_numpy()
+    pos = np.arange(len(t), dtype=np.int64)
+    new = np.ones(len(t), dtype=bool)
+    new[1:] = t[1:] != t[:-1]
+    gs = np.maximum.accumulate(np.where(new, pos, 0))
+    last = np.ones(len(t), dtype=bool)
+    last[:-1] = t[1:] != t[:-1]
+    ge = np.minimum.accumulate(np.where(last, pos, len(t))[::-1])[::-1]
+    return {"i": ordered.get_column("i").to_numpy(), "t": t, "free": ordered.get_column("free").to_numpy(),
+            "pos": pos, "gs": gs, "ge": ge}
 
 
-def _key(a: str, b: str, n: int) -> pl.Expr:
-    return (pl.col(a) * n + pl.col(b)).alias("key")
+def _place(dt: np.ndarray, partner: np.ndarray, slot: int, ordered: dict[str, np.ndarray], at: np.ndarray,
+           n: int, width: int) -> None:
+    """Write into column ``slot`` the |Δt| and number of the partner at position ``at`` of ``ordered``
+    (nothing where ``at`` is out of range, the partner is farther than ``width``, or the node has no
+    free slot)."""
+    rows = np.flatnonzero((at >= 0) & (at < n) & (ordered["free"] > 0))
+    other = at[rows]
+    gap = np.abs(ordered["t"][other] - ordered["t"][rows])
+    near = gap <= width
+    rows, other, gap = rows[near], other[near], gap[near]
+    dt[ordered["i"][rows], slot] = gap
+    partner[ordered["i"][rows], slot] = ordered["i"][other]
