@@ -121,6 +121,7 @@ def bench_scale(admin_dsn: str, scale: int, work: Path) -> dict:
     stages["apply"] = time.perf_counter() - t
     stages["total"] = time.perf_counter() - t0
     _p(f"apply     {stages['apply']:.2f}s; total {stages['total']:.2f}s")
+    _p("          " + ", ".join(f"{k.removeprefix('apply.')} {v:.2f}s" for k, v in report.timings.items() if k.startswith("apply.")))
     report = ConsolidationReport.read(diff_dir)
     phases = {p: report.timings[p] for p in phase_names() if p in report.timings}
     _p("COPY baseline")
@@ -138,6 +139,7 @@ def bench_scale(admin_dsn: str, scale: int, work: Path) -> dict:
         "stages_seconds": {k: round(v, 3) for k, v in stages.items()},
         "phases_seconds": {k: round(v, 4) for k, v in phases.items()},
         "transform_parts_seconds": {k: round(report.timings[k], 4) for k in TRANSFORM_PARTS if k in report.timings},
+        "apply_parts_seconds": {k.removeprefix("apply."): round(v, 3) for k, v in report.timings.items() if k.startswith("apply.")},
         # the phases alone; the phases with folding each diff into the next phase's view; the stage
         "transform_nodes_per_second": round(nodes / transform_phases_s) if transform_phases_s else None,
         "phases_and_fold_nodes_per_second": round(nodes / (transform_phases_s + report.timings.get("fold", 0.0))),

@@ -21,6 +21,7 @@ and is counted in ``conflicts``; the next run sees it again.  Every statement al
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -109,6 +110,7 @@ class ApplyResult:
 
     applied: dict[str, dict[str, int]]
     conflicts: int
+    seconds: dict[str, float] | None = None  # "stage" (ingest into temp tables), "<table>.<kind>", "ledger"
 
 
 def _collapse_updates(table: str, updates: pl.DataFrame) -> pl.DataFrame:
@@ -164,6 +166,8 @@ def apply_diff(
     scope = report.scope_path
     applied: dict[str, dict[str, int]] = {}
     conflicts = 0
+    seconds: dict[str, float] = {}
+    clock = time.perf_counter()
     with store.transaction() as cur:
         cur.execute("DISCARD TEMP")  # staging tables of an earlier apply on this pooled connection
         cur.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", parameters=(scope,))
@@ -179,9 +183,11 @@ def apply_diff(
                 body = frame.drop("phase") if "phase" in frame.columns else frame
                 cur.adbc_ingest(stage_name(table, kind), _arrow(body), mode="create", temporary=True)
                 staged[(table, kind)] = body
+        seconds["stage"] = round(time.perf_counter() - clock, 6)
         order = sorted(staged, key=lambda tk: (("deletes", "updates", "inserts").index(tk[1]), tk[0] != "memory_nodes", tk[0]))
         for table, kind in order:
             body = staged[(table, kind)]
+            clock = time.perf_counter()
             if kind == "deletes":
                 n = _scalar(cur, delete_sql(table, ("memory_nodes", "deletes") in staged), (scope, report.run_id))
             elif kind == "updates":
@@ -191,9 +197,12 @@ def apply_diff(
                 n = _scalar(cur, insert_sql(table, [c for c in body.columns if c in tables.columns(table)]), (scope,))
             applied.setdefault(table, {})[kind] = n
             conflicts += body.height - n
+            seconds[f"{table}.{kind}"] = round(time.perf_counter() - clock, 6)
+        clock = time.perf_counter()
         if quarantined is not None and quarantined.height:
             cur.adbc_ingest("_ds_quarantine", _arrow(quarantined), mode="create", temporary=True)
             _scalar(cur, QUARANTINE_SQL, (report.run_id, scope))
         final = report.with_(rows_changed=applied, conflicts=conflicts, status="applied")
         cur.execute(LEDGER_SQL, parameters=ledger_params(final, mode, started_at, "applied"))
-    return ApplyResult(applied=applied, conflicts=conflicts)
+    seconds["quarantine_and_ledger_and_commit"] = round(time.perf_counter() - clock, 6)
+    return ApplyResult(applied=applied, conflicts=conflicts, seconds=seconds)

@@ -135,7 +135,8 @@ def apply_stage(store: Store, diff_dir: Path, mode: str = "nightly", started_at:
         status="applied",
         rows_changed=result.applied,
         conflicts=result.conflicts,
-        timings={**report.timings, "apply": round(time.perf_counter() - t0, 6)},
+        timings={**report.timings, "apply": round(time.perf_counter() - t0, 6),
+                 **{f"apply.{part}": v for part, v in (result.seconds or {}).items()}},
     )
     report.write(diff_dir)
     return report
