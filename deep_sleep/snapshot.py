@@ -13,7 +13,7 @@ snapshot written by hand replays.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -110,8 +110,12 @@ class Snapshot:
         return out
 
     @classmethod
-    def read(cls, directory: str | Path) -> Snapshot:
-        """Read a snapshot directory; tables not in the manifest are empty."""
+    def read(cls, directory: str | Path, columns: Collection[str] | None = None) -> Snapshot:
+        """Read a snapshot directory; tables not in the manifest are empty.
+
+        ``columns``: read only these columns of every table (those a table has), e.g. for the
+        validate stage, which needs keys and versions, not whole rows.
+        """
         src = Path(directory)
         mpath = src / MANIFEST
         if not mpath.is_file():
@@ -143,11 +147,15 @@ class Snapshot:
             if not file.is_file():
                 raise SnapshotError(f"{mpath}: table {name} names {file.name}, which does not exist")
             try:
-                raw = pl.read_parquet(file)
+                if columns is None:
+                    raw = pl.read_parquet(file)
+                else:
+                    raw = pl.read_parquet(file, columns=[c for c in pl.read_parquet_schema(file) if c in columns])
                 # A snapshot holds one scope: columns it leaves out for that reason take the manifest's scope.
                 fill = {"scope_path": manifest["scope_path"], "tenant_id": Scope.parse(manifest["scope_path"]).tenant_id}
-                raw = raw.with_columns(pl.lit(v).alias(k) for k, v in fill.items() if k not in raw.columns)
-                frame = tables.conform(name, raw)
+                raw = raw.with_columns(pl.lit(v).alias(k) for k, v in fill.items()
+                                       if k not in raw.columns and (columns is None or k in columns))
+                frame = tables.conform(name, raw, only=columns)
             except ValueError as exc:
                 raise SnapshotError(f"{file}: {exc}") from exc
             rows = entry.get("rows")

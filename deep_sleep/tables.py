@@ -8,6 +8,7 @@ leaves out, and the casts of the apply's staging tables.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import polars as pl
@@ -118,16 +119,22 @@ def empty(table: str) -> pl.DataFrame:
     return pl.DataFrame(schema=schema(table))
 
 
-def conform(table: str, df: pl.DataFrame) -> pl.DataFrame:
-    """Cast a frame to the table's snapshot schema; absent columns become nulls, extra columns stay.
+def conform(table: str, df: pl.DataFrame, only: Collection[str] | None = None) -> pl.DataFrame:
+    """Cast a frame to the table's snapshot schema (or to its ``only`` columns); absent columns
+    become nulls, extra columns stay.
 
     Raises ValueError naming the column when a value cannot be cast.
     """
     out = []
     for col in TABLES[table]:
+        if only is not None and col.name not in only:
+            continue
         if col.name in df.columns:
             try:
-                out.append(df.get_column(col.name).cast(col.dtype))
+                series = df.get_column(col.name)
+                # No cast when the type is right: a cast of an all-null column returns one chunk, and a
+                # frame whose columns are chunked differently is copied whole by every later select.
+                out.append(series if series.dtype == col.dtype else series.cast(col.dtype))
             except Exception as exc:  # polars raises several error types for bad casts
                 raise ValueError(
                     f"{table}.{col.name}: cannot read values as {col.kind} ({col.dtype}): {exc}"

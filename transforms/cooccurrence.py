@@ -57,18 +57,21 @@ def cooccurrence(
     edges = (
         snapshot.table("memory_edges")
         .select("id", "version", "weight", "source_id", "target_id", "relation")
-        .filter((pl.col("relation") == RELATION) & (pl.col("source_id") != pl.col("target_id")))
+        .filter(pl.col("relation") == RELATION)
+        .filter(pl.col("source_id") != pl.col("target_id"))  # compares ids of CO_OCCURRED edges only
     )
-    # Existing CO_OCCURRED edges with both ends recent (numbered), and each recent node's degree.
-    linked = (
-        edges.join(recent.rename({"id": "source_id", "i": "si", "t": "st"}), on="source_id")
-        .join(recent.rename({"id": "target_id", "i": "ti", "t": "tt"}), on="target_id")
+    # Each CO_OCCURRED edge with its ends' numbers where they are recent (one join per end): edges
+    # with both ends recent are the existing pairs; every edge gives its recent ends a neighbour.
+    ends = (
+        edges.join(recent.rename({"id": "source_id", "i": "si", "t": "st"}), on="source_id", how="left")
+        .join(recent.rename({"id": "target_id", "i": "ti", "t": "tt"}), on="target_id", how="left")
+        .filter(pl.col("si").is_not_null() | pl.col("ti").is_not_null())
     )
-    ends, numbered = edges.select("source_id", "target_id"), recent.select("id", "i")
+    linked = ends.filter(pl.col("si").is_not_null() & pl.col("ti").is_not_null())
     neighbours = pl.concat(
         [
-            ends.join(numbered, left_on="source_id", right_on="id").select("i", pl.col("target_id").alias("nbr")),
-            ends.join(numbered, left_on="target_id", right_on="id").select("i", pl.col("source_id").alias("nbr")),
+            ends.filter(pl.col("si").is_not_null()).select(pl.col("si").alias("i"), pl.col("target_id").alias("nbr")),
+            ends.filter(pl.col("ti").is_not_null()).select(pl.col("ti").alias("i"), pl.col("source_id").alias("nbr")),
         ]
     )
     degree = neighbours.unique().group_by("i").len("deg")  # distinct neighbours, either direction
