@@ -64,24 +64,30 @@ def _words(text: pl.Expr) -> pl.Expr:
     return text.str.to_lowercase().str.extract_all(WORD)
 
 
-def _evidence(snapshot: Snapshot) -> pl.DataFrame:
-    """(word, at): every word of every working-memory node and episodic event, with its creation time."""
-    nodes = snapshot.table("memory_nodes").filter(pl.col("layer") == "working")
+def _evidence(snapshot: Snapshot, words: pl.Series, after: datetime, until: datetime) -> pl.DataFrame:
+    """(word, at), sorted by ``at``: the words of ``words`` found in a working-memory node or episodic
+    event created in ``(after, until]``.
+
+    Only texts in that span can be the first evidence of a recall that counts, and only the queries'
+    words can match, so nothing else is tokenized or kept (the queries' words already exclude stop words).
+    """
+    span = (pl.col("created_at") > after) & (pl.col("created_at") <= until)
+    nodes = snapshot.table("memory_nodes").lazy().filter((pl.col("layer") == "working") & span)
     node_text = pl.concat_str(
         [pl.col("label").fill_null(""), pl.col("properties").fill_null("").str.replace_all(JSON_KEY, " ")], separator=" "
     )
+    events = snapshot.table("episodic_events").lazy().filter(span)
     docs = pl.concat(
         [
             nodes.select(_words(node_text).alias("word"), pl.col("created_at").alias("at")),
-            snapshot.table("episodic_events").select(_words(pl.col("content").fill_null("")).alias("word"), pl.col("created_at").alias("at")),
+            events.select(_words(pl.col("content").fill_null("")).alias("word"), pl.col("created_at").alias("at")),
         ]
     )
     return (
         docs.explode("word")
-        .drop_nulls()
-        .filter(~pl.col("word").is_in(list(STOP_WORDS)))
-        .unique()
-        .sort("at")
+        .filter(pl.col("word").is_in(words.implode()))
+        .sort("at")  # repeats are harmless to the as-of join, and cheaper kept than removed
+        .collect()
     )
 
 
@@ -115,7 +121,13 @@ def label_recalls(snapshot: Snapshot, config: LabelRecallsConfig, as_of: datetim
         .with_columns((pl.col("created_at") + pl.duration(microseconds=1)).alias("after"))
         .sort("after")
     )
-    evidence = _evidence(snapshot)
+    if not asks.height:
+        evidence = pl.DataFrame(schema={"word": pl.String, "at": recalls.schema["created_at"]})
+    else:
+        # The first evidence after a recall at t counts only if it lies in (t, min(t + horizon, as_of)].
+        first, last = asks.get_column("created_at").min(), asks.get_column("created_at").max()
+        until = last + horizon if horizon < as_of - last else as_of  # min(), without overflowing a huge horizon
+        evidence = _evidence(snapshot, asks.get_column("word").unique(), first, until)
     used = (
         asks.join_asof(evidence, left_on="after", right_on="at", by="word", strategy="forward", check_sortedness=False)
         .filter(pl.col("at").is_not_null() & (pl.col("at") <= pl.min_horizontal(pl.col("created_at") + horizon, pl.lit(as_of))))

@@ -37,13 +37,13 @@ def meta_nodes(snapshot: Snapshot, config: MetaNodesConfig, as_of: datetime) -> 
     if not groups.height:
         return PhaseResult(counters={"meta_nodes_created": 0, "meta_nodes_updated": 0})
 
-    candidates = nodes.filter(pl.col("label").is_in(groups.get_column("label").implode()))
+    candidates = nodes.lazy().filter(pl.col("label").is_in(groups.get_column("label").implode())).collect()
     resolved = resolve_labels(candidates)
     groups = groups.join(resolved.rename({"id": "meta_id"}), on="label", how="left", maintain_order="left")
     existing = groups.filter(pl.col("meta_id").is_not_null())
     new = groups.filter(pl.col("meta_id").is_null())
     new = new.with_columns(created_ids(snapshot.scope_path, PHASE, new.get_column("prefix")).alias("meta_id"))
-    holders = nodes.filter(pl.col("id").is_in(new.get_column("meta_id").implode())) if new.height else nodes.clear()
+    holders = nodes.lazy().filter(pl.col("id").is_in(new.get_column("meta_id").implode())).collect() if new.height else nodes.clear()
     taken = new.join(holders.select(pl.col("id").alias("meta_id"), pl.col("label").alias("holder")), on="meta_id")
     new = new.join(taken.select("meta_id"), on="meta_id", how="anti")
     notes = tuple(
@@ -65,19 +65,38 @@ def meta_nodes(snapshot: Snapshot, config: MetaNodesConfig, as_of: datetime) -> 
 
 
 def _groups(nodes: pl.DataFrame, config: MetaNodesConfig) -> pl.DataFrame:
-    """One row per group of ≥ ``min_group``: prefix, label (``META:<prefix>``), member_count,
-    member_ids (the top ``max_members``) and summary."""
+    """One row per group of ≥ ``min_group``, in prefix order: prefix, label (``META:<prefix>``),
+    member_count, member_ids (the top ``max_members``) and summary."""
     k = config.max_members
-    return (
+    members = (
         nodes.lazy()
         .filter((pl.col("layer") == "semantic") & ~pl.col("label").str.starts_with("META:") & ~is_protected())
         .select("id", "label", "importance", "updated_at", label_prefix().alias("prefix"))
         .filter(pl.col("prefix").is_not_null() & (pl.col("prefix") != ""))
-        .filter(pl.len().over("prefix") >= config.min_group)
+        .collect()
+        .lazy()
+    )
+    # Sorting every member by (importance, updated_at, id) is what costs; only a group's top k are
+    # wanted.  A member whose importance is below the k-th highest of its group has k members
+    # strictly ahead of it, so it cannot be among the top k: keep only the others (ties included)
+    # and sort those.  Null importance sorts last, as -inf does.
+    rank = pl.col("importance").fill_null(float("-inf"))
+    sizes = (
+        members.group_by("prefix")
+        .agg(pl.len().alias("member_count"), rank.top_k(k).min().alias("_floor"))
+        .filter(pl.col("member_count") >= config.min_group)
+        .collect()
+    )
+    # Every group's floor is at least the lowest one: that cheap test first, then the join on far fewer rows.
+    lowest = sizes.get_column("_floor").min()
+    return (
+        members.filter(rank >= pl.lit(lowest, dtype=pl.Float64))
+        .join(sizes.lazy(), on="prefix")
+        .filter(rank >= pl.col("_floor"))
         .sort(["prefix", "importance", "updated_at", "id"], descending=[False, True, True, False], nulls_last=True)
         .group_by("prefix", maintain_order=True)
         .agg(
-            pl.len().alias("member_count"),
+            pl.col("member_count").first(),
             pl.col("id").head(k).alias("member_ids"),
             pl.col("label").head(k).str.join("; ").alias("top_labels"),
         )

@@ -41,8 +41,8 @@ def pending_edges(snapshot: Snapshot, config: PendingEdgesConfig, as_of: datetim
     run_id = created_id(scope_path, "run", iso(as_of) or "")
     # Resolve only the labels the pending rows name, and look only for the edges they propose.
     wanted = pl.concat([pending.get_column("source_label"), pending.get_column("target_label")]).unique().implode()
-    nodes = snapshot.table("memory_nodes").select("id", "layer", "label", "importance", "updated_at")
-    labels = resolve_labels(nodes.filter(pl.col("label").is_in(wanted)))
+    named = snapshot.table("memory_nodes").lazy().filter(pl.col("label").is_in(wanted))
+    labels = resolve_labels(named.select("id", "layer", "label", "importance", "updated_at").collect())
     key = ["source_id", "target_id", "relation"]
     rows = (
         pending.sort(["created_at", "id"], nulls_last=True)
@@ -52,11 +52,13 @@ def pending_edges(snapshot: Snapshot, config: PendingEdgesConfig, as_of: datetim
     proposed = rows.select(key).drop_nulls().unique()
     existing = (
         snapshot.table("memory_edges")
+        .lazy()
         .select(key)
         .filter(pl.col("source_id").is_in(proposed.get_column("source_id").implode()))
-        .join(proposed, on=key, how="semi")
+        .join(proposed.lazy(), on=key, how="semi")
         .unique()
         .with_columns(pl.lit(True).alias("_exists"))
+        .collect()
     )
     rows = rows.join(existing, on=key, how="left", maintain_order="left").with_columns(
         pl.when(pl.col("source_id").is_null()).then(pl.lit("unresolved_source"))
@@ -88,7 +90,8 @@ def pending_edges(snapshot: Snapshot, config: PendingEdgesConfig, as_of: datetim
             pl.lit(None, dtype=tables.TS).alias("valid_to"),
         ).sort("id")
         diffs.append(Diff.of("memory_edges", "pending_edges", inserts=inserts))
-    return PhaseResult(diff=Diff.combine(diffs), counters={"edges_created": created.height})
+    # Two tables, nothing to normalise.
+    return PhaseResult(diff=Diff({name: td for d in diffs for name, td in d.tables.items()}), counters={"edges_created": created.height})
 
 
 def _neighbour_cap(rows: pl.DataFrame, edges: pl.DataFrame, cap: int) -> pl.DataFrame:
@@ -101,10 +104,17 @@ def _neighbour_cap(rows: pl.DataFrame, edges: pl.DataFrame, cap: int) -> pl.Data
     if not proposed.height:
         return rows
     touched = pl.concat([proposed.get_column("source_id"), proposed.get_column("target_id")]).unique().implode()
+    # The cheap relation test alone over all edges (collected, so that the plan cannot fuse it with the
+    # membership tests), then those tests over the CO_OCCURRED edges only.
     co = (
-        edges.select("source_id", "target_id", "relation")
-        .filter((pl.col("relation") == CO_OCCURRED) & (pl.col("source_id") != pl.col("target_id")))
+        edges.lazy()
+        .filter(pl.col("relation") == CO_OCCURRED)
+        .select("source_id", "target_id")
+        .collect()
+        .lazy()
         .filter(pl.col("source_id").is_in(touched) | pl.col("target_id").is_in(touched))
+        .filter(pl.col("source_id") != pl.col("target_id"))
+        .collect()
     )
     linked = pl.concat(
         [co.select(a="source_id", b="target_id"), co.select(a="target_id", b="source_id")]

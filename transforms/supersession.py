@@ -24,36 +24,60 @@ def supersession(snapshot: Snapshot, config: SupersessionConfig, as_of: datetime
     Ties in ``created_at`` go to the larger id as the newer.  Edges are never deleted; edges already
     closed are ignored, so a rerun changes nothing.  ``as_of`` plays no part: the rule is timeless.
     """
-    edges = (
-        snapshot.table("memory_edges")
-        .select("id", "version", "source_id", "relation", "properties", "created_at", "valid_to")
-        .filter(pl.col("valid_to").is_null())
+    edges = snapshot.table("memory_edges")
+    closed = _closed(_functional(edges, config))
+    if not closed.height:
+        return PhaseResult(counters={"facts_superseded": 0})
+    # Version and properties are needed only for the edges that close: fetch them last (a filter on
+    # the row number, which unlike a gather stays fast when the edges are in many chunks).
+    fetched = (
+        edges.lazy()
+        .select("version", "properties")
+        .with_row_index("_row")
+        .filter(pl.col("_row").is_in(closed.get_column("_row").implode()))
+        .collect()
     )
+    closed = closed.join(fetched, on="_row", maintain_order="left").select("id", "version", "valid_to", "properties", "_next_id")
+    updates = _mark_superseded(closed)
+    return PhaseResult(
+        diff=Diff.of("memory_edges", "supersession", updates=updates),
+        counters={"facts_superseded": updates.height},
+    )
+
+
+def _functional(edges: pl.DataFrame, config: SupersessionConfig) -> pl.DataFrame:
+    """Current functional edges: row number, id, source_id, relation, created_at."""
+    current = pl.col("valid_to").is_null()
     declared = pl.col("relation").is_in(pl.Series(list(config.functional_relations), dtype=pl.String).implode())
-    flagged = edges.filter(~declared & pl.col("properties").str.contains("functional", literal=True)).filter(
-        _json_true("properties", "functional")
+    # The cheap literal test first, eagerly: a lazy plan would fuse the two filters and read the
+    # JSON path of every edge.
+    mentioned = pl.col("properties").str.contains("functional", literal=True)
+    maybe = edges.with_row_index("_row").filter(current & ~declared & mentioned)
+    cols = ("_row", "id", "source_id", "relation", "created_at")
+    return pl.concat(
+        [
+            edges.lazy().with_row_index("_row").filter(current & declared).select(cols).collect(),
+            maybe.filter(_json_true("properties", "functional")).select(cols),
+        ]
     )
-    current = pl.concat([edges.filter(declared), flagged])
+
+
+def _closed(current: pl.DataFrame) -> pl.DataFrame:
+    """Every edge but the newest of its (source_id, relation) group, with the next newer edge's id
+    (``_next_id``) and ``created_at`` (as ``valid_to``), in id order."""
     group = ["source_id", "relation"]
     same_group_next = pl.all_horizontal(pl.col(c).shift(-1) == pl.col(c) for c in group).fill_null(False)
-    closed = (
+    return (
         # Only groups of two or more edges (by hash: a collision merely lets a lone edge through).
-        current.filter(pl.struct(group).hash().is_duplicated())
+        current.filter((pl.col("source_id").hash() ^ pl.col("relation").hash()).is_duplicated())
         .sort([*group, "created_at", "id"])
         .with_columns(
             pl.when(same_group_next).then(pl.col("id").shift(-1)).alias("_next_id"),
             pl.when(same_group_next).then(pl.col("created_at").shift(-1)).alias("valid_to"),
         )
         .filter(pl.col("_next_id").is_not_null())
-        .select("id", "version", "valid_to", "properties", "_next_id")
+        .select("_row", "id", "valid_to", "_next_id")
         .sort("id")
-    )
-    if not closed.height:
-        return PhaseResult(counters={"facts_superseded": 0})
-    updates = merge_json(closed, pl.struct(superseded_by=pl.col("_next_id")).struct.json_encode()).drop("_next_id")
-    return PhaseResult(
-        diff=Diff.of("memory_edges", "supersession", updates=updates),
-        counters={"facts_superseded": updates.height},
     )
 
 
@@ -62,3 +86,19 @@ def _json_true(column: str, key: str) -> pl.Expr:
     return (pl.col(column).str.json_path_match(f"$.{key}") == "true").fill_null(False) & pl.col(column).str.contains(
         f'"{key}"\\s*:\\s*true'
     ).fill_null(False)
+
+
+_PLAIN_ID = r"^[0-9A-Za-z-]+$"  # needs no JSON escaping
+
+
+def _mark_superseded(closed: pl.DataFrame) -> pl.DataFrame:
+    """``properties`` merged with ``{"superseded_by": _next_id}`` (RFC 7386, as :func:`merge_json`),
+    the other columns kept, row order kept, ``_next_id`` dropped.  Most closed edges have empty
+    properties (``{}``) and a uuid id: for those the merge is the patch itself, written directly —
+    byte for byte what DuckDB's merge returns; only the others go through DuckDB."""
+    patch = pl.struct(superseded_by=pl.col("_next_id")).struct.json_encode()
+    plain = (pl.col("properties") == "{}") & pl.col("_next_id").str.contains(_PLAIN_ID)
+    marked = closed.with_row_index("_order").with_columns(plain.fill_null(False).alias("_plain"))
+    direct = marked.filter("_plain").with_columns(patch.alias("properties"))
+    merged = merge_json(marked.filter(~pl.col("_plain")), patch)
+    return pl.concat([direct, merged]).sort("_order").drop("_order", "_plain", "_next_id")

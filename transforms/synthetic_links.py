@@ -39,7 +39,12 @@ def synthetic_links(snapshot: Snapshot, config: SyntheticLinksConfig, as_of: dat
         return skip("missing input: no episodic events")
     # Events and nodes are handled as integer codes (uuid text is slow to hash and join); node
     # codes follow id order, so comparing codes compares ids.
-    window = events.filter(in_window("created_at", start, as_of) & pl.col("content").str.contains("[", literal=True))
+    window = (
+        events.lazy()
+        .filter(in_window("created_at", start, as_of) & pl.col("content").str.contains("[", literal=True))
+        .select("id", "content")
+        .collect()
+    )
     mentions = (
         window.select(pl.int_range(pl.len(), dtype=pl.UInt32).alias("event"), pl.col("content").str.extract_all(MARKER).alias("marker"))
         .explode("marker")
@@ -48,9 +53,9 @@ def synthetic_links(snapshot: Snapshot, config: SyntheticLinksConfig, as_of: dat
     markers = mentions.select(pl.col("marker").unique()).with_columns(
         pl.col("marker").str.strip_prefix("[").str.strip_suffix("]").str.strip_prefix("semantic:").alias("label")
     )
-    nodes = snapshot.table("memory_nodes")
+    named = snapshot.table("memory_nodes").lazy().filter(pl.col("label").is_in(markers.get_column("label").implode()))
     resolved = (
-        resolve_labels(nodes.filter(pl.col("label").is_in(markers.get_column("label").implode())))
+        resolve_labels(named.select("id", "layer", "label", "importance", "updated_at").collect())
         .sort("id")
         .with_row_index("node")
     )
@@ -64,10 +69,13 @@ def synthetic_links(snapshot: Snapshot, config: SyntheticLinksConfig, as_of: dat
     code = resolved.select("id", "node")
     linked = (
         snapshot.table("memory_edges")
+        .lazy()
         .filter(pl.col("relation") == RELATION)
-        .join(code.rename({"id": "source_id", "node": "a"}), on="source_id")
-        .join(code.rename({"id": "target_id", "node": "b"}), on="target_id")
+        .select("source_id", "target_id")
+        .join(code.lazy().rename({"id": "source_id", "node": "a"}), on="source_id")
+        .join(code.lazy().rename({"id": "target_id", "node": "b"}), on="target_id")
         .select(pl.min_horizontal("a", "b").alias("node"), pl.max_horizontal("a", "b").alias("node_b"))
+        .collect()
     )
     chosen = (
         together.group_by("node", "node_b")

@@ -42,9 +42,14 @@ def tag_risk(snapshot: Snapshot, config: TagRiskConfig, as_of: datetime, lookbac
     start = window_start(snapshot, as_of, lookback_hours)
     recent = (
         snapshot.table("memory_nodes")
-        .select("id", "version", "layer", "label", "properties", "updated_at")
+        .lazy()
         .filter((pl.col("layer") == "semantic") & in_window("updated_at", start, as_of))
-        .filter(~_json_true("properties", "risk_node"))
+        .select("id", "version", "label", "properties")
+        .with_row_index("_row")
+        .collect()
+    )
+    recent = (
+        recent.filter(~pl.col("_row").is_in(_tagged(recent).implode()))
         .with_columns(
             pl.col("label").str.contains(pattern).fill_null(False).alias("_label_hit"),
             pl.col("properties").str.strip_chars_start().str.starts_with("{").fill_null(False).alias("_object"),
@@ -73,6 +78,16 @@ def tag_risk(snapshot: Snapshot, config: TagRiskConfig, as_of: datetime, lookbac
         diff=Diff.of("memory_nodes", "tag_risk", updates=updates),
         counters={"risk_nodes_tagged": updates.height},
         notes=notes,
+    )
+
+
+def _tagged(nodes: pl.DataFrame) -> pl.Series:
+    """``_row`` of the nodes whose ``risk_node`` is already the JSON boolean ``true``.  Reading a JSON
+    path is slow, so it is read only where the key's literal text occurs (which :func:`_json_true` requires)."""
+    return (
+        nodes.filter(pl.col("properties").str.contains('"risk_node"', literal=True))
+        .filter(_json_true("properties", "risk_node"))
+        .get_column("_row")
     )
 
 

@@ -18,11 +18,14 @@ def working_ttl(snapshot: Snapshot, config: WorkingTtlConfig, as_of: datetime) -
     """
     expired = (
         snapshot.table("memory_nodes")
+        .lazy()
         .filter(pl.col("layer") == "working")
+        .select("id", "version", "properties", "updated_at")
         .with_columns(json_number("properties", "ttl_hours").alias("ttl_hours"))
         .filter(pl.col("ttl_hours").is_not_null() & pl.col("ttl_hours").is_finite())
         .filter(pl.col("updated_at") + pl.duration(microseconds=(pl.col("ttl_hours") * 3_600_000_000).cast(pl.Int64)) <= as_of)
         .select("id", "version")
+        .collect()
     )
     if not expired.height:
         return PhaseResult(counters={"working_ttl_pruned": 0})
