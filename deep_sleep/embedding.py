@@ -29,6 +29,7 @@ provider (``procedural_promotion(…, embedder=my_model)``), which is how tests 
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Sequence
 from functools import lru_cache
 from typing import Protocol, runtime_checkable
@@ -72,16 +73,39 @@ class HashingEmbedder:
         return f"HashingEmbedder(dim={self.dim}, ngram={self.ngram})"
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
-        """``(len(texts), dim)`` float32, L2-normalised rows; an empty or blank text gives a zero row."""
+        """``(len(texts), dim)`` float32, L2-normalised rows; an empty or blank text gives a zero row.
+
+        A few short texts (a live turn's, a recall's query: up to :data:`SMALL_CHARS` characters in
+        all) take a plain-Python path; more take a Polars pipeline.  Both give bit-identical
+        vectors (tests/test_embedding.py compares them)."""
         n = len(texts)
-        out = np.zeros((n, self.dim), dtype=np.float32)
         if not n:
-            return out
+            return np.zeros((n, self.dim), dtype=np.float32)
         # str.casefold is the Unicode caseless form (ß → ss); polars has only lowercase.
-        folded = pl.Series("text", [t.casefold() if isinstance(t, str) else "" for t in texts], dtype=pl.String)
+        folded = [t.casefold() if isinstance(t, str) else "" for t in texts]
+        if sum(map(len, folded)) <= SMALL_CHARS:
+            return self._embed_small(folded)
+        return self._embed_polars(folded)
+
+    def _embed_small(self, folded: list[str]) -> np.ndarray:
+        """The Python path: the same words, n-grams, buckets and sums as :meth:`_embed_polars`."""
+        k, dim = self.ngram, self.dim
+        rows: list[int] = []
+        codes: list[int] = []
+        for row, text in enumerate(folded):
+            for word in _WORD.findall(text):
+                word = f"<{word}>"
+                for at in range(max(len(word) - k + 1, 1)):
+                    rows.append(row)
+                    codes.append(_bucket(word[at : at + k], dim))
+        return self._finish(len(folded), np.asarray(rows, dtype=np.int64), np.asarray(codes, dtype=np.int64))
+
+    def _embed_polars(self, folded: list[str]) -> np.ndarray:
+        n = len(folded)
+        out = np.zeros((n, self.dim), dtype=np.float32)
         k = self.ngram
         grams = (
-            pl.DataFrame({"text": folded})
+            pl.DataFrame({"text": pl.Series("text", folded, dtype=pl.String)})
             .with_row_index("row")
             .select("row", pl.col("text").str.extract_all(r"\S+"))
             .explode("text")
@@ -101,6 +125,13 @@ class HashingEmbedder:
         )
         rows = index.get_column("row").to_numpy().astype(np.int64)
         code = index.get_column("code").to_numpy()
+        return self._finish(n, rows, code)
+
+    def _finish(self, n: int, rows: np.ndarray, code: np.ndarray) -> np.ndarray:
+        """Sum the signed buckets (``code`` = ±(bucket + 1)) of each row and L2-normalise."""
+        out = np.zeros((n, self.dim), dtype=np.float32)
+        if not len(code):
+            return out
         bucket, sign = np.abs(code) - 1, np.sign(code).astype(np.float64)
         flat = np.bincount(rows * self.dim + bucket, weights=sign, minlength=n * self.dim)
         mat = flat.reshape(n, self.dim)
@@ -108,6 +139,13 @@ class HashingEmbedder:
         np.divide(mat, norms, out=mat, where=norms > 0)
         out[:] = mat
         return out
+
+
+# Up to this many characters (all texts of one call together) embed in plain Python.
+SMALL_CHARS = 4_000
+# A word is a run of characters that are not Unicode White_Space — what Polars' (Rust regex) ``\S+``
+# matches.  Python's ``\s`` is not the same set: it also holds U+001C–U+001F.
+_WORD = re.compile("[^\t\n\x0b\x0c\r \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]+")
 
 
 @lru_cache(maxsize=1 << 16)

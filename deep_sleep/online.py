@@ -222,6 +222,45 @@ def _connection(target: Store | psycopg.Connection) -> Iterator[psycopg.Connecti
         raise TypeError(f"expected a deep_sleep.db.Store or a psycopg.Connection, got {type(target).__name__}")
 
 
+@contextlib.contextmanager
+def _pipelined_transaction(conn: psycopg.Connection) -> Iterator[None]:
+    """One transaction in pipeline mode, in as few round trips as the block's reads allow.
+
+    ``with conn.pipeline(), conn.transaction():`` costs three round trips more than it needs:
+    psycopg syncs right after ``BEGIN`` (to learn the transaction status), and it nests two more
+    pipelines whose exits each sync, before and after ``COMMIT``.  On a connection that is idle
+    and not already pipelined, this sends ``BEGIN`` and ``COMMIT`` itself as ordinary pipelined
+    statements (the connection is switched to autocommit for the block, so psycopg adds no
+    ``BEGIN`` of its own; it is switched back after), so ``BEGIN`` travels with the first reads
+    and ``COMMIT`` with the writes.  The transaction is the same: one explicit ``BEGIN … COMMIT``
+    block, committed durably unless the block asked otherwise (``SET LOCAL``).  Any error rolls
+    it back and is raised, as ``conn.transaction()`` does.  Inside the caller's transaction (the
+    work must be a savepoint) or in a caller's pipeline it is ``conn.pipeline()`` +
+    ``conn.transaction()`` as before; so it is on a connection with its own isolation level,
+    read-only or deferrable setting (psycopg's ``BEGIN`` carries them).
+    """
+    if (conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
+            or conn.pgconn.pipeline_status != psycopg.pq.PipelineStatus.OFF
+            or (conn.isolation_level, conn.read_only, conn.deferrable) != (None, None, None)):  # psycopg's BEGIN says more
+        with conn.pipeline(), conn.transaction():
+            yield
+        return
+    autocommit = conn.autocommit
+    conn.autocommit = True
+    try:
+        with conn.pipeline():
+            conn.execute("BEGIN")
+            yield
+            conn.execute("COMMIT")
+    except BaseException:
+        if not conn.closed and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            conn.execute("ROLLBACK")
+        raise
+    finally:
+        if not conn.closed and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+            conn.autocommit = autocommit
+
+
 def _store_of(target: Store | psycopg.Connection) -> Store:
     """The store behind ``target`` (the quick nap's apply talks ADBC; Store.adbc pools per thread)."""
     if isinstance(target, Store):
@@ -404,9 +443,14 @@ _TURN_SQL = (
     "INSERT INTO scope_turns AS t (scope_path, tenant_id, turns, last_turn_at) VALUES (%s, %s, 1, %s)"
     " ON CONFLICT (scope_path) DO UPDATE SET turns = t.turns + 1, last_turn_at = EXCLUDED.last_turn_at RETURNING turns"
 )
+# The node an upsert updates: per (layer, label) the first by importance, recency, id.  Only that
+# row is fetched and locked — a label may be shared by many nodes of a scope (tens in the benchmark's
+# seed, up to ~2000), and locking them all dirtied every one of their pages for nothing.
 _EXISTING_SQL = (
-    "SELECT id::text, layer, label, properties FROM memory_nodes"
+    "SELECT id::text, layer, label, properties FROM memory_nodes WHERE id IN ("
+    "SELECT DISTINCT ON (layer, label) id FROM memory_nodes"
     " WHERE scope_path = %s AND label = ANY(%s) AND layer = ANY(%s)"
+    " ORDER BY layer, label, importance DESC, updated_at DESC, id::text)"  # id::text: the tie order the outer query used
     " ORDER BY layer, label, importance DESC, updated_at DESC, id FOR UPDATE"
 )
 # Multi-row statements ({rows} = one VALUES tuple per row): in pipeline mode they queue without a
@@ -553,7 +597,7 @@ def record_turn(
     reads = [(i, f["id"]) for i, name, f in accepted if name == "read_node"]
 
     # Pipeline mode: BEGIN and the three reads go in one round trip, the writes and COMMIT in one more.
-    with _connection(store_or_conn) as conn, conn.pipeline(), conn.transaction():
+    with _connection(store_or_conn) as conn, _pipelined_transaction(conn):
         cur, found_cur, read_cur = conn.cursor(), conn.cursor(), conn.cursor()
         if not durable:
             cur.execute("SET LOCAL synchronous_commit = off")
@@ -825,7 +869,7 @@ def recall(
     n_seed = max(4 * k, SEED_MIN)
     words = set(query_words(query))
     # Pipeline mode: BEGIN, settings, model and candidates in one round trip; the log and COMMIT in one more.
-    with _connection(store_or_conn) as conn, conn.pipeline(), conn.transaction():
+    with _connection(store_or_conn) as conn, _pipelined_transaction(conn):
         cur, model_cur = conn.cursor(), conn.cursor()
         cur.execute(_SETTINGS_SQL, (str(max(40, n_seed)),))
         model_cur.execute(_MODEL_SQL, (scope.path, scope.tenant_id))
@@ -964,8 +1008,8 @@ def nap_snapshot(conn: psycopg.Connection, scope: Scope | str, as_of: datetime, 
     as_of = utc(as_of)
     es = config.episodic_summary
     fresh = conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
-    # Two round trips (pipeline mode): what needs no window, then what does.
-    with conn.pipeline(), conn.transaction():
+    # Two round trips (pipeline mode): BEGIN and what needs no window, then what does and COMMIT.
+    with _pipelined_transaction(conn):
         if fresh:  # inside a caller's transaction we read in its snapshot instead
             conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
         conn.execute("SET LOCAL TimeZone = 'UTC'")
@@ -995,8 +1039,9 @@ def nap_snapshot(conn: psycopg.Connection, scope: Scope | str, as_of: datetime, 
             "  AND updated_at > %s AND updated_at <= %s"
             f" UNION SELECT {cols} FROM memory_nodes WHERE scope_path = %s AND id = ANY(%s::uuid[])",
             (path, *window, *window, path, summary_ids))
-        access = _frame("memory_access_log", access_cur.fetchall())
-        nodes = _frame("memory_nodes", node_cur.fetchall()).sort("id")
+    # fetched after the block: the second batch's results come back with its COMMIT (one round trip)
+    access = _frame("memory_access_log", access_cur.fetchall())
+    nodes = _frame("memory_nodes", node_cur.fetchall()).sort("id")
     return Snapshot(
         scope_path=path,
         taken_at=utc(taken_at),

@@ -9,6 +9,8 @@ import sys
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from deep_sleep.embedding import EmbeddingProvider, HashingEmbedder, default_embedder
 from deep_sleep.tables import EMBEDDING_DIM
@@ -83,3 +85,27 @@ def test_protocol_and_default():
     assert e.dim == EMBEDDING_DIM and "blake2b" in e.name
     with pytest.raises(ValueError, match="dim"):
         HashingEmbedder(dim=1)
+
+
+_SPACES = "\t\n\x0b\x0c\r \x85\xa0\u1680\u2000\u2005\u200a\u2028\u2029\u202f\u205f\u3000"
+_NOT_SPACES = "\x1c\x1d\x1e\x1f\u180e\u200b\ufeff\x00"  # whitespace to Python's str.isspace / \s but not to Unicode
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.text(alphabet=st.sampled_from(_SPACES + _NOT_SPACES + "abcßÜİﬁ<>😀 ") | st.characters(), max_size=40),
+                min_size=1, max_size=8))
+def test_python_and_polars_paths_give_bit_identical_vectors(texts):
+    e = HashingEmbedder()
+    folded = [t.casefold() for t in texts]
+    small, big = e._embed_small(folded), e._embed_polars(folded)
+    assert small.dtype == big.dtype == np.float32
+    assert np.array_equal(small, big)
+    assert np.array_equal(e.embed(texts), small)
+
+
+def test_every_kind_of_space_splits_words_the_same_way_on_both_paths():
+    e = HashingEmbedder(ngram=2)
+    texts = [f"ab{c}cd" for c in _SPACES + _NOT_SPACES] + ["x" * 5000, "deploy billing service"]
+    folded = [t.casefold() for t in texts]
+    assert np.array_equal(e._embed_small(folded), e._embed_polars(folded))
+    assert len(e.embed(texts)) == len(texts)  # over SMALL_CHARS: the polars path

@@ -349,6 +349,56 @@ def test_quick_nap_on_a_connection_and_a_live_write_conflict(store, scope):
     assert report.status == "applied" and report.counters["nodes_strengthened"] == 0  # the window starts at the last nap
 
 
+def test_an_upsert_of_a_label_several_nodes_share_updates_only_the_first_of_them(store, scope):
+    """By importance, then the most recent, then the smallest id; the others are not touched."""
+    nodes = [node(scope, "project: shared", NOW - timedelta(days=d), importance=imp) for d, imp in ((1, 3.0), (3, 7.0), (2, 7.0), (2, 7.0))]
+    insert(store, "memory_nodes", nodes)
+    tied = sorted(n["id"] for n in nodes[2:])
+    receipt = record_turn(store, scope, [{"op": "upsert_node", "label": "project: shared", "properties": {"k": 1}}], now=NOW, nap=False)
+    assert receipt.landed[0].action == "updated" and receipt.ids() == [tied[0]]
+    changed = _rows(store, "SELECT id::text FROM memory_nodes WHERE label = 'project: shared' AND scope_path = %s AND properties ? 'k'", scope.path)
+    assert changed == [(tied[0],)]
+
+
+def test_one_round_trip_transactions_commit_roll_back_and_leave_the_connection_as_it_was(store, scope):
+    """record_turn / recall / nap_snapshot send BEGIN and COMMIT themselves in pipeline mode on an
+    idle connection: committed for other sessions; an error rolls all of it back; the connection's
+    autocommit setting is restored; inside a caller's transaction the work is the caller's to commit."""
+    from deep_sleep.online import _pipelined_transaction
+
+    for autocommit in (False, True):
+        with psycopg.connect(store.dsn, autocommit=autocommit) as con:
+            receipt = record_turn(con, scope, [{"op": "upsert_node", "label": f"project: rt {autocommit}"}], now=NOW, nap=False)
+            assert con.autocommit is autocommit
+            assert con.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+            assert scalar(store, "SELECT count(*) FROM memory_nodes WHERE id = %s", receipt.ids("upsert_node")[0]) == 1
+            assert recall(con, scope, f"project rt {autocommit}", k=1)
+            assert con.autocommit is autocommit
+
+            label = f"project: rolled back {autocommit}"
+            with pytest.raises(psycopg.errors.DivisionByZero):
+                with _pipelined_transaction(con):
+                    con.execute("INSERT INTO memory_nodes (id, scope_path, tenant_id, layer, label) VALUES (%s, %s, %s, 'semantic', %s)",
+                                (str(uuid.uuid4()), scope.path, scope.tenant_id, label))
+                    con.execute("SELECT 1 / 0")
+            assert con.autocommit is autocommit and con.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+            with pytest.raises(RuntimeError):
+                with _pipelined_transaction(con):
+                    con.execute("INSERT INTO memory_nodes (id, scope_path, tenant_id, layer, label) VALUES (%s, %s, %s, 'semantic', %s)",
+                                (str(uuid.uuid4()), scope.path, scope.tenant_id, label))
+                    raise RuntimeError("the block failed")
+            assert con.autocommit is autocommit and con.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+            assert scalar(store, "SELECT count(*) FROM memory_nodes WHERE label = %s", label) == 0
+            assert record_turn(con, scope, [{"op": "create_event", "content": "still usable"}], now=NOW, nap=False).landed
+
+    with psycopg.connect(store.dsn) as con:  # inside the caller's transaction: a savepoint, the caller decides
+        con.execute("SELECT 1")
+        receipt = record_turn(con, scope, [{"op": "upsert_node", "label": "project: callers"}], now=NOW, nap=False)
+        assert con.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+        con.rollback()
+    assert scalar(store, "SELECT count(*) FROM memory_nodes WHERE id = %s", receipt.ids("upsert_node")[0]) == 0
+
+
 # ---------------------------------------------------------------------------------------------
 # recall details
 

@@ -7,9 +7,22 @@ scope.  Every failure names the check, the table, the phase and the offending ro
 
     >>> failures = validate_diff(diff, snapshot)       # doctest: +SKIP
     >>> failures.select("check", "table", "phase", "id")  # doctest: +SKIP
+
+Small diffs (a quick nap's) are dominated by pandera's per-check overhead (a collect per check),
+so each schema is built once per (table, kind, scope, caps) and carries, next to every check, the
+polars expression it evaluates.  A frame is first tried against all of them in one ``select``
+(:func:`_vouched`): every column present with exactly the schema's dtype, no nulls (or NaN, as
+pandera counts them) where the column is not nullable, and every check true or null on every row
+(pandera passes a null check output).  Only when that pre-check cannot vouch for the frame does
+pandera validate it — so every failure is still found and reported by pandera, in its format;
+the pre-check only skips pandera where pandera could not fail.
 """
 
 from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from functools import lru_cache
 
 import polars as pl
 import pandera.polars as pa
@@ -36,7 +49,22 @@ IMMUTABLE = ("id", "scope_path", "tenant_id")
 
 def _rule(expr: pl.Expr, message: str) -> pa.Check:
     """A frame-level check: ``expr`` must be true on every row; ``message`` names it in failures."""
-    return pa.Check(lambda data, e=expr: data.lazyframe.select(e), error=message)
+    check = pa.Check(lambda data, e=expr: data.lazyframe.select(e), error=message)
+    check._ds_expr = expr  # what the pre-check evaluates (see _vouched)
+    return check
+
+
+def _column_rule(test: Callable[[pl.Expr], pl.Expr], message: str) -> pa.Check:
+    """A column check: ``test(column)`` must be true on every row of the column."""
+    check = pa.Check(lambda d, t=test: d.lazyframe.select(t(pl.col(d.key))), error=message)
+    check._ds_column_test = test
+    return check
+
+
+def _equals(value: str, message: str) -> pa.Check:
+    check = pa.Check.eq(value, error=message)
+    check._ds_column_test = lambda c, v=value: c == v
+    return check
 
 
 def _value_checks(table: str, kind: str) -> dict[str, pa.Column]:
@@ -45,43 +73,59 @@ def _value_checks(table: str, kind: str) -> dict[str, pa.Column]:
     present = tables.columns(table)
     if "importance" in present:
         cols["importance"] = pa.Column(
-            float, pa.Check(lambda d: d.lazyframe.select(pl.col(d.key).is_between(1.0, 10.0) & pl.col(d.key).is_finite()), error="importance within [1, 10]"),
+            float, _column_rule(lambda c: c.is_between(1.0, 10.0) & c.is_finite(), "importance within [1, 10]"),
             nullable=kind == "updates", required=False,
         )
     if "weight" in present:
         cols["weight"] = pa.Column(
-            float, pa.Check(lambda d: d.lazyframe.select((pl.col(d.key) >= 0) & pl.col(d.key).is_finite()), error="weight >= 0"),
+            float, _column_rule(lambda c: (c >= 0) & c.is_finite(), "weight >= 0"),
             nullable=kind == "updates", required=False,
         )
     if table == "procedural_skills":
         cols["status"] = pa.Column(
-            str, pa.Check(lambda d: d.lazyframe.select(pl.col(d.key) != "active"), error="consolidation never creates or activates a skill"),
+            str, _column_rule(lambda c: c != "active", "consolidation never creates or activates a skill"),
             nullable=kind == "updates", required=False,
         )
     return cols
 
 
-def _cap_checks(table: str, kind: str, config: ConsolidationConfig) -> list[pa.Check]:
-    """Degree and per-run caps of SPEC §3 (``_phase_rows`` = rows of the same phase in this frame)."""
+def _cap_checks(table: str, kind: str, caps: tuple[int, int, int, int]) -> list[pa.Check]:
+    """Degree and per-run caps of SPEC §3 (``_phase_rows`` = rows of the same phase in this frame);
+    ``caps`` = :func:`_caps` of the configuration."""
+    max_pairs, max_promotions, max_summarised, max_neighbours = caps
     per_phase = {
-        ("memory_edges", "inserts", "synthetic_links"): config.synthetic_links.max_pairs,
-        ("procedural_skills", "inserts", "procedural_promotion"): config.procedural_promotion.max_per_run,
-        ("episodic_events", "deletes", "episodic_summary"):
-            config.episodic_summary.batch_size * config.episodic_summary.max_batches,
+        ("memory_edges", "inserts", "synthetic_links"): max_pairs,
+        ("procedural_skills", "inserts", "procedural_promotion"): max_promotions,
+        ("episodic_events", "deletes", "episodic_summary"): max_summarised,
     }
     checks = [
         _rule((pl.col("phase") != phase) | (pl.col("_phase_rows") <= cap), f"per-run cap of {phase}: at most {cap} {table} {kind}")
         for (t, k, phase), cap in per_phase.items() if (t, k) == (table, kind)
     ]
     if (table, kind) == ("memory_edges", "inserts"):
-        cap = config.cooccurrence.max_neighbours
+        cap = max_neighbours
         checks.append(_rule(pl.col("_co_degree").fill_null(0) <= cap, f"no node over {cap} CO_OCCURRED neighbours"))
     return checks
 
 
+def _caps(config: ConsolidationConfig) -> tuple[int, int, int, int]:
+    """The configuration values the schemas depend on (their cache key)."""
+    es = config.episodic_summary
+    return (config.synthetic_links.max_pairs, config.procedural_promotion.max_per_run,
+            es.batch_size * es.max_batches, config.cooccurrence.max_neighbours)
+
+
 def _schema(table: str, kind: str, scope_path: str, tenant_id: str, config: ConsolidationConfig) -> pa.DataFrameSchema:
+    return _cached_schema(table, kind, scope_path, tenant_id, _caps(config), threading.get_ident())
+
+
+@lru_cache(maxsize=1024)
+def _cached_schema(table: str, kind: str, scope_path: str, tenant_id: str, caps: tuple[int, int, int, int],
+                   thread: int) -> pa.DataFrameSchema:
+    """The schema of one (table, kind) frame of a run of ``scope_path``; built once per arguments
+    and per thread (a nightly validates scopes on a thread pool; schemas are not shared across it)."""
     cols = _value_checks(table, kind)
-    checks = [_rule(pl.struct("id", "phase").is_unique(), "one row per id and phase"), *_cap_checks(table, kind, config)]
+    checks = [_rule(pl.struct("id", "phase").is_unique(), "one row per id and phase"), *_cap_checks(table, kind, caps)]
     if kind in ("updates", "deletes"):
         cols["expected_version"] = pa.Column(int, nullable=False)
         checks += [
@@ -103,8 +147,8 @@ def _schema(table: str, kind: str, scope_path: str, tenant_id: str, config: Cons
                 _rule(pl.col("_dangling_edges") == 0, "no surviving edge points at a deleted node"),
             ]
     if kind == "inserts":
-        cols["scope_path"] = pa.Column(str, pa.Check.eq(scope_path, error="scope_path equals the run's scope"), nullable=False)
-        cols["tenant_id"] = pa.Column(str, pa.Check.eq(tenant_id, error="tenant_id equals the run's tenant"), nullable=False, required=False)
+        cols["scope_path"] = pa.Column(str, _equals(scope_path, "scope_path equals the run's scope"), nullable=False)
+        cols["tenant_id"] = pa.Column(str, _equals(tenant_id, "tenant_id equals the run's tenant"), nullable=False, required=False)
         checks.append(_rule(~pl.col("_in_snapshot"), "inserted id is new (not already in the snapshot)"))
         if table == "memory_edges":
             checks.append(_rule(pl.col("_ends_exist"), "edge ends are live nodes of the scope"))
@@ -166,6 +210,39 @@ def _surviving_edges(diff: Diff, snapshot: Snapshot) -> pl.DataFrame:
     return kept
 
 
+def _vouched(schema: pa.DataFrameSchema, frame: pl.DataFrame) -> bool:
+    """True only if pandera's ``schema.validate(frame)`` cannot fail (see the module notes); False
+    means "ask pandera" (a failing row, or anything the pre-check does not know how to judge)."""
+    present = frame.schema
+    tests: list[pl.Expr] = []
+    for name, column in schema.columns.items():
+        if name not in present:
+            if column.required:
+                return False
+            continue
+        if column.dtype is None or present[name] != column.dtype.type:
+            return False
+        if not column.nullable:
+            ok = pl.col(name).is_not_null()
+            tests.append((ok & pl.col(name).is_not_nan() if present[name].is_float() else ok).all())
+        for check in column.checks:
+            test = getattr(check, "_ds_column_test", None)
+            if test is None:
+                return False
+            tests.append(test(pl.col(name)).fill_null(True).all())
+    for check in schema.checks:
+        expr = getattr(check, "_ds_expr", None)
+        if expr is None:
+            return False
+        tests.append(expr.fill_null(True).all())
+    if not tests:
+        return True
+    try:
+        return all(frame.select(t.alias(f"_ok{i}") for i, t in enumerate(tests)).row(0))
+    except Exception:  # a check that cannot even be evaluated: pandera reports it
+        return False
+
+
 def _failures(table: str, kind: str, annotated: pl.DataFrame, errors: SchemaErrors) -> pl.DataFrame:
     cases = errors.failure_cases
     rows = annotated.select("_row", "id", "phase")
@@ -180,10 +257,11 @@ def _failures(table: str, kind: str, annotated: pl.DataFrame, errors: SchemaErro
     return out.select(list(FAILURE_SCHEMA)).cast(FAILURE_SCHEMA)  # type: ignore[arg-type]
 
 
-def validate_diff(diff: Diff, snapshot: Snapshot, config: ConsolidationConfig | None = None) -> pl.DataFrame:
+def validate_diff(diff: Diff, snapshot: Snapshot, config: ConsolidationConfig | None = None, *, precheck: bool = True) -> pl.DataFrame:
     """All failing checks of ``diff`` (empty frame = valid).  Columns: check, table, kind, phase, id, column, value.
 
-    ``config`` supplies the caps (default: the default configuration).
+    ``config`` supplies the caps (default: the default configuration).  ``precheck=False`` sends
+    every frame through pandera (the answer is the same; tests compare the two).
     """
     scope = Scope.parse(snapshot.scope_path)
     config = config or ConsolidationConfig()
@@ -193,8 +271,13 @@ def validate_diff(diff: Diff, snapshot: Snapshot, config: ConsolidationConfig | 
             if not frame.height:
                 continue
             annotated = _annotate(table, kind, frame, diff, snapshot)
+            schema = _schema(table, kind, scope.path, scope.tenant_id, config)
+            if precheck and _vouched(schema, annotated):
+                continue
             try:
-                _schema(table, kind, scope.path, scope.tenant_id, config).validate(annotated, lazy=True)
+                schema.validate(annotated, lazy=True)
             except SchemaErrors as errors:
                 found.append(_failures(table, kind, annotated, errors))
+    if len(found) == 1:
+        return found[0]
     return pl.concat(found).unique(maintain_order=True)

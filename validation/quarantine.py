@@ -10,12 +10,54 @@ they would dangle in the clean snapshot).
     >>> clean, quarantined = quarantine(snapshot, as_of)      # doctest: +SKIP
     >>> quarantined.columns
     ['table', 'id', 'reason', 'row']
+
+How it stays fast from a quick nap's 50-row frames to a nightly's million-row tables
+------------------------------------------------------------------------------------
+Every rule of a table is one boolean column of a single ``select`` (one Polars pass per table);
+a row's reason is the first true column, in :data:`REASONS` order.  When no row of a table is
+flagged — the normal case — the table is passed on as it is (no filter, no copy).
+
+*JSON shape* (``properties`` / ``metadata`` must be a JSON object, ``steps`` an array).  The
+reference semantics are DuckDB's: a text is good when ``json_valid`` accepts it and it is of the
+required type.  Validity is always checked, whatever the source: rows extracted from PostgreSQL
+``jsonb`` are valid JSON by construction, but a hand-written or edited snapshot directory may
+hold anything.  Two paths give the same answer:
+
+- frames of more than :data:`SMALL_ROWS` rows (big path): one DuckDB ``json_valid`` pass over the
+  column, zero-copy from Arrow; the type is read from the first non-whitespace character (a valid
+  JSON text that starts with ``{`` is an object, with ``[`` an array), which saves DuckDB a second
+  parse for ``json_type``;
+- smaller frames (small path, no DuckDB round trip): Python's ``json.loads`` *accepts* a text
+  only where it provably agrees with DuckDB — it parsed, it holds no ``NaN``/``Infinity``
+  constant and no ``\\uD800``–``\\uDFFF`` escape (DuckDB accepts the first and rejects lone
+  surrogates; Python does the opposite), and it is not nested past Python's recursion limit;
+  the type is then the decoded value's.  Every text Python does not accept (invalid, or one of
+  those corner cases, where DuckDB is laxer: trailing commas, ``nan``/``inf`` in any case) is
+  handed to the big path, so DuckDB still decides every text Python cannot vouch for, and bad
+  rows cost a round trip only when there are some.
+
+tests/test_fastpaths.py checks both paths against the DuckDB expression this module used before
+(``json_valid(c) AND json_type(c::JSON) = '…'``) on corpora of bad JSON and bad shapes, and the
+whole function against that earlier implementation on generated snapshots.  One difference, a
+fix: DuckDB does not short-circuit ``AND``, so that expression raised a ConversionException on
+the first text that was not JSON at all — a snapshot with one broken text stopped the run instead
+of quarantining the row.  Kept as it was, though PostgreSQL would reject them: DuckDB's
+``json_valid`` accepts ``NaN``/``Infinity`` and trailing commas (``{"a": 1,}`` passes as an object).
+
+*Duplicate ids* hash the id column once (``Series.hash``, u64): when all hashes differ, all ids
+differ (equal ids hash equally) and the exact, far slower ``is_duplicated`` is skipped; any hash
+collision falls back to it.  *Dangling edges* probe both endpoint columns against the live node
+ids with one ``is_in`` (one hash table instead of two).
 """
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+import json
+import re
+from datetime import UTC, datetime, timedelta
+from functools import lru_cache
 
+import numpy as np
 import polars as pl
 
 from deep_sleep import tables
@@ -27,6 +69,7 @@ FUTURE_TOLERANCE = timedelta(minutes=5)
 CONTROL = r"[\x00-\x1f\x7f]"
 JSON_SHAPE = {"properties": "OBJECT", "metadata": "OBJECT", "steps": "ARRAY"}
 TIMESTAMPS = ("created_at", "updated_at", "accessed_at")
+SMALL_ROWS = 800  # JSON columns of frames up to this many rows are checked in Python (small path; crossover ~900 here)
 
 REASONS = (
     "null id",
@@ -48,67 +91,180 @@ REASONS = (
     "dangling edge: endpoint not a node of this scope",
 )
 
-
-def _json_shape_flags(table: str, frame: pl.DataFrame) -> dict[str, pl.Series]:
-    """column → boolean Series: True where the JSON text is not of the required shape (DuckDB json_type)."""
-    kinds = tables.columns(table)
-    cols = [c for c in JSON_SHAPE if c in frame.columns and c in kinds and kinds[c].kind == "json"]
-    if not cols or not frame.height:
-        return {}
-    exprs = ", ".join(
-        f"coalesce(NOT (json_valid({c}) AND json_type({c}::JSON) = '{JSON_SHAPE[c]}'), true) AS {c}" for c in cols
-    )
-    with registered(frame.select(cols).to_arrow()) as (con, name):
-        flags = con.sql(f"SELECT {exprs} FROM {name}").pl()
-    return {c: flags.get_column(c) for c in cols}
+_OPENER = {"OBJECT": "{", "ARRAY": "["}
+_PY_TYPE = {"OBJECT": dict, "ARRAY": list}
+_JSON_WS = " \t\n\r"
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
-def _reasons(table: str, frame: pl.DataFrame, scope_path: str, as_of: datetime) -> pl.Expr:
-    """One expression giving each row's first failing reason (null = clean), for the rules that
-    need only the row itself and its table."""
-    rules: list[tuple[str, pl.Expr]] = []
+class _Unsure(Exception):
+    """Python's verdict on a JSON text might differ from DuckDB's: let DuckDB decide."""
+
+
+def _no_constants(name: str) -> float:
+    raise _Unsure(name)  # NaN, Infinity, -Infinity: DuckDB accepts these (and more spellings)
+
+
+_DECODE = json.JSONDecoder(parse_constant=_no_constants).decode  # json.loads(…, parse_constant=…) builds one per call
+
+
+def _json_reason_for(column: str) -> str:
+    return f"{column} is not a JSON {'array' if column == 'steps' else 'object'}"
+
+
+def _bad_json_big(values: pl.Series, shape: str) -> pl.Series:
+    """True where ``values`` is null, not valid JSON (DuckDB ``json_valid``) or not of ``shape``."""
+    with registered(pl.DataFrame({"v": values}).to_arrow()) as (con, name):
+        valid = con.sql(f"SELECT json_valid(v) AS ok FROM {name}").pl().get_column("ok")
+    opens = values.str.starts_with(_OPENER[shape])
+    if not opens.fill_null(True).all():  # leading whitespace is rare: strip only when some text needs it
+        opens = values.str.strip_chars_start(_JSON_WS).str.starts_with(_OPENER[shape])
+    return (~(valid & opens)).fill_null(True).alias(values.name)
+
+
+def _bad_json_small(values: pl.Series, shape: str) -> pl.Series:
+    """The same answer as :func:`_bad_json_big`, in Python; unsure texts go to the big path."""
+    kind = _PY_TYPE[shape]
+    out: list[bool] = []
+    unsure: list[int] = []
+    for i, text in enumerate(values.to_list()):
+        if text is None:
+            out.append(True)
+            continue
+        try:
+            if "\\u" in text and _SURROGATE_ESCAPE.search(text):
+                raise _Unsure("surrogate escape")
+            out.append(not isinstance(_DECODE(text), kind))
+        except (ValueError, RecursionError, _Unsure):  # JSONDecodeError is a ValueError
+            out.append(True)
+            unsure.append(i)
+    if unsure:
+        decided = _bad_json_big(values.gather(unsure), shape).to_list()
+        for i, bad in zip(unsure, decided):
+            out[i] = bad
+    return pl.Series(values.name, out, dtype=pl.Boolean)
+
+
+def bad_json(values: pl.Series, shape: str, small_rows: int = SMALL_ROWS) -> pl.Series:
+    """Boolean Series: True where the JSON text is null, invalid or not of ``shape`` (``OBJECT`` or ``ARRAY``)."""
+    return _bad_json_small(values, shape) if values.len() <= small_rows else _bad_json_big(values, shape)
+
+
+def _duplicated(ids: pl.Series) -> pl.Series | None:
+    """``ids.is_duplicated()``, or None when no id repeats (decided from the u64 hashes when they all differ)."""
+    if ids.hash().n_unique() == ids.len():
+        return None
+    dup = ids.is_duplicated()
+    return dup if dup.any() else None
+
+
+@lru_cache(maxsize=256)
+def _rule_plan(table: str, schema: tuple[tuple[str, pl.DataType], ...], scope_path: str) -> tuple[tuple[str, str, object], ...]:
+    """``table``'s rules for a frame of ``schema``, in REASONS order, as (kind, reason, what):
+    ``expr`` (a ready expression), or the per-call ones: ``dup`` (duplicate ids), ``json``
+    (``what`` = (column, shape)), ``future`` (``what`` = the timestamp columns).  Built once per
+    (table, schema, scope): the expressions hold no data, so a nap's 50-row frames skip most of the
+    cost of building them."""
+    columns = dict(schema)
+    rules: list[tuple[str, str, object]] = []
     if table in tables.MUTABLE:  # the access log's identity column is not read by any phase
-        rules += [("null id", pl.col("id").is_null()), ("duplicate id", pl.col("id").is_duplicated())]
-    if "scope_path" in frame.columns:
-        rules.append(("scope_path differs from the run's scope", pl.col("scope_path").fill_null("") != scope_path))
-    if "importance" in frame.columns:
+        rules += [("expr", "null id", pl.col("id").is_null()), ("dup", "duplicate id", None)]
+    if "scope_path" in columns:
+        rules.append(("expr", "scope_path differs from the run's scope", pl.col("scope_path").fill_null("") != scope_path))
+    if "importance" in columns:
         rules += [
-            ("importance is not a finite number", pl.col("importance").is_null() | ~pl.col("importance").is_finite()),
-            ("importance outside [1, 10]", ~pl.col("importance").is_between(1.0, 10.0)),
+            ("expr", "importance is not a finite number", pl.col("importance").is_null() | ~pl.col("importance").is_finite()),
+            ("expr", "importance outside [1, 10]", ~pl.col("importance").is_between(1.0, 10.0)),
         ]
     for label in ("label", "source_label", "target_label", "name"):
-        if label in frame.columns and frame.schema[label] == pl.String:  # recall_events.label is a number
+        if label in columns and columns[label] == pl.String:  # recall_events.label is a number
             rules += [
-                ("empty label", pl.col(label).is_null() | (pl.col(label).str.strip_chars() == "")),
-                ("control characters in label", pl.col(label).str.contains(CONTROL)),
+                ("expr", "empty label", pl.col(label).is_null() | (pl.col(label).str.strip_chars() == "")),
+                ("expr", "control characters in label", pl.col(label).str.contains(CONTROL)),
             ]
-    if "layer" in frame.columns:
-        rules.append(("unknown layer", ~pl.col("layer").is_in(["semantic", "working"])))
-    for column, flag in (("properties", "_bad_properties"), ("metadata", "_bad_metadata"), ("steps", "_bad_steps")):
-        if flag in frame.columns:
-            rules.append((f"{column} is not a JSON {'array' if column == 'steps' else 'object'}", pl.col(flag)))
-    if "weight" in frame.columns:
-        rules.append(("weight is negative or not finite", pl.col("weight").is_null() | ~pl.col("weight").is_finite() | (pl.col("weight") < 0)))
+    if "layer" in columns:
+        rules.append(("expr", "unknown layer", ~pl.col("layer").is_in(["semantic", "working"])))
+    kinds = tables.columns(table)
+    for column, shape in JSON_SHAPE.items():
+        if column in columns and column in kinds and kinds[column].kind == "json":
+            rules.append(("json", _json_reason_for(column), (column, shape)))
+    if "weight" in columns:
+        rules.append(("expr", "weight is negative or not finite", pl.col("weight").is_null() | ~pl.col("weight").is_finite() | (pl.col("weight") < 0)))
     if table == "episodic_events":
-        rules.append(("empty content", pl.col("content").is_null() | (pl.col("content").str.strip_chars() == "")))
+        rules.append(("expr", "empty content", pl.col("content").is_null() | (pl.col("content").str.strip_chars() == "")))
     if table == "recall_events":
-        rules.append(("features must have 12 values", pl.col("features").list.len().fill_null(0) != 12))
-    limit = utc(as_of) + FUTURE_TOLERANCE
-    future = [pl.col(c) > limit for c in TIMESTAMPS if c in frame.columns]
-    if future:
-        rules.append(("timestamp in the future", pl.any_horizontal(future).fill_null(False)))
-    expr = pl.lit(None, dtype=pl.String)
-    for reason, test in reversed(rules):
-        expr = pl.when(test.fill_null(False)).then(pl.lit(reason)).otherwise(expr)
-    return expr.alias("_reason")
+        rules.append(("expr", "features must have 12 values", pl.col("features").list.len().fill_null(0) != 12))
+    stamps = tuple(c for c in TIMESTAMPS if c in columns)
+    if stamps:
+        rules.append(("future", "timestamp in the future", stamps))
+    return tuple(rules)
+
+
+def _tests(table: str, frame: pl.DataFrame, scope_path: str, as_of: datetime, small_rows: int) -> list[tuple[str, pl.Expr | pl.Series]]:
+    """(reason, test) for every rule that applies to ``table``'s rows by themselves, in REASONS order.
+    A test is an expression over ``frame`` or a ready boolean Series; null counts as false."""
+    rules: list[tuple[str, pl.Expr | pl.Series]] = []
+    for kind, reason, what in _rule_plan(table, tuple(frame.schema.items()), scope_path):
+        if kind == "expr":
+            rules.append((reason, what))  # type: ignore[arg-type]
+        elif kind == "dup":
+            dup = _duplicated(frame.get_column("id"))
+            if dup is not None:
+                rules.append((reason, dup))
+        elif kind == "json":
+            column, shape = what  # type: ignore[misc]
+            rules.append((reason, bad_json(frame.get_column(column), shape, small_rows)))
+        else:  # future: the limit as an integer literal cast to the column type (lit(datetime) costs ~0.3 ms)
+            limit = utc(as_of) + FUTURE_TOLERANCE
+            micros = (limit - _EPOCH) // timedelta(microseconds=1)
+            at = pl.lit(micros, dtype=pl.Int64).cast(tables.TS)
+            rules.append((reason, pl.any_horizontal([pl.col(c) > at for c in what]).fill_null(False)))  # type: ignore[union-attr]
+    return rules
+
+
+def _edge_tests(edges: pl.DataFrame, nodes: pl.DataFrame, bad_nodes: pl.Series) -> list[tuple[str, pl.Expr | pl.Series]]:
+    """The two rules that need the (clean) nodes: an end quarantined, an end not a live node."""
+    rules: list[tuple[str, pl.Expr | pl.Series]] = []
+    if bad_nodes.len():
+        gone = bad_nodes.implode()
+        rules.append(("edge endpoint is quarantined", pl.col("source_id").is_in(gone) | pl.col("target_id").is_in(gone)))
+    n = edges.height
+    ends = pl.concat([edges.get_column("source_id"), edges.get_column("target_id")])  # one probe, one hash table
+    live = ends.is_in(nodes.get_column("id").implode())
+    rules.append(("dangling edge: endpoint not a node of this scope", ~(live.slice(0, n) & live.slice(n, n))))
+    return rules
+
+
+def _first_reasons(frame: pl.DataFrame, rules: list[tuple[str, pl.Expr | pl.Series]]) -> tuple[np.ndarray, list[str]]:
+    """(indexes of the flagged rows, each one's first reason)."""
+    exprs = [t.fill_null(False).alias(f"_t{i}") for i, (_, t) in enumerate(rules) if isinstance(t, pl.Expr)]
+    evaluated = iter(frame.select(exprs).get_columns() if exprs else ())
+    flags: list[np.ndarray] = []
+    for _, test in rules:
+        series = next(evaluated) if isinstance(test, pl.Expr) else test
+        if series.null_count():
+            series = series.fill_null(False)
+        flags.append(series.to_numpy())
+    if not flags:
+        return np.empty(0, dtype=np.int64), []
+    any_bad = np.logical_or.reduce(flags) if len(flags) > 1 else flags[0].copy()
+    rows = np.flatnonzero(any_bad)
+    if not len(rows):
+        return rows, []
+    first = np.column_stack([f[rows] for f in flags]).argmax(axis=1)  # first true = first reason in REASONS order
+    return rows, [rules[j][0] for j in first]
 
 
 def _row_json(frame: pl.DataFrame) -> pl.Expr:
     return pl.struct([c for c in frame.columns if not c.startswith("_")]).struct.json_encode().alias("row")
 
 
-def quarantine(snapshot: Snapshot, as_of: datetime) -> tuple[Snapshot, pl.DataFrame]:
-    """Split ``snapshot`` into the clean snapshot and the quarantined rows (table, id, reason, row JSON)."""
+def quarantine(snapshot: Snapshot, as_of: datetime, *, small_rows: int = SMALL_ROWS) -> tuple[Snapshot, pl.DataFrame]:
+    """Split ``snapshot`` into the clean snapshot and the quarantined rows (table, id, reason, row JSON).
+
+    ``small_rows``: frames up to this many rows check JSON in Python (see the module notes; the
+    answer does not depend on it)."""
     clean: dict[str, pl.DataFrame] = {}
     found = [pl.DataFrame(schema=QUARANTINE_SCHEMA)]
     order = sorted(snapshot.frames, key=lambda t: t == "memory_edges")  # nodes before edges
@@ -118,29 +274,25 @@ def quarantine(snapshot: Snapshot, as_of: datetime) -> tuple[Snapshot, pl.DataFr
         if not frame.height:
             clean[table] = frame
             continue
-        flags = _json_shape_flags(table, frame)
-        work = frame.with_columns(*(s.alias(f"_bad_{c}") for c, s in flags.items()))
-        work = work.with_columns(_reasons(table, work, snapshot.scope_path, as_of))
+        rules = _tests(table, frame, snapshot.scope_path, as_of, small_rows)
         if table == "memory_edges":
-            nodes = clean.get("memory_nodes", snapshot.table("memory_nodes"))
-            live = nodes.get_column("id").implode()
-            touched = pl.col("source_id").is_in(bad_nodes.implode()) | pl.col("target_id").is_in(bad_nodes.implode())
-            dangling = ~(pl.col("source_id").is_in(live) & pl.col("target_id").is_in(live))
-            work = work.with_columns(
-                pl.coalesce(
-                    pl.col("_reason"),
-                    pl.when(touched).then(pl.lit("edge endpoint is quarantined")),
-                    pl.when(dangling).then(pl.lit("dangling edge: endpoint not a node of this scope")),
-                ).alias("_reason")
-            )
-        bad = work.filter(pl.col("_reason").is_not_null())
-        if bad.height:
-            found.append(bad.select(
-                pl.lit(table).alias("table"), pl.col("id").cast(pl.String) if "id" in bad.columns else pl.lit(None, pl.String).alias("id"), pl.col("_reason").alias("reason"), _row_json(bad)
-            ))
-            if table == "memory_nodes":
-                bad_nodes = bad.get_column("id")
-        clean[table] = work.filter(pl.col("_reason").is_null()).select(frame.columns)
+            rules += _edge_tests(frame, clean.get("memory_nodes", snapshot.table("memory_nodes")), bad_nodes)
+        rows, reasons = _first_reasons(frame, rules)
+        if not len(rows):
+            clean[table] = frame  # nothing flagged: the frame goes on as it is
+            continue
+        bad = frame[rows]
+        found.append(bad.select(
+            pl.lit(table).alias("table"),
+            pl.col("id").cast(pl.String) if "id" in bad.columns else pl.lit(None, pl.String).alias("id"),
+            pl.Series("reason", reasons, dtype=pl.String),
+            _row_json(bad),
+        ))
+        if table == "memory_nodes":
+            bad_nodes = bad.get_column("id")
+        keep = np.ones(frame.height, dtype=bool)
+        keep[rows] = False
+        clean[table] = frame.filter(pl.Series(keep))
     quarantined = pl.concat(found).sort("table", "id", "reason")
     return snapshot.with_frames(clean), quarantined
 
@@ -153,4 +305,4 @@ def summarise(quarantined: pl.DataFrame) -> dict[str, dict[str, int]]:
     return out
 
 
-__all__ = ["QUARANTINE_SCHEMA", "REASONS", "quarantine", "summarise", "tables"]
+__all__ = ["QUARANTINE_SCHEMA", "REASONS", "SMALL_ROWS", "bad_json", "quarantine", "summarise", "tables"]
