@@ -32,7 +32,7 @@ from deep_sleep.plan import plan
 from deep_sleep.report import ConsolidationReport
 from deep_sleep.scope import Scope
 from deep_sleep.snapshot import Snapshot, utc
-from validation import validate_diff
+from validation import SNAPSHOT_COLUMNS, validate_diff
 
 QUARANTINE_FILE = "quarantine.parquet"
 
@@ -84,7 +84,8 @@ def validate_stage(snapshot_dir: Path, diff_dir: Path, config: ConsolidationConf
     """Validate the diff against its snapshot.  On failure, write ``validation.parquet`` and mark the report failed."""
     t0 = time.perf_counter()
     report = ConsolidationReport.read(diff_dir)
-    snap = _clean_snapshot(Snapshot.read(snapshot_dir), Path(diff_dir))  # the snapshot the plan saw
+    # the snapshot the plan saw, in the columns the checks read
+    snap = _clean_snapshot(Snapshot.read(snapshot_dir, columns=SNAPSHOT_COLUMNS), Path(diff_dir))
     diff = Diff.read(diff_dir)
     failures = validate_diff(diff, snap, config)
     timings = {**report.timings, "validate": round(time.perf_counter() - t0, 6)}

@@ -257,6 +257,10 @@ def _failures(table: str, kind: str, annotated: pl.DataFrame, errors: SchemaErro
     return out.select(list(FAILURE_SCHEMA)).cast(FAILURE_SCHEMA)  # type: ignore[arg-type]
 
 
+# The snapshot columns validate_diff reads (the validate stage reads only these from Parquet).
+SNAPSHOT_COLUMNS = ("id", "version", "label", "source_id", "target_id", "relation")
+
+
 def validate_diff(diff: Diff, snapshot: Snapshot, config: ConsolidationConfig | None = None, *, precheck: bool = True) -> pl.DataFrame:
     """All failing checks of ``diff`` (empty frame = valid).  Columns: check, table, kind, phase, id, column, value.
 
