@@ -39,6 +39,9 @@ from deep_sleep.report import ConsolidationReport
 KEY_COLUMNS = ("id", "expected_version", "phase")
 
 
+BIG_DIFF_ROWS = 10_000  # below this the default work_mem does (and a quick nap saves the round trip)
+
+
 def apply_work_mem() -> str:
     """``work_mem`` for the apply transaction: ``DEEP_SLEEP_APPLY_WORK_MEM`` or 256MB."""
     value = os.environ.get("DEEP_SLEEP_APPLY_WORK_MEM", "256MB").strip()
@@ -182,8 +185,9 @@ def apply_diff(
     clock = time.perf_counter()
     with store.transaction() as cur:
         cur.execute("DISCARD TEMP")  # staging tables of an earlier apply on this pooled connection
-        # Hash joins of the staged rows against a big scope spill to disk at the default 4 MB.
-        cur.execute(f"SET LOCAL work_mem = '{apply_work_mem()}'")
+        if sum(h for td in diff.tables.values() for h in td.counts().values()) >= BIG_DIFF_ROWS:
+            # Hash joins of many staged rows against a big scope spill to disk at the default 4 MB.
+            cur.execute(f"SET LOCAL work_mem = '{apply_work_mem()}'")
         cur.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", parameters=(scope,))
         cur.fetch_arrow_table()
         # Stage everything first, then mutate: the mutations then run back to back.
