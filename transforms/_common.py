@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import functools
+import os
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+import numpy as np
 import polars as pl
+import pyarrow as pa
 
 from deep_sleep.diff import Diff
 from deep_sleep.snapshot import Snapshot
@@ -74,36 +79,86 @@ def created_id(scope_path: str, phase: str, key: str) -> str:
 def created_ids(scope_path: str, phase: str, keys: pl.Series) -> pl.Series:
     """UUIDv5 of (scope_path, phase, natural key) for each key, in order — identical to :func:`created_id`.
 
-    Vectorized: SHA-1 in DuckDB, then the version/variant bits set in Polars (RFC 4122 §4.3).
+    Vectorized: SHA-1 in DuckDB, then the UUID text cut out of the hex digests with numpy (RFC 4122 §4.3).
     """
     prefix = f"{scope_path}|{phase}|"
     if keys.len() < 256:  # a short Python loop beats the round trip
         return pl.Series(keys.name, [str(uuid.uuid5(ID_NAMESPACE, prefix + k)) for k in keys.to_list()], dtype=pl.String)
+    # SHA-1 is the cost (~0.4 µs a key): large batches are hashed in parts on worker threads, each
+    # with its own DuckDB connection (DuckDB runs one such query on one core).
+    step = max(_PART_MIN_KEYS, -(-keys.len() // _PARTS))
+    parts = [keys.slice(at, step) for at in range(0, keys.len(), step)]
+    hashed = list(_pool().map(functools.partial(_sha1_hex, prefix), parts)) if len(parts) > 1 else [_sha1_hex(prefix, keys)]
+    ids = pl.Series(keys.name, _uuid_text(pa.chunked_array(hashed, type=pa.string()).combine_chunks()))
+    return ids if not keys.null_count() else pl.select(pl.when(keys.is_not_null()).then(ids)).to_series().alias(keys.name)
+
+
+_PARTS = min(os.cpu_count() or 1, 4)
+_PART_MIN_KEYS = 32_768
+
+
+@functools.cache
+def _pool() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=_PARTS, thread_name_prefix="created-ids")
+
+
+def _sha1_hex(prefix: str, keys: pl.Series) -> pa.StringArray:
+    """Hex SHA-1 of namespace bytes + UTF-8 of ``prefix + key`` for each key, on this thread's DuckDB
+    connection.  A null key gets a placeholder digest (every row 40 characters; its id is nulled)."""
     from deep_sleep.duck import registered
 
     with registered(pl.DataFrame({"k": keys}).to_arrow()) as (con, name):
-        digest = con.sql(
-            f"SELECT sha1(unhex($ns) || encode($prefix || k)) AS h FROM {name}", params={"ns": ID_NAMESPACE.hex, "prefix": prefix}
-        ).pl().get_column("h")
-    variant = pl.Series(list("89ab89ab89ab89ab"))  # (nibble & 0x3) | 0x8 for nibbles 0..f
-    h = pl.col("h")
-    return pl.DataFrame({"h": digest, "v": digest.str.slice(16, 1).str.to_integer(base=16)}).select(
-        pl.concat_str(
-            h.str.slice(0, 8), pl.lit("-"), h.str.slice(8, 4), pl.lit("-5"), h.str.slice(13, 3), pl.lit("-"),
-            pl.lit(variant).gather(pl.col("v")), h.str.slice(17, 3), pl.lit("-"), h.str.slice(20, 12),
-        ).alias(keys.name)
-    ).to_series()
+        digests = con.sql(
+            f"SELECT coalesce(sha1(unhex($ns) || encode($prefix || k)), repeat('0', 40)) AS h FROM {name}",
+            params={"ns": ID_NAMESPACE.hex, "prefix": prefix},
+        ).to_arrow_table().column("h")
+    return digests.combine_chunks().cast(pa.string())
+
+
+# Hex digit (ASCII) → its value, and a nibble's value → the RFC 4122 variant digit ((nibble & 0x3) | 0x8).
+_NIBBLE = np.zeros(256, dtype=np.uint8)
+_NIBBLE[np.frombuffer(b"0123456789abcdef", dtype=np.uint8)] = np.arange(16, dtype=np.uint8)
+_VARIANT = np.frombuffer(b"89ab89ab89ab89ab", dtype=np.uint8)
+
+
+def _uuid_text(digests: pa.StringArray) -> pa.LargeStringArray:
+    """UUID text of SHA-1 digests (40 lowercase hex digits each, no nulls): the first 32 digits with
+    the version digit 5 and the variant digit set, hyphenated 8-4-4-4-12.  Every row has the same
+    length, so the digests' bytes are an ``(n, 40)`` array and the ids an ``(n, 36)`` one: a few
+    column copies instead of per-row string slicing."""
+    n = len(digests)
+    offsets = np.frombuffer(digests.buffers()[1], dtype=np.int32, count=n + 1, offset=digests.offset * 4)
+    if n and not (np.diff(offsets) == 40).all():
+        raise ValueError("created_ids: a SHA-1 digest is not 40 hex digits")
+    hexd = np.frombuffer(digests.buffers()[2], dtype=np.uint8)[offsets[0] : offsets[0] + 40 * n].reshape(n, 40)
+    out = np.empty((n, 36), dtype=np.uint8)
+    out[:, 0:8] = hexd[:, 0:8]
+    out[:, 9:13] = hexd[:, 8:12]
+    out[:, 14] = ord("5")  # version digit (replaces digest digit 12)
+    out[:, 15:18] = hexd[:, 13:16]
+    out[:, 19] = _VARIANT[_NIBBLE[hexd[:, 16]]]
+    out[:, 20:23] = hexd[:, 17:20]
+    out[:, 24:36] = hexd[:, 20:32]
+    out[:, [8, 13, 18, 23]] = ord("-")
+    ends = np.arange(0, 36 * (n + 1), 36, dtype=np.int64)
+    return pa.LargeStringArray.from_buffers(n, pa.py_buffer(ends), pa.py_buffer(out))
 
 
 def delete_nodes(snapshot: Snapshot, doomed: pl.DataFrame, phase: str, reason: str) -> Diff:
     """Delete nodes (``id``, ``version``) and every edge incident to them (SPEC §3: edges go with the node)."""
-    edges = snapshot.table("memory_edges")
     ids = doomed.get_column("id").implode()
-    incident = edges.filter(pl.col("source_id").is_in(ids) | pl.col("target_id").is_in(ids))
+    incident = (  # lazy: reads only these columns, however earlier folds left the frame's chunks
+        snapshot.table("memory_edges")
+        .lazy()
+        .select("id", "version", "source_id", "target_id")
+        .filter(pl.col("source_id").is_in(ids) | pl.col("target_id").is_in(ids))
+        .select("id", "version")
+        .collect()
+    )
     return Diff.combine(
         [
             Diff.of("memory_nodes", phase, deletes=doomed.select("id", "version"), reason=reason),
-            Diff.of("memory_edges", phase, deletes=incident.select("id", "version"), reason=f"{reason} (incident edge)"),
+            Diff.of("memory_edges", phase, deletes=incident, reason=f"{reason} (incident edge)"),
         ]
     )
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from datetime import datetime
 
@@ -40,15 +41,20 @@ def cooccurrence(
     width = math.floor(config.window_seconds * 1_000_000 + 1e-6)  # µs; the boundary itself is in
     k = config.max_neighbours
 
-    # Recent nodes, numbered in id order: comparing numbers is comparing ids.
+    # Recent nodes, numbered in id order: comparing numbers is comparing ids.  Lazy: the frames
+    # arrive in misaligned chunks after earlier phases' folds, and an eager select would copy
+    # every column to realign them.
     recent = (
         snapshot.table("memory_nodes")
+        .lazy()
         .select("id", "layer", "updated_at")
         .filter((pl.col("layer") == "semantic") & in_window("updated_at", start, as_of))
         .select("id", pl.col("updated_at").dt.epoch("us").alias("t"))
         .sort("id")
         .with_row_index("i")
         .with_columns(pl.col("i").cast(pl.Int64))
+        .collect()
+        .rechunk()  # one chunk: gathers and joins on a chunked string column are several times slower
     )
     n = recent.height
     if n < 2:
@@ -56,8 +62,11 @@ def cooccurrence(
 
     edges = (
         snapshot.table("memory_edges")
+        .lazy()
         .select("id", "version", "weight", "source_id", "target_id", "relation")
         .filter(pl.col("relation") == RELATION)
+        .collect()
+        .rechunk()  # the joins below are faster on one chunk
         .filter(pl.col("source_id") != pl.col("target_id"))  # compares ids of CO_OCCURRED edges only
     )
     # Each CO_OCCURRED edge with its ends' numbers where they are recent (one join per end): edges
@@ -75,9 +84,9 @@ def cooccurrence(
         ]
     )
     degree = neighbours.unique().group_by("i").len("deg")  # distinct neighbours, either direction
-    nodes = recent.join(degree, on="i", how="left").select(
-        "i", "t", (pl.lit(k, pl.Int64) - pl.col("deg").fill_null(0).cast(pl.Int64)).clip(lower_bound=0).alias("free")
-    )
+    deg = np.zeros(n, dtype=np.int64)  # by node number: recent's rows are numbers 0..n-1 in order
+    deg[degree.get_column("i").to_numpy()] = degree.get_column("deg").to_numpy()
+    nodes = recent.select("i", "t").with_columns(pl.Series("free", np.maximum(k - deg, 0)))
 
     reinforced = linked.filter((pl.col("st") - pl.col("tt")).abs() <= width)
     new_pairs = _mutual_nearest(nodes, linked, n, k, width) if k > 0 else pl.DataFrame(schema={"a": pl.Int64, "b": pl.Int64})
@@ -114,50 +123,67 @@ def _mutual_nearest(nodes: pl.DataFrame, linked: pl.DataFrame, n: int, k: int, w
     ``nodes``: i (id order), t (µs), free.  ``linked``: existing edges as si/ti (not candidates).
     A node's candidates lie within ``k`` places of it in time order (see :func:`cooccurrence`), so
     they fit in one row of a ``n × (3k + 1)`` matrix: each row is sorted on its own (tiny sorts
-    instead of one big sort of every candidate).
+    instead of one big sort of every candidate).  Rows follow the time order and pairs are checked
+    against each row's few slots, so there is no hashing and memory is mostly written in sequence.
     """
-    # Order A = (t, id): the later side in preference order, and each equal-time group by id.
-    # Order B = (t, id desc): walking left from a group's start gives earlier times nearest first,
-    # and within one earlier time the smallest id first.
-    a_ord = _positions(nodes.sort(["t", "i"]))
-    b_ord = _positions(nodes.sort(["t", "i"], descending=[False, True]))
+    order = _positions(nodes.sort(["t", "i"]))  # order (t, id): row p of the matrix is position p here
+    i_of, t, gs, ge, pos = order["i"], order["t"], order["gs"], order["ge"], order["pos"]
+    # Reversing each equal-time group gives order (t, id desc): walking left from a group's start in
+    # it gives earlier times nearest first and, within one earlier time, the smallest id first.
+    desc = gs + ge - pos  # position in (t, id desc) → position in (t, id), and back
+    has_free = order["free"] > 0
     none = np.iinfo(np.int64).max
     slots = 3 * k + 1
-    dt = np.full((n, slots), none, dtype=np.int64)
-    partner = np.zeros((n, slots), dtype=np.int64)
+    # Filled one slot at a time, so slot-major (each fill writes one contiguous row); transposed below.
+    dt = np.full((slots, n), none, dtype=np.int64)
+    partner = np.zeros((slots, n), dtype=np.int64)
+    fill = functools.partial(_place, dt, partner, i_of, t, has_free, width)
     slot = 0
     for j in range(1, k + 1):
-        _place(dt, partner, slot, a_ord, a_ord["ge"] + j, n, width)  # strictly later
-        _place(dt, partner, slot + 1, b_ord, b_ord["gs"] - j, n, width)  # strictly earlier
+        fill(slot, ge + j)  # strictly later
+        earlier = gs - j
+        fill(slot + 1, np.where(earlier >= 0, desc[earlier.clip(0)], -1))  # strictly earlier
         slot += 2
     for j in range(k + 1):
-        at = a_ord["gs"] + j
-        _place(dt, partner, slot, a_ord, np.where((at <= a_ord["ge"]) & (at != a_ord["pos"]), at, -1), n, width)  # same time
+        at = gs + j
+        fill(slot, np.where((at <= ge) & (at != pos), at, -1))  # same time
         slot += 1
+    row_of = np.empty(n, dtype=np.int64)
+    row_of[i_of] = pos  # node number → matrix row
     valid = dt != none
-    owner = np.broadcast_to(np.arange(n, dtype=np.int64)[:, None], dt.shape)
-    # Pairs that already have a CO_OCCURRED edge are not candidates.
+    # Pairs that already have a CO_OCCURRED edge are not candidates (a node's row holds each partner once).
     si, ti = linked.get_column("si").to_numpy(), linked.get_column("ti").to_numpy()
-    valid[valid] = ~_member(owner[valid] * n + partner[valid], np.concatenate([si * n + ti, ti * n + si]))
+    _drop(valid, partner, row_of[si], ti)
+    _drop(valid, partner, row_of[ti], si)
     # Rank by (|Δt|, partner) packed in one integer; |Δt| is replaced by its dense rank when the
     # packed value could overflow (only for absurdly wide windows).
     gap = dt[valid]
     if gap.size and (int(gap.max()) + 1) * n >= 2**62:
-        gap = np.unique(gap, return_inverse=True)[1].astype(np.int64)
-    rank = np.full(dt.shape, none, dtype=np.int64)
-    rank[valid] = gap * n + partner[valid]
+        dt[valid] = np.unique(gap, return_inverse=True)[1].astype(np.int64)
+    rank = dt  # in place: the matrices are large
+    rank *= n  # products of non-candidates wrap around, and are overwritten next
+    rank += partner
+    rank[~valid] = none
+    rank = rank.T.copy()
     rank.sort(axis=1)  # one tiny sort per node instead of one big sort of every candidate
-    free = nodes.sort("i").get_column("free").to_numpy()
-    chosen = (rank != none) & (np.arange(slots)[None, :] < free[:, None])
-    a = owner[chosen]
-    b = rank[chosen] % n
-    mutual = _member(a * n + b, b * n + a) & (a < b)
-    return pl.DataFrame({"a": a[mutual], "b": b[mutual]}).sort("a", "b")
+    # A node picks its first `free` (≤ k) ranked candidates: they sit in the first k columns.
+    rank = rank[:, :k]
+    chosen = (rank != none) & (np.arange(k)[None, :] < order["free"][:, None])
+    picks = np.where(chosen, rank % n, -1)  # each row's picked partners, -1 for none
+    rows = np.broadcast_to(pos[:, None], picks.shape)[chosen]
+    a, b = i_of[rows], picks[chosen]
+    keep = a < b
+    a, b = a[keep], b[keep]
+    mutual = (picks[row_of[b]] == a[:, None]).any(axis=1)  # b picked a too
+    key = np.sort(a[mutual] * n + b[mutual])
+    return pl.DataFrame({"a": key // n, "b": key % n})
 
 
-def _member(values: np.ndarray, among: np.ndarray) -> np.ndarray:
-    """``values`` ∈ ``among``, element-wise (a hash lookup; numpy's isin sorts)."""
-    return pl.Series(values).is_in(pl.Series(among).implode()).to_numpy()
+def _drop(valid: np.ndarray, partner: np.ndarray, rows: np.ndarray, others: np.ndarray) -> None:
+    """Mark the candidate ``others[m]`` of matrix row ``rows[m]`` (where present) as not a candidate
+    (the arrays are slot-major: ``[slot, row]``)."""
+    c, m = np.nonzero((partner[:, rows] == others[None, :]) & valid[:, rows])
+    valid[c, rows[m]] = False
 
 
 def _positions(ordered: pl.DataFrame) -> dict[str, np.ndarray]:
@@ -175,15 +201,16 @@ def _positions(ordered: pl.DataFrame) -> dict[str, np.ndarray]:
             "pos": pos, "gs": gs, "ge": ge}
 
 
-def _place(dt: np.ndarray, partner: np.ndarray, slot: int, ordered: dict[str, np.ndarray], at: np.ndarray,
-           n: int, width: int) -> None:
-    """Write into column ``slot`` the |Δt| and number of the partner at position ``at`` of ``ordered``
-    (nothing where ``at`` is out of range, the partner is farther than ``width``, or the node has no
-    free slot)."""
-    rows = np.flatnonzero((at >= 0) & (at < n) & (ordered["free"] > 0))
+def _place(dt: np.ndarray, partner: np.ndarray, i_of: np.ndarray, t: np.ndarray, has_free: np.ndarray, width: int,
+           slot: int, at: np.ndarray) -> None:
+    """Write into slot ``slot`` of each matrix row the |Δt| and number of the partner at row ``at``
+    (nothing where ``at`` is out of range, the partner is farther than ``width``, or the row's node
+    has no free slot)."""
+    n = len(t)
+    rows = np.flatnonzero((at >= 0) & (at < n) & has_free)
     other = at[rows]
-    gap = np.abs(ordered["t"][other] - ordered["t"][rows])
+    gap = np.abs(t[other] - t[rows])
     near = gap <= width
     rows, other, gap = rows[near], other[near], gap[near]
-    dt[ordered["i"][rows], slot] = gap
-    partner[ordered["i"][rows], slot] = ordered["i"][other]
+    dt[slot, rows] = gap
+    partner[slot, rows] = i_of[other]

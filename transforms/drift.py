@@ -47,7 +47,9 @@ def drift(snapshot: Snapshot, config: DriftConfig, as_of: datetime, lookback_hou
     small to change the four-decimal value writes nothing.  A stored value that is not a number
     in [0, 1] is restarted from 0.5 and named in the notes.
     """
-    nodes = snapshot.table("memory_nodes").filter(pl.col("layer") == "working")
+    nodes = (  # lazy: reads only these columns, however earlier folds left the frame's chunks
+        snapshot.table("memory_nodes").lazy().select("layer", "label", "properties", "updated_at").filter(pl.col("layer") == "working").collect()
+    )
     if not nodes.height:
         return skip("missing input: no working memory")
     start = window_start(snapshot, as_of, lookback_hours)

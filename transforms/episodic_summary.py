@@ -90,7 +90,13 @@ def episodic_summary(snapshot: Snapshot, config: EpisodicSummaryConfig, as_of: d
     summaries = summaries.with_columns(patch.alias("properties"))
 
     # The summary node exists already only if a previous run's event deletes lost to a live write.
-    found = snapshot.table("memory_nodes").filter(pl.col("id").is_in(summaries.get_column("id").implode()))
+    found = (  # lazy: reads only these columns, however earlier folds left the frame's chunks
+        snapshot.table("memory_nodes")
+        .lazy()
+        .select("id", "version", "properties")
+        .filter(pl.col("id").is_in(summaries.get_column("id").implode()))
+        .collect()
+    )
     new = summaries.filter(~pl.col("id").is_in(found.get_column("id").implode()))
     inserts = new.select(
         "id",

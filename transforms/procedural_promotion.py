@@ -142,11 +142,12 @@ def procedural_promotion(
     start = as_of - timedelta(days=config.lookback_days)
     sentence_key, phrase = _sentence_pattern()
     recent = events.filter(in_window("created_at", start, as_of)).with_row_index("_row")
-    typed = (
-        recent.filter(pl.col("metadata").str.contains("action_type", literal=True))
-        .with_columns(_normalised_action_type().alias("pattern_key"))
-        .drop_nulls("pattern_key")
-    )
+    typed = recent.filter(pl.col("metadata").str.contains("action_type", literal=True))
+    # Parse each distinct metadata text once: events of one action repeat the same metadata.
+    kinds = typed.select(pl.col("metadata").unique()).with_columns(_normalised_action_type().alias("pattern_key"))
+    typed = typed.with_columns(
+        pl.col("metadata").replace_strict(kinds.get_column("metadata"), kinds.get_column("pattern_key"), default=None).alias("pattern_key")
+    ).drop_nulls("pattern_key")
     by_type = typed.select(
         "_row", "created_at", "id", "pattern_key",
         pl.col("content").fill_null("").str.strip_chars().str.replace_all(r"\s+", " ").alias("example"),

@@ -30,25 +30,32 @@ def prune_orphans(snapshot: Snapshot, config: PruneOrphansConfig, as_of: datetim
     with the ttl reason, as is any edge touching an expired node.
     """
     nodes = snapshot.table("memory_nodes")
-    # Eager, cheapest tests first: polars' lazy optimizer would fuse the filters and parse every
-    # node's JSON; here only the few nodes whose properties mention ttl_hours are parsed.
-    cols = nodes.select("id", "version", "layer", "label", "properties", "importance", "updated_at")
+    # Lazy scans, each collected right after its cheap first filter: an eager select or filter would
+    # copy every column of a frame whose chunks earlier folds misaligned, and polars' optimizer would
+    # fuse the later filters into the first and parse every node's JSON.  So only the few nodes whose
+    # properties mention ttl_hours are parsed.
     semantic = pl.col("layer") == "semantic"
     ttl = json_number("properties", "ttl_hours")
     age_us = (pl.lit(as_of, dtype=pl.Datetime("us", "UTC")) - pl.col("updated_at")).dt.total_microseconds()
     expired = (
-        cols.filter(semantic & pl.col("properties").str.contains("ttl_hours", literal=True))
+        nodes.lazy()
+        .select("id", "version", "layer", "label", "properties", "updated_at")
+        .filter(semantic & pl.col("properties").str.contains("ttl_hours", literal=True))
+        .collect()
         # Whole microseconds as in working_ttl, compared as floats: no overflow for absurd ttl values.
         .filter(ttl.is_finite() & (age_us.cast(pl.Float64) >= (ttl * 3_600_000_000).floor()))
         .filter(~is_protected())
         .select("id", "version")
     )
     weak = (
-        cols.filter(
+        nodes.lazy()
+        .select("id", "version", "layer", "label", "importance", "updated_at")
+        .filter(
             semantic
             & (pl.col("importance") < config.importance_factor * 10)
             & (pl.col("updated_at") < as_of - timedelta(days=config.min_age_days))
         )
+        .collect()
         .filter(~is_protected())
         .select("id", "version")
     )
@@ -58,8 +65,14 @@ def prune_orphans(snapshot: Snapshot, config: PruneOrphansConfig, as_of: datetim
     expired = expired.with_columns(pl.col("id").hash(seed).alias("h"))
     weak = weak.with_columns(pl.col("id").hash(seed).alias("h"))
     weak = weak.filter(~pl.col("h").is_in(expired.get_column("h").implode()))
-    edges = snapshot.table("memory_edges").select(
-        "id", "version", pl.col("source_id").hash(seed).alias("s"), pl.col("target_id").hash(seed).alias("t")
+    # The only edges that matter touch a weak or an expired node: both steps below read just those.
+    touching = pl.concat([weak.get_column("h"), expired.get_column("h")]).implode()
+    edges = (
+        snapshot.table("memory_edges")
+        .lazy()
+        .select("id", "version", pl.col("source_id").hash(seed).alias("s"), pl.col("target_id").hash(seed).alias("t"))
+        .filter(pl.col("s").is_in(touching) | pl.col("t").is_in(touching))
+        .collect()
     )
     orphans = weak.filter(_peel(edges, weak.get_column("h"), expired.get_column("h"), config.max_degree))
     doomed = pl.concat(
@@ -70,7 +83,7 @@ def prune_orphans(snapshot: Snapshot, config: PruneOrphansConfig, as_of: datetim
     )
     if not doomed.height:
         return PhaseResult(counters={"nodes_pruned": 0})
-    return PhaseResult(diff=_delete(edges, doomed), counters={"nodes_pruned": doomed.height})
+    return PhaseResult(diff=_delete(edges, doomed, expired.get_column("h")), counters={"nodes_pruned": doomed.height})
 
 
 def _seed(ids: pl.Series) -> int:
@@ -97,9 +110,10 @@ def _peel(edges: pl.DataFrame, weak: pl.Series, expired: pl.Series, max_degree: 
     # Distinct (weak node, live neighbour) pairs, both directions; b_pos: the neighbour's own weak position.
     pairs = (
         pl.concat([ends.select(a="s", b="t"), ends.select(a="t", b="s")])
-        .filter(pl.col("a").is_in(weak.implode()) & ~pl.col("b").is_in(expired.implode()))
+        .join(pos.lazy().rename({"h": "a", "p": "a_pos"}), on="a")  # keeps the weak ends
+        .filter(~pl.col("b").is_in(expired.implode()))
+        .select("a_pos", "b")
         .unique()
-        .join(pos.lazy().rename({"h": "a", "p": "a_pos"}), on="a")
         .join(pos.lazy().rename({"h": "b", "p": "b_pos"}), on="b", how="left")
         .select("a_pos", "b_pos")
         .collect()
@@ -126,20 +140,18 @@ def _peel(edges: pl.DataFrame, weak: pl.Series, expired: pl.Series, max_degree: 
     return removed
 
 
-def _delete(edges: pl.DataFrame, doomed: pl.DataFrame) -> Diff:
+def _delete(edges: pl.DataFrame, doomed: pl.DataFrame, expired: pl.Series) -> Diff:
     """Node deletes with their reasons, and every incident edge (the ttl reason wins when an edge
-    touches an expired node)."""
-    reasons = doomed.select("h", "reason")
-    hashes = reasons.get_column("h").implode()
+    touches an expired node; ``expired``: the expired nodes' id hashes)."""
+    hashes = doomed.get_column("h").implode()
+    ttl = expired.implode()
     incident = (
         edges.lazy()
         .filter(pl.col("s").is_in(hashes) | pl.col("t").is_in(hashes))
-        .join(reasons.lazy().rename({"h": "s", "reason": "rs"}), on="s", how="left")
-        .join(reasons.lazy().rename({"h": "t", "reason": "rt"}), on="t", how="left")
         .select(
             "id",
             "version",
-            pl.when((pl.col("rs") == TTL_REASON) | (pl.col("rt") == TTL_REASON))
+            pl.when(pl.col("s").is_in(ttl) | pl.col("t").is_in(ttl))
             .then(pl.lit(f"{TTL_REASON} (incident edge)"))
             .otherwise(pl.lit(f"{ORPHAN_REASON} (incident edge)"))
             .alias("reason"),

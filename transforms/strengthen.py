@@ -9,7 +9,7 @@ import polars as pl
 from deep_sleep.config import StrengthenConfig
 from deep_sleep.diff import Diff
 from deep_sleep.snapshot import Snapshot
-from transforms._common import PhaseResult, in_window, semantic, window_start
+from transforms._common import PhaseResult, in_window, window_start
 
 
 def strengthen(snapshot: Snapshot, config: StrengthenConfig, as_of: datetime, lookback_hours: float) -> PhaseResult:
@@ -25,10 +25,16 @@ def strengthen(snapshot: Snapshot, config: StrengthenConfig, as_of: datetime, lo
         .filter(pl.col("accesses") >= config.min_accesses)
     )
     nodes = (
-        semantic(snapshot.table("memory_nodes"))
-        .join(hits, left_on="id", right_on="node_id", how="semi")
-        .filter(pl.col("importance") < config.cap)
+        snapshot.table("memory_nodes")
+        .lazy()  # reads only these columns, however earlier folds left the frame's chunks
+        .select("id", "version", "layer", "importance")
+        .filter(
+            (pl.col("layer") == "semantic")
+            & (pl.col("importance") < config.cap)
+            & pl.col("id").is_in(hits.get_column("node_id").implode())
+        )
         .select("id", "version", pl.min_horizontal(pl.col("importance") + config.increment, pl.lit(config.cap)).alias("importance"))
+        .collect()
     )
     if not nodes.height:
         return PhaseResult(counters={"nodes_strengthened": 0})
