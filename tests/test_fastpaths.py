@@ -363,3 +363,17 @@ def test_validate_diff_with_and_without_the_precheck_agree(case):
     slow = validate_diff(diff, snap, config, precheck=False)
     assert fast.to_dicts() == slow.to_dicts()
     assert fast.schema == slow.schema
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sampled_from(["a", "b", "c", "d", "e", "f"]), min_size=0, max_size=8),
+       st.lists(st.sampled_from(["a", "b", "c", "x", "y"]), min_size=0, max_size=20))
+def test_live_endpoints_match_is_in_with_and_without_the_hash_path(ids, ends):
+    """The dangling-edge lookup by hash (node ids unique) and by set (ids repeat) agree with is_in."""
+    ids_s, ends_s = pl.Series("id", ids, dtype=pl.String), pl.Series("end", ends, dtype=pl.String)
+    assert q._live(ends_s, ids_s).to_list() == ends_s.is_in(ids_s.implode()).to_list()
+
+
+def test_an_edge_with_a_null_endpoint_is_dangling():
+    ids = pl.Series("id", ["a", "b"])
+    assert q._live(pl.Series("end", ["a", None]), ids).to_list() == [True, False]
