@@ -26,10 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
-import numpy as np
 import polars as pl
 
-from deep_sleep import tables
+from deep_sleep import lookup, tables
 from deep_sleep.errors import DiffError
 from deep_sleep.snapshot import Snapshot
 
@@ -154,9 +153,7 @@ class Diff:
         for name, td in self.tables.items():
             frame = snapshot.table(name)
             if td.deletes.height:
-                keep = np.ones(frame.height, dtype=bool)
-                keep[_rows_of(frame.get_column("id"), td.deletes.get_column("id")).get_column("_pos").to_numpy()] = False
-                frame = frame.filter(pl.Series(keep))
+                frame = lookup.without(frame, td.deletes.get_column("id"))
             if td.updates.height:
                 frame = _fold_updates(frame, td.updates)
             if td.inserts.height:
@@ -207,7 +204,7 @@ def _fold_updates(frame: pl.DataFrame, updates: pl.DataFrame, add_missing: bool 
     latest = latest.with_columns(pl.col(c).cast(frame.schema[c]) for c in cols)
     # Write the new values in place of the old ones by row position: only the changed columns are
     # copied, the others stay shared with the previous view (a join would rebuild every column).
-    at = latest.join(_rows_of(frame.get_column("id"), latest.get_column("id")), on="id", how="inner")
+    at = latest.join(lookup.rows_of(frame.get_column("id"), latest.get_column("id")), on="id", how="inner")
     flat = [c for c in cols if not frame.schema[c].is_nested()]
     out = []
     for c in flat:
@@ -222,18 +219,6 @@ def _fold_updates(frame: pl.DataFrame, updates: pl.DataFrame, add_missing: bool 
         return frame
     joined = frame.join(latest.select("id", *nested), on="id", how="left", suffix="__new")
     return joined.with_columns(pl.coalesce(pl.col(f"{c}__new"), pl.col(c)).alias(c) for c in nested).select(frame.columns)
-
-
-def _rows_of(frame_ids: pl.Series, ids: pl.Series) -> pl.DataFrame:
-    """(id, _pos): the positions in ``frame_ids`` of the ids in ``ids``, exactly.
-
-    A diff touches a few rows of a big table: the table's ids are hashed to integers and probed
-    against the diff's hashes (an integer set), and only those candidates are compared as strings
-    — instead of hashing a million 36-character strings into a join table on every fold."""
-    want = ids.hash(0).implode()
-    candidates = frame_ids.hash(0).is_in(want).arg_true()
-    found = pl.DataFrame({"id": frame_ids.gather(candidates), "_pos": candidates})
-    return found.filter(pl.col("id").is_in(ids.implode()))
 
 
 def _unique(ids: pl.Series) -> bool:

@@ -22,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from deep_sleep import tables
+from deep_sleep import lookup, tables
 from deep_sleep.duck import registered
 from deep_sleep.snapshot import Snapshot, utc
 from validation import quarantine as q
@@ -371,9 +371,23 @@ def test_validate_diff_with_and_without_the_precheck_agree(case):
 def test_live_endpoints_match_is_in_with_and_without_the_hash_path(ids, ends):
     """The dangling-edge lookup by hash (node ids unique) and by set (ids repeat) agree with is_in."""
     ids_s, ends_s = pl.Series("id", ids, dtype=pl.String), pl.Series("end", ends, dtype=pl.String)
-    assert q._live(ends_s, ids_s).to_list() == ends_s.is_in(ids_s.implode()).to_list()
+    assert lookup.member(ends_s, ids_s).to_list() == ends_s.is_in(ids_s.implode()).to_list()
 
 
 def test_an_edge_with_a_null_endpoint_is_dangling():
     ids = pl.Series("id", ["a", "b"])
-    assert q._live(pl.Series("end", ["a", None]), ids).to_list() == [True, False]
+    assert lookup.member(pl.Series("end", ["a", None]), ids).to_list() == [True, False]
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.sampled_from(["a", "b", "c", "d", "e"]), min_size=0, max_size=12, unique=True),
+       st.lists(st.sampled_from(["a", "c", "e", "x"]), min_size=0, max_size=6))
+def test_hash_lookups_agree_with_string_lookups(table_ids, wanted):
+    """rows_of / without / member (hash probe + id check) give what string is_in gives."""
+    ids = pl.Series("id", table_ids, dtype=pl.String)
+    want = pl.Series("id", wanted, dtype=pl.String)
+    frame = pl.DataFrame({"id": ids, "v": list(range(len(table_ids)))})
+    expected_rows = frame.with_row_index("_pos").filter(pl.col("id").is_in(want.implode()))
+    assert sorted(lookup.rows_of(ids, want).rows()) == sorted(expected_rows.select("id", "_pos").rows())
+    assert lookup.without(frame, want).equals(frame.filter(~pl.col("id").is_in(want.implode())))
+    assert lookup.member(want, ids).to_list() == want.is_in(ids.implode()).to_list()

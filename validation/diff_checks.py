@@ -28,7 +28,7 @@ import polars as pl
 import pandera.polars as pa
 from pandera.errors import SchemaErrors
 
-from deep_sleep import tables
+from deep_sleep import lookup, tables
 from deep_sleep.config import ConsolidationConfig
 from deep_sleep.scope import Scope
 from deep_sleep.diff import Diff
@@ -168,14 +168,15 @@ def _annotate(table: str, kind: str, frame: pl.DataFrame, diff: Diff, snapshot: 
         out = out.with_columns((pl.any_horizontal(rewrites) if rewrites else pl.lit(False)).alias("_rewrites_scope"))
     if kind == "deletes" and table == "memory_nodes":
         surviving = _surviving_edges(diff, snapshot)
-        ends = pl.concat([surviving.select(pl.col("source_id").alias("id")), surviving.select(pl.col("target_id").alias("id"))])
-        counts = ends.group_by("id").len("_dangling_edges")
+        ends = pl.concat([surviving.get_column("source_id"), surviving.get_column("target_id")]).alias("id")
+        counts = ends.filter(lookup.member(ends, out.get_column("id"))).to_frame().group_by("id").len("_dangling_edges")
         out = out.join(counts, on="id", how="left", maintain_order="left").with_columns(pl.col("_dangling_edges").fill_null(0))
     if kind == "inserts":
-        out = out.with_columns(pl.col("id").is_in(snap.get_column("id").implode()).alias("_in_snapshot"))
+        out = out.with_columns(lookup.member(out.get_column("id"), snap.get_column("id")).alias("_in_snapshot"))
         if table == "memory_edges":
-            live = _live_node_ids(diff, snapshot).implode()
-            out = out.with_columns((pl.col("source_id").is_in(live) & pl.col("target_id").is_in(live)).alias("_ends_exist"))
+            live = _live_node_ids(diff, snapshot)
+            exist = lookup.member(out.get_column("source_id"), live) & lookup.member(out.get_column("target_id"), live)
+            out = out.with_columns(exist.alias("_ends_exist"))
             out = _with_co_degree(out, diff, snapshot)
     return out
 
@@ -184,9 +185,12 @@ def _with_co_degree(inserts: pl.DataFrame, diff: Diff, snapshot: Snapshot) -> pl
     """For inserted CO_OCCURRED edges: the larger final CO_OCCURRED degree of its two ends."""
     co = pl.col("relation") == "CO_OCCURRED"
     edges = diff.table("memory_edges")
-    final = snapshot.table("memory_edges").join(edges.deletes.select("id"), on="id", how="anti").filter(co)
+    final = lookup.without(snapshot.table("memory_edges").filter(co), edges.deletes.get_column("id"))
     final = pl.concat([final.select("source_id", "target_id"), inserts.filter(co).select("source_id", "target_id")])
     pairs = pl.concat([final.select(a=pl.col("source_id"), b=pl.col("target_id")), final.select(a=pl.col("target_id"), b=pl.col("source_id"))])
+    # only the degrees of the inserted edges' ends are needed: keep every pair of those nodes
+    ends = pl.concat([inserts.filter(co).get_column("source_id"), inserts.filter(co).get_column("target_id")])
+    pairs = pairs.filter(lookup.member(pairs.get_column("a"), ends))
     degree = pairs.filter(pl.col("a") != pl.col("b")).unique().group_by("a").len("deg")
     out = inserts.join(degree.rename({"a": "source_id", "deg": "_d_src"}), on="source_id", how="left", maintain_order="left")
     out = out.join(degree.rename({"a": "target_id", "deg": "_d_tgt"}), on="target_id", how="left", maintain_order="left")
@@ -198,13 +202,14 @@ def _with_co_degree(inserts: pl.DataFrame, diff: Diff, snapshot: Snapshot) -> pl
 def _live_node_ids(diff: Diff, snapshot: Snapshot) -> pl.Series:
     nodes = diff.table("memory_nodes")
     ids = snapshot.table("memory_nodes").get_column("id")
-    ids = ids.filter(~ids.is_in(nodes.deletes.get_column("id").implode()))
+    ids = ids.filter(~lookup.member(ids, nodes.deletes.get_column("id")))
     return pl.concat([ids, nodes.inserts.get_column("id")]) if nodes.inserts.height else ids
 
 
 def _surviving_edges(diff: Diff, snapshot: Snapshot) -> pl.DataFrame:
     edges = diff.table("memory_edges")
-    kept = snapshot.table("memory_edges").join(edges.deletes.select("id"), on="id", how="anti").select("source_id", "target_id")
+    kept = lookup.without(snapshot.table("memory_edges").select("id", "source_id", "target_id"), edges.deletes.get_column("id"))
+    kept = kept.select("source_id", "target_id")
     if edges.inserts.height:
         kept = pl.concat([kept, edges.inserts.select("source_id", "target_id")])
     return kept
