@@ -19,6 +19,7 @@ of a row inserted in the same run are merged into the insert.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 from collections.abc import Iterable, Mapping
@@ -37,6 +38,7 @@ _DELETE_SCHEMA = {"id": pl.String(), "expected_version": pl.Int64(), "reason": p
 _UPDATE_KEYS = {"id": pl.String(), "expected_version": pl.Int64()}
 
 
+@functools.cache  # frames are immutable values; a quick nap builds a dozen TableDiffs
 def _empty(kind: str) -> pl.DataFrame:
     if kind == "deletes":
         return pl.DataFrame(schema=_DELETE_SCHEMA)

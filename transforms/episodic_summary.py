@@ -119,10 +119,10 @@ def episodic_summary(snapshot: Snapshot, config: EpisodicSummaryConfig, as_of: d
     deletes = chosen.join(summaries.select("_batch", "id"), on="_batch", suffix="_node").select(
         "id", "version", (pl.lit(f"summarised into {LABEL} ") + pl.col("id_node")).alias("reason")
     )
-    diff = Diff.combine(
-        [
-            Diff.of("memory_nodes", PHASE, inserts=inserts, updates=refreshed if refreshed.height else None),
-            Diff.of("episodic_events", PHASE, deletes=deletes),
-        ]
-    )
+    nodes = Diff.of("memory_nodes", PHASE, inserts=inserts if inserts.height else None,
+                    updates=refreshed if refreshed.height else None)
+    events = Diff.of("episodic_events", PHASE, deletes=deletes)
+    # Two tables, and the node updates refresh existing summaries while the inserts are new ones:
+    # nothing for Diff.combine to normalise.
+    diff = Diff({**nodes.tables, **events.tables})
     return PhaseResult(diff=diff, counters={"episodes_summarized": deletes.height})

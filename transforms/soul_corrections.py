@@ -43,6 +43,8 @@ def soul_corrections(
             pl.col("properties").str.json_path_match("$.value").alias("value"),
         )
     )
+    if not edits.height:  # the usual case, and a quick nap's: no edit in the window
+        return PhaseResult(counters={"soul_updates": 0, "soul_rejected": 0})
     canonical = pl.col("key").is_in(list(config.canonical_keys))
     rejected = edits.filter(~canonical | pl.col("value").is_null()).sort("key", "id")
     notes = tuple(
