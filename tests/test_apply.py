@@ -189,3 +189,41 @@ def test_an_edge_stays_when_its_nodes_delete_lost_to_a_live_write(store, scope, 
     assert scalar(store, "SELECT count(*) FROM memory_nodes WHERE id = %s", expired) == 1
     assert scalar(store, "SELECT count(*) FROM memory_edges WHERE source_id = %s OR target_id = %s", expired, expired) == 1
     assert scalar(store, "SELECT count(*) FROM consolidation_archive WHERE run_id = %s", report.run_id) == 0
+
+
+def test_small_frames_stage_through_json_exactly_as_adbc_ingests_them(store):
+    """The quick nap's staging path (one JSON parameter) gives the same column types and values as
+    ADBC's COPY ingest, for every type a diff carries."""
+    from deep_sleep import tables
+    from deep_sleep.apply import stage, stage_sql
+
+    emb = [[float(i) / 7 for i in range(tables.EMBEDDING_DIM)], [1e-30] * tables.EMBEDDING_DIM]
+    body = pl.DataFrame(
+        {
+            "id": [str(uuid.uuid4()), "odd 'quote' \" \\ \u00e9\u6f22 \x01"],
+            "expected_version": [1, None],
+            "importance": [0.1, 1e-300],
+            "label_score": pl.Series([0.5, None], dtype=pl.Float32),
+            "when": [NOW + timedelta(microseconds=123457), None],
+            "features": [[0.1, 2.5e10, -0.0], None],
+            "embedding": emb,
+            "flag": [True, None],
+        },
+        schema_overrides={"when": tables.TS, "embedding": pl.Array(pl.Float32(), tables.EMBEDDING_DIM)},
+    )
+    assert stage_sql("_x", body.schema) is not None  # every column type has a JSON path
+    with store.transaction() as cur:
+        stage(cur, "_by_json", body)
+        cur.adbc_ingest("_by_copy", body.to_arrow(), mode="create", temporary=True)
+        cur.execute("SELECT string_agg(format_type(atttypid, atttypmod), ',' ORDER BY attnum) FROM pg_attribute"
+                    " WHERE attrelid = $1::regclass AND attnum > 0", parameters=("_by_json",))
+        json_types = cur.fetch_arrow_table().column(0)[0].as_py()
+        cur.execute("SELECT string_agg(format_type(atttypid, atttypmod), ',' ORDER BY attnum) FROM pg_attribute"
+                    " WHERE attrelid = $1::regclass AND attnum > 0", parameters=("_by_copy",))
+        assert json_types == cur.fetch_arrow_table().column(0)[0].as_py()
+        cur.execute("SELECT count(*) FROM ((TABLE _by_json EXCEPT ALL TABLE _by_copy)"
+                    " UNION ALL (TABLE _by_copy EXCEPT ALL TABLE _by_json)) d")
+        assert cur.fetch_arrow_table().column(0)[0].as_py() == 0
+        cur.execute("SELECT count(*) FROM _by_json")
+        assert cur.fetch_arrow_table().column(0)[0].as_py() == 2
+        cur.execute("DROP TABLE _by_json, _by_copy")
