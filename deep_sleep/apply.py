@@ -54,18 +54,19 @@ def stage_name(table: str, kind: str) -> str:
     return f"_ds_{table}_{kind}"
 
 
-def delete_sql(table: str, nodes_deleted: bool = False) -> str:
+def delete_sql(table: str, nodes_deleted: bool = False, source: str | None = None, node_source: str | None = None) -> str:
     """Guarded delete with archive; parameters $1 scope_path, $2 run_id.  Returns one count.
 
     ``nodes_deleted``: node deletes are staged too, so edges listed with a node whose own delete
-    was skipped (a conflict) are kept.
+    was skipped (a conflict) are kept.  ``source`` / ``node_source``: where the staged rows are read
+    from instead of the staging tables (see :func:`json_source`).
     """
-    stage = stage_name(table, "deletes")
+    stage = source or stage_name(table, "deletes")
     kept, keep_incident = "", ""
     if table == "memory_edges" and nodes_deleted:
         # Node deletes ran first: a staged node this run did not archive was skipped as a conflict.
         # (Read from the run's own archive rows, not by probing memory_nodes: bounded by the diff.)
-        kept = (f"kept AS (SELECT nd.id::uuid AS id FROM {stage_name('memory_nodes', 'deletes')} nd"
+        kept = (f"kept AS (SELECT nd.id::uuid AS id FROM {node_source or stage_name('memory_nodes', 'deletes')} nd"
                 f" WHERE NOT EXISTS (SELECT 1 FROM consolidation_archive a WHERE a.run_id = $2::uuid"
                 f" AND a.table_name = 'memory_nodes' AND a.op = 'delete' AND a.row_id = nd.id::uuid::text)), ")
         keep_incident = (" AND NOT EXISTS (SELECT 1 FROM kept k WHERE k.id = t.source_id)"
@@ -81,24 +82,24 @@ def delete_sql(table: str, nodes_deleted: bool = False) -> str:
     )
 
 
-def update_sql(table: str, changed: list[str]) -> str:
+def update_sql(table: str, changed: list[str], source: str | None = None) -> str:
     """Guarded update of the changed columns; parameters $1 scope_path.  Returns one count."""
     cols = tables.columns(table)
     sets = ", ".join(f"{c} = COALESCE({cols[c].cast_sql('s.' + c)}, t.{c})" for c in changed)
     return (
-        f"WITH done AS (UPDATE {table} t SET {sets} FROM {stage_name(table, 'updates')} s"
+        f"WITH done AS (UPDATE {table} t SET {sets} FROM {source or stage_name(table, 'updates')} s"
         f" WHERE t.id = s.id::uuid AND t.scope_path = $1 AND t.version = s.expected_version RETURNING 1)"
         f" SELECT count(*) AS n FROM done"
     )
 
 
-def insert_sql(table: str, present: list[str]) -> str:
+def insert_sql(table: str, present: list[str], source: str | None = None) -> str:
     """Insert staged rows, skipping any that collide with a live write; returns one count."""
     cols = tables.columns(table)
     names = ", ".join(present)
     values = ", ".join(cols[c].cast_sql("s." + c) for c in present)
     return (
-        f"WITH done AS (INSERT INTO {table} ({names}) SELECT {values} FROM {stage_name(table, 'inserts')} s"
+        f"WITH done AS (INSERT INTO {table} ({names}) SELECT {values} FROM {source or stage_name(table, 'inserts')} s"
         f" WHERE s.scope_path = $1 ON CONFLICT DO NOTHING RETURNING 1)"
         f" SELECT count(*) AS n FROM done"
     )
@@ -135,6 +136,18 @@ def _collapse_updates(table: str, updates: pl.DataFrame) -> pl.DataFrame:
     return _fold_updates(keys.with_columns(pl.lit(None, dtype=updates.schema[c]).alias(c) for c in data), updates.drop("expected_version"))
 
 
+def _bodies(diff: Diff) -> dict[tuple[str, str], pl.DataFrame]:
+    """(table, kind) → the rows to stage: updates collapsed to one row per id, no ``phase`` column."""
+    out = {}
+    for table, td in diff.tables.items():
+        for kind, frame in td.frames().items():
+            if frame.height:
+                if kind == "updates":
+                    frame = _collapse_updates(table, frame)
+                out[(table, kind)] = frame.drop("phase") if "phase" in frame.columns else frame
+    return out
+
+
 def _arrow(frame: pl.DataFrame) -> pa.Table:
     return frame.to_arrow()
 
@@ -149,14 +162,20 @@ _STAGE_TYPES: dict[pl.DataType, str] = {
 }
 
 
-def stage_sql(name: str, schema: pl.Schema) -> str | None:
-    """``CREATE TEMP TABLE name AS`` the rows of a JSON array parameter ($1), or None when a column
-    has a type this path does not know (the caller then uses ADBC's ingest)."""
+def json_source(schema: pl.Schema, param: int) -> str | None:
+    """A subquery over the rows of a JSON array parameter (``$param``), typed as ADBC's ingest types
+    the same columns — or None when a column has a type this path does not know."""
     types = [_STAGE_TYPES.get(dtype) for dtype in schema.values()]
     if None in types:
         return None
     cols = ", ".join(f'"{c}" {t}' for c, t in zip(schema, types, strict=True))
-    return f"CREATE TEMP TABLE {name} AS SELECT * FROM jsonb_to_recordset($1::jsonb) AS x({cols})"
+    return f"(SELECT * FROM jsonb_to_recordset(${param}::jsonb) AS x({cols}))"
+
+
+def stage_sql(name: str, schema: pl.Schema) -> str | None:
+    """``CREATE TEMP TABLE name AS`` the rows of a JSON array parameter ($1), or None (see :func:`json_source`)."""
+    source = json_source(schema, 1)
+    return None if source is None else f"CREATE TEMP TABLE {name} AS SELECT * FROM {source} s"
 
 
 def stage(cur, name: str, body: pl.DataFrame) -> None:
@@ -214,36 +233,45 @@ def apply_diff(
     conflicts = 0
     seconds: dict[str, float] = {}
     clock = time.perf_counter()
+    bodies = _bodies(diff)
+    # A small diff (a quick nap's) is read by each statement from a JSON parameter: no staging
+    # tables to create, and none to discard first.
+    inline = sum(b.height for b in bodies.values()) <= SMALL_STAGE_ROWS and all(
+        json_source(b.schema, 0) is not None for b in bodies.values())
     with store.transaction() as cur:
-        cur.execute("DISCARD TEMP")  # staging tables of an earlier apply on this pooled connection
-        if sum(h for td in diff.tables.values() for h in td.counts().values()) >= BIG_DIFF_ROWS:
+        if not inline or (quarantined is not None and quarantined.height):
+            cur.execute("DISCARD TEMP")  # staging tables of an earlier apply on this pooled connection
+        if sum(b.height for b in bodies.values()) >= BIG_DIFF_ROWS:
             # Hash joins of many staged rows against a big scope spill to disk at the default 4 MB.
             cur.execute(f"SET LOCAL work_mem = '{apply_work_mem()}'")
         cur.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", parameters=(scope,))
         cur.fetch_arrow_table()
-        # Stage everything first, then mutate: the mutations then run back to back.
-        staged: dict[tuple[str, str], pl.DataFrame] = {}
-        for table, td in diff.tables.items():
-            for kind, frame in td.frames().items():
-                if not frame.height:
-                    continue
-                if kind == "updates":
-                    frame = _collapse_updates(table, frame)
-                body = frame.drop("phase") if "phase" in frame.columns else frame
+        if not inline:  # stage everything first, then mutate: the mutations then run back to back
+            for (table, kind), body in bodies.items():
                 stage(cur, stage_name(table, kind), body)
-                staged[(table, kind)] = body
         seconds["stage"] = round(time.perf_counter() - clock, 6)
-        order = sorted(staged, key=lambda tk: (("deletes", "updates", "inserts").index(tk[1]), tk[0] != "memory_nodes", tk[0]))
+        order = sorted(bodies, key=lambda tk: (("deletes", "updates", "inserts").index(tk[1]), tk[0] != "memory_nodes", tk[0]))
+        node_deletes = bodies.get(("memory_nodes", "deletes"))
         for table, kind in order:
-            body = staged[(table, kind)]
+            body = bodies[(table, kind)]
             clock = time.perf_counter()
             if kind == "deletes":
-                n = _scalar(cur, delete_sql(table, ("memory_nodes", "deletes") in staged), (scope, report.run_id))
+                params: tuple = (scope, report.run_id)
+                source = node_source = None
+                if inline:
+                    source, params = json_source(body.schema, 3), (*params, body.write_json())
+                    if table == "memory_edges" and node_deletes is not None:
+                        node_source, params = json_source(node_deletes.schema, 4), (*params, node_deletes.write_json())
+                sql = delete_sql(table, node_deletes is not None, source=source, node_source=node_source)
+                n = _scalar(cur, sql, params)
             elif kind == "updates":
                 changed = [c for c in body.columns if c not in KEY_COLUMNS]
-                n = _scalar(cur, update_sql(table, changed), (scope,))
+                source = json_source(body.schema, 2) if inline else None
+                n = _scalar(cur, update_sql(table, changed, source), (scope, body.write_json()) if inline else (scope,))
             else:
-                n = _scalar(cur, insert_sql(table, [c for c in body.columns if c in tables.columns(table)]), (scope,))
+                present = [c for c in body.columns if c in tables.columns(table)]
+                source = json_source(body.schema, 2) if inline else None
+                n = _scalar(cur, insert_sql(table, present, source), (scope, body.write_json()) if inline else (scope,))
             applied.setdefault(table, {})[kind] = n
             conflicts += body.height - n
             seconds[f"{table}.{kind}"] = round(time.perf_counter() - clock, 6)

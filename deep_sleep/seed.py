@@ -942,6 +942,7 @@ def load(store, frames: dict[str, pl.DataFrame]) -> dict[str, int]:
     """
     counts: dict[str, int] = {}
     with store.transaction() as cur:
+        cur.execute("DISCARD TEMP")  # staging tables an earlier load, apply or undo left on this pooled connection
         cur.execute("SET LOCAL maintenance_work_mem = '256MB'")
         for table, df in frames.items():
             if table not in TABLES:

@@ -340,6 +340,7 @@ def undo(store: Store, run_id: str) -> UndoResult:
             reverted.setdefault(table, {})[kind] = n
 
     with store.transaction() as cur:
+        cur.execute("DISCARD TEMP")  # staging tables an earlier undo or apply left on this pooled connection
         _scalar(cur, "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))::text", (scope,))
         # Re-read under the lock: a racing undo (or a second click) sees the first one's verdict.
         current = _frame(cur, "SELECT status, mode FROM consolidation_runs WHERE run_id = $1::uuid FOR UPDATE", (run.run_id,))

@@ -173,9 +173,14 @@ def test_edge_deletes_without_node_deletes_apply(store, scope):
     assert scalar(store, "SELECT count(*) FROM memory_edges WHERE source_id = %s", ids["hot"][0]) == 0
 
 
-def test_an_edge_stays_when_its_nodes_delete_lost_to_a_live_write(store, scope, tmp_path):
+@pytest.mark.parametrize("small_rows", [2_000, 0], ids=["inline-json", "staging-tables"])
+def test_an_edge_stays_when_its_nodes_delete_lost_to_a_live_write(store, scope, tmp_path, monkeypatch, small_rows):
     """The expired working node goes with its edge — unless a live turn touched the node after the
-    snapshot: then the node's delete is a conflict and its edge must stay too (no dangling node)."""
+    snapshot: then the node's delete is a conflict and its edge must stay too (no dangling node).
+    Both ways of feeding the statements (JSON parameters for small diffs, staging tables) are run."""
+    import deep_sleep.apply
+
+    monkeypatch.setattr(deep_sleep.apply, "SMALL_STAGE_ROWS", small_rows)
     ids = small_graph(store, scope, NOW)
     expired = ids["expired"][0]
     _, diff_dir = _planned(store, scope, tmp_path)
