@@ -20,10 +20,13 @@ import numpy as np
 import polars as pl
 
 SEED = 0
+SMALL = 50_000  # below this many ids a plain string lookup is cheaper than the hashing round
 
 
 def rows_of(ids: pl.Series, wanted: pl.Series) -> pl.DataFrame:
     """``(id, _pos)``: each position in ``ids`` whose id is in ``wanted`` (any order)."""
+    if ids.len() <= SMALL:
+        return pl.DataFrame({"id": ids}).with_row_index("_pos").filter(pl.col("id").is_in(wanted.implode())).select("id", "_pos")
     candidates = ids.hash(SEED).is_in(wanted.hash(SEED).implode()).arg_true()
     found = pl.DataFrame({"id": ids.gather(candidates), "_pos": candidates})
     return found.filter(pl.col("id").is_in(wanted.implode()))
@@ -40,6 +43,8 @@ def without(frame: pl.DataFrame, gone: pl.Series, on: str = "id") -> pl.DataFram
 
 def member(values: pl.Series, among: pl.Series) -> pl.Series:
     """``values.is_in(among)``, with null values answered False."""
+    if values.len() + among.len() <= SMALL:
+        return values.is_in(among.implode()).fill_null(False)
     hashes = among.hash(SEED)
     if hashes.n_unique() != among.len():
         among = among.drop_nulls().unique()

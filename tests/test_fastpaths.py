@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from datetime import UTC, datetime, timedelta
 
@@ -107,7 +108,8 @@ def _reference_quarantine(snapshot: Snapshot, as_of: datetime) -> tuple[Snapshot
             nodes = clean.get("memory_nodes", snapshot.table("memory_nodes"))
             live = nodes.get_column("id").implode()
             touched = pl.col("source_id").is_in(bad_nodes.implode()) | pl.col("target_id").is_in(bad_nodes.implode())
-            dangling = ~(pl.col("source_id").is_in(live) & pl.col("target_id").is_in(live))
+            # deliberate change since the frozen copy: a null endpoint is dangling (not a node)
+            dangling = ~(pl.col("source_id").is_in(live).fill_null(False) & pl.col("target_id").is_in(live).fill_null(False))
             work = work.with_columns(pl.coalesce(
                 pl.col("_reason"),
                 pl.when(touched).then(pl.lit("edge endpoint is quarantined")),
@@ -371,12 +373,25 @@ def test_validate_diff_with_and_without_the_precheck_agree(case):
 def test_live_endpoints_match_is_in_with_and_without_the_hash_path(ids, ends):
     """The dangling-edge lookup by hash (node ids unique) and by set (ids repeat) agree with is_in."""
     ids_s, ends_s = pl.Series("id", ids, dtype=pl.String), pl.Series("end", ends, dtype=pl.String)
-    assert lookup.member(ends_s, ids_s).to_list() == ends_s.is_in(ids_s.implode()).to_list()
+    for small in (0, lookup.SMALL):  # the hash path, then the plain lookup small inputs take
+        with _small(small):
+            assert lookup.member(ends_s, ids_s).to_list() == ends_s.is_in(ids_s.implode()).to_list()
+
+
+@contextlib.contextmanager
+def _small(value: int):
+    saved, lookup.SMALL = lookup.SMALL, value
+    try:
+        yield
+    finally:
+        lookup.SMALL = saved
 
 
 def test_an_edge_with_a_null_endpoint_is_dangling():
     ids = pl.Series("id", ["a", "b"])
-    assert lookup.member(pl.Series("end", ["a", None]), ids).to_list() == [True, False]
+    for small in (0, lookup.SMALL):
+        with _small(small):
+            assert lookup.member(pl.Series("end", ["a", None]), ids).to_list() == [True, False]
 
 
 @settings(max_examples=80, deadline=None)
@@ -388,6 +403,8 @@ def test_hash_lookups_agree_with_string_lookups(table_ids, wanted):
     want = pl.Series("id", wanted, dtype=pl.String)
     frame = pl.DataFrame({"id": ids, "v": list(range(len(table_ids)))})
     expected_rows = frame.with_row_index("_pos").filter(pl.col("id").is_in(want.implode()))
-    assert sorted(lookup.rows_of(ids, want).rows()) == sorted(expected_rows.select("id", "_pos").rows())
-    assert lookup.without(frame, want).equals(frame.filter(~pl.col("id").is_in(want.implode())))
-    assert lookup.member(want, ids).to_list() == want.is_in(ids.implode()).to_list()
+    for small in (0, lookup.SMALL):
+        with _small(small):
+            assert sorted(lookup.rows_of(ids, want).rows()) == sorted(expected_rows.select("id", "_pos").rows())
+            assert lookup.without(frame, want).equals(frame.filter(~pl.col("id").is_in(want.implode())))
+            assert lookup.member(want, ids).to_list() == want.is_in(ids.implode()).to_list()
