@@ -150,7 +150,10 @@ class Snapshot:
                 if columns is None:
                     raw = pl.read_parquet(file)
                 else:
-                    raw = pl.read_parquet(file, columns=[c for c in pl.read_parquet_schema(file) if c in columns])
+                    wanted = [c for c in pl.read_parquet_schema(file) if c in columns]
+                    if not wanted:  # the reader needs nothing from this table (a hand-written one may lack ids)
+                        continue
+                    raw = pl.read_parquet(file, columns=wanted)
                 # A snapshot holds one scope: columns it leaves out for that reason take the manifest's scope.
                 fill = {"scope_path": manifest["scope_path"], "tenant_id": Scope.parse(manifest["scope_path"]).tenant_id}
                 raw = raw.with_columns(pl.lit(v).alias(k) for k, v in fill.items()
