@@ -236,12 +236,13 @@ def apply_diff(
     bodies = _bodies(diff)
     # A small diff (a quick nap's) is read by each statement from a JSON parameter: no staging
     # tables to create, and none to discard first.
-    inline = sum(b.height for b in bodies.values()) <= SMALL_STAGE_ROWS and all(
+    rows = sum(b.height for b in bodies.values())
+    inline = rows <= SMALL_STAGE_ROWS and all(
         json_source(b.schema, 0) is not None for b in bodies.values())
     with store.transaction() as cur:
         if not inline or (quarantined is not None and quarantined.height):
             cur.execute("DISCARD TEMP")  # staging tables of an earlier apply on this pooled connection
-        if sum(b.height for b in bodies.values()) >= BIG_DIFF_ROWS:
+        if rows >= BIG_DIFF_ROWS:
             # Hash joins of many staged rows against a big scope spill to disk at the default 4 MB.
             cur.execute(f"SET LOCAL work_mem = '{apply_work_mem()}'")
         cur.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", parameters=(scope,))

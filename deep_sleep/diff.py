@@ -201,7 +201,7 @@ def _fold_updates(frame: pl.DataFrame, updates: pl.DataFrame, add_missing: bool 
         return frame
     # Several phases may update one row: the last non-null value per column wins.
     latest = updates.select("id", *cols)
-    if not _unique(latest.get_column("id")):
+    if not lookup.unique(latest.get_column("id")):
         latest = latest.group_by("id", maintain_order=True).agg(pl.col(c).drop_nulls().last() for c in cols)
     latest = latest.with_columns(pl.col(c).cast(frame.schema[c]) for c in cols)
     # Write the new values in place of the old ones by row position: only the changed columns are
@@ -221,11 +221,6 @@ def _fold_updates(frame: pl.DataFrame, updates: pl.DataFrame, add_missing: bool 
         return frame
     joined = frame.join(latest.select("id", *nested), on="id", how="left", suffix="__new")
     return joined.with_columns(pl.coalesce(pl.col(f"{c}__new"), pl.col(c)).alias(c) for c in nested).select(frame.columns)
-
-
-def _unique(ids: pl.Series) -> bool:
-    """No id repeats (decided from 64-bit hashes when they all differ, else exactly)."""
-    return ids.hash(0).n_unique() == ids.len() or bool(ids.is_unique().all())
 
 
 def _in_canonical_order(frame: pl.DataFrame) -> bool:

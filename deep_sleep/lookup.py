@@ -41,6 +41,11 @@ def without(frame: pl.DataFrame, gone: pl.Series, on: str = "id") -> pl.DataFram
     return frame.filter(pl.Series(keep))
 
 
+def unique(ids: pl.Series) -> bool:
+    """No id repeats: decided from the 64-bit hashes when they all differ, else exactly."""
+    return ids.hash(SEED).n_unique() == ids.len() or bool(ids.is_unique().all())
+
+
 def member(values: pl.Series, among: pl.Series) -> pl.Series:
     """``values.is_in(among)``, with null values answered False."""
     if values.len() + among.len() <= SMALL:
@@ -56,4 +61,4 @@ def member(values: pl.Series, among: pl.Series) -> pl.Series:
     return (found.get_column("_id") == found.get_column("_v")).fill_null(False).alias(values.name)
 
 
-__all__ = ["member", "rows_of", "without"]
+__all__ = ["member", "rows_of", "unique", "without"]

@@ -3,4 +3,4 @@ great-expectations suite over the store (after apply)."""
 
 from validation.diff_checks import FAILURE_SCHEMA, SNAPSHOT_COLUMNS, validate_diff
 
-__all__ = ["FAILURE_SCHEMA", "validate_diff"]
+__all__ = ["FAILURE_SCHEMA", "SNAPSHOT_COLUMNS", "validate_diff"]

@@ -152,11 +152,8 @@ def bad_json(values: pl.Series, shape: str, small_rows: int = SMALL_ROWS) -> pl.
 
 
 def _duplicated(ids: pl.Series) -> pl.Series | None:
-    """``ids.is_duplicated()``, or None when no id repeats (decided from the u64 hashes when they all differ)."""
-    if ids.hash().n_unique() == ids.len():
-        return None
-    dup = ids.is_duplicated()
-    return dup if dup.any() else None
+    """``ids.is_duplicated()``, or None when no id repeats."""
+    return None if lookup.unique(ids) else ids.is_duplicated()
 
 
 @lru_cache(maxsize=256)
