@@ -3,12 +3,13 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 SCALE  ?= 100000
+FUZZ_RUNS ?= 3
 
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export DO_NOT_TRACK := 1
 export PREFECT_LOGGING_LEVEL ?= WARNING
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test fuzz bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +24,11 @@ demo: setup           ## seed a small realistic store on the embedded Postgres a
 
 test: setup           ## the whole suite, on the embedded Postgres (or $$DEEP_SLEEP_DSN)
 	$(PY) -m pytest -q
+
+fuzz: setup           ## the property tests with fresh random examples (make test's are fixed), $(FUZZ_RUNS) times
+	for i in $$(seq $(FUZZ_RUNS)); do HYPOTHESIS_PROFILE=fuzz $(PY) -m pytest -q -p no:cacheprovider \
+	  tests/test_properties_nodes.py tests/test_properties_graph.py tests/test_properties_episodes.py \
+	  tests/test_embedding.py tests/test_fastpaths.py tests/test_isolation.py || exit 1; done
 
 bench: setup          ## make bench SCALE=1000000 ; writes bench-results.json
 	$(PY) -m benchmarks.run --scale $(SCALE)

@@ -43,6 +43,7 @@ from deep_sleep.config import ConsolidationConfig
 from deep_sleep.db import Store
 from deep_sleep.diff import KINDS, Diff
 from deep_sleep.errors import SnapshotError
+from deep_sleep.files import write_atomic
 from deep_sleep.plan import plan
 from deep_sleep.render import markdown_table
 from deep_sleep.report import COUNTERS, ConsolidationReport
@@ -115,7 +116,7 @@ class Comparison:
         """``comparison.json`` (the first ``max_rows`` differing rows) and ``comparison_rows.parquet`` (all)."""
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
-        (out / COMPARISON_FILE).write_text(json.dumps(self.to_dict(max_rows), indent=2, sort_keys=True, default=str) + "\n")
+        write_atomic(out / COMPARISON_FILE, json.dumps(self.to_dict(max_rows), indent=2, sort_keys=True, default=str) + "\n")
         self.rows.write_parquet(out / ROWS_FILE)
         return out / COMPARISON_FILE
 
@@ -446,7 +447,7 @@ def replay_range(runs_dir: str | Path | None, scope: Scope | str, start: datetim
         results.append(replay_stored(stored, config, compare_config, store=store, phases=phases, out=target))
     if out is not None:
         Path(out).mkdir(parents=True, exist_ok=True)
-        (Path(out) / "replay_range.json").write_text(json.dumps([replay_summary(r) for r in results], indent=2, default=str) + "\n")
+        write_atomic(Path(out) / "replay_range.json", json.dumps([replay_summary(r) for r in results], indent=2, default=str) + "\n")
     return results
 
 

@@ -77,12 +77,12 @@ class HashingEmbedder:
 
         A few short texts (a live turn's, a recall's query: up to :data:`SMALL_CHARS` characters in
         all) take a plain-Python path; more take a Polars pipeline.  Both give bit-identical
-        vectors (tests/test_embedding.py compares them)."""
+        vectors (tests/test_embedding.py compares them).  A lone surrogate (ill-formed text, e.g.
+        from ``json.loads('"\\ud800"')``) embeds as U+FFFD, the replacement character."""
         n = len(texts)
         if not n:
             return np.zeros((n, self.dim), dtype=np.float32)
-        # str.casefold is the Unicode caseless form (ß → ss); polars has only lowercase.
-        folded = [t.casefold() if isinstance(t, str) else "" for t in texts]
+        folded = fold(texts)
         if sum(map(len, folded)) <= SMALL_CHARS:
             return self._embed_small(folded)
         return self._embed_polars(folded)
@@ -146,6 +146,27 @@ SMALL_CHARS = 4_000
 # A word is a run of characters that are not Unicode White_Space — what Polars' (Rust regex) ``\S+``
 # matches.  Python's ``\s`` is not the same set: it also holds U+001C–U+001F.
 _WORD = re.compile("[^\t\n\x0b\x0c\r \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]+")
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def well_formed(text: str) -> str:
+    """``text`` with every lone surrogate replaced by U+FFFD (UTF-8 — Polars, PostgreSQL — cannot hold one)."""
+    return _SURROGATE.sub("\ufffd", text) if not text.isascii() and _SURROGATE.search(text) else text
+
+
+def fold(texts: Sequence[str]) -> list[str]:
+    """Caseless, well-formed texts: ``str.casefold`` (the Unicode caseless form, ß → ss; Polars has
+    only lowercase), lone surrogates replaced by U+FFFD (UTF-8 — and so Polars — cannot hold them),
+    anything that is not a string treated as empty."""
+    out = []
+    for t in texts:
+        if not isinstance(t, str):
+            out.append("")
+            continue
+        out.append(well_formed(t.casefold()))
+    return out
 
 
 @lru_cache(maxsize=1 << 16)

@@ -81,7 +81,7 @@ import psycopg
 from deep_sleep import tables
 from deep_sleep.config import ConsolidationConfig
 from deep_sleep.db import Store
-from deep_sleep.embedding import EmbeddingProvider, default_embedder
+from deep_sleep.embedding import EmbeddingProvider, default_embedder, well_formed
 from deep_sleep.report import ConsolidationReport
 from deep_sleep.scope import SEP, Scope
 from deep_sleep.snapshot import Snapshot, utc
@@ -853,13 +853,15 @@ def recall(
     features, score; unlabelled) and a ``memory_access_log`` ``read`` row each, under the node's
     own scope path — a recalled node was read, and phase 1 counts reads.  Node rows are not
     touched (no version bump: a recall never makes a consolidation run conflict).
+    The query is logged as given, less NUL characters, cut at :data:`MAX_TEXT_CHARS`, with any lone
+    surrogate replaced by U+FFFD (PostgreSQL cannot store one).
     """
     scope = Scope.coerce(scope)
     if not isinstance(query, str):
         raise TypeError(f"recall: query must be a string, got {type(query).__name__}")
     if not isinstance(k, int) or isinstance(k, bool) or k < 1:
         raise ValueError(f"recall: k must be a positive integer, got {k!r}")
-    query = query.replace("\x00", "")[:MAX_TEXT_CHARS]
+    query = well_formed(query.replace("\x00", "")[:MAX_TEXT_CHARS])
     now = utc(now or datetime.now(UTC))
     embedder = embedder or default_embedder()
     qvec = _vector(embedder.embed([query])[0])
@@ -1064,11 +1066,10 @@ def quick_nap(
     failing checks).  No snapshot directory is written: the nap's diff is small and its deleted
     events are archived whole by the apply.
     """
-    from transforms import QUICK_NAP
-    from validation import validate_diff
-
     from deep_sleep.apply import apply_diff, record_run
     from deep_sleep.plan import plan
+    from transforms import QUICK_NAP
+    from validation import validate_diff
 
     scope = Scope.coerce(scope)
     config = config or _default_config()

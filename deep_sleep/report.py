@@ -7,6 +7,9 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from deep_sleep.errors import DiffError
+from deep_sleep.files import write_atomic
+
 COUNTERS = (
     "nodes_strengthened",
     "edges_created",
@@ -81,10 +84,7 @@ class ConsolidationReport:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True, default=str) + "\n"
 
     def write(self, directory: str | Path) -> Path:
-        path = Path(directory) / "report.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(self.to_json())
-        return path
+        return write_atomic(Path(directory) / "report.json", self.to_json())
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ConsolidationReport:
@@ -93,4 +93,12 @@ class ConsolidationReport:
 
     @classmethod
     def read(cls, directory: str | Path) -> ConsolidationReport:
-        return cls.from_dict(json.loads((Path(directory) / "report.json").read_text()))
+        path = Path(directory) / "report.json"
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise DiffError(f"{path} does not exist: {directory} is not a planned diff directory; "
+                            "run the plan stage (deep-sleep replay / the consolidate flow) first") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise DiffError(f"{path} is not a readable report ({e}); plan the run again into a new directory") from None
+        return cls.from_dict(data)

@@ -23,6 +23,7 @@ import polars as pl
 
 from deep_sleep import tables
 from deep_sleep.errors import SnapshotError
+from deep_sleep.files import write_atomic
 from deep_sleep.scope import Scope, ScopeError
 
 MANIFEST = "manifest.json"
@@ -106,7 +107,7 @@ class Snapshot:
             "schema_version": self.schema_version,
             "tables": manifest_tables,
         }
-        (out / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+        write_atomic(out / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
         return out
 
     @classmethod

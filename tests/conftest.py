@@ -16,6 +16,14 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 os.environ.setdefault("PREFECT_SERVER_CONCURRENCY_MAXIMUM_CONCURRENCY_SLOT_WAIT_SECONDS", "0.5")
 
 import pytest
+from hypothesis import settings
+
+# `make test` (and so CI) draws the same examples on every run: a red build always means a change
+# broke something.  `make fuzz` draws fresh random examples (HYPOTHESIS_PROFILE=fuzz) to look for
+# new counterexamples; each one found becomes a fixed test case.
+settings.register_profile("default", derandomize=True, database=None)
+settings.register_profile("fuzz", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 from deep_sleep.db import create_database, drop_database, embedded_dsn
 from deep_sleep.scope import Scope

@@ -12,7 +12,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from deep_sleep.embedding import EmbeddingProvider, HashingEmbedder, default_embedder
+from deep_sleep.embedding import (
+    EmbeddingProvider,
+    HashingEmbedder,
+    default_embedder,
+    fold,
+)
 from deep_sleep.tables import EMBEDDING_DIM
 
 # Computed once with HashingEmbedder(256): bucket → sign of every non-zero component (all
@@ -96,11 +101,19 @@ _NOT_SPACES = "\x1c\x1d\x1e\x1f\u180e\u200b\ufeff\x00"  # whitespace to Python's
                 min_size=1, max_size=8))
 def test_python_and_polars_paths_give_bit_identical_vectors(texts):
     e = HashingEmbedder()
-    folded = [t.casefold() for t in texts]
+    folded = fold(texts)
     small, big = e._embed_small(folded), e._embed_polars(folded)
     assert small.dtype == big.dtype == np.float32
     assert np.array_equal(small, big)
     assert np.array_equal(e.embed(texts), small)
+
+
+def test_a_lone_surrogate_embeds_as_the_replacement_character_on_both_paths():
+    e = HashingEmbedder()
+    assert fold(["A\ud800b", "\udfff"]) == ["a\ufffdb", "\ufffd"]
+    assert np.array_equal(e.embed(["deploy\ud800 x"]), e.embed(["deploy\ufffd x"]))
+    long = ["deploy\ud800 " * 500]  # > SMALL_CHARS: the Polars path, which cannot hold a surrogate
+    assert np.array_equal(e.embed(long), e.embed(["deploy\ufffd " * 500]))
 
 
 def test_every_kind_of_space_splits_words_the_same_way_on_both_paths():

@@ -11,7 +11,14 @@ import psycopg
 import pytest
 
 from deep_sleep.online import (
-    MAX_LABEL_CHARS, MAX_OP_BYTES, MAX_TEXT_CHARS, feedback, is_credential_key, nap_snapshot, quick_nap, recall,
+    MAX_LABEL_CHARS,
+    MAX_OP_BYTES,
+    MAX_TEXT_CHARS,
+    feedback,
+    is_credential_key,
+    nap_snapshot,
+    quick_nap,
+    recall,
     record_turn,
 )
 from deep_sleep.scope import Scope
@@ -452,3 +459,11 @@ def test_recall_rejects_bad_arguments_and_blank_queries(store, scope):
     with pytest.raises(TypeError):
         recall(store, scope, None)  # type: ignore[arg-type]
     assert recall(store, scope, "   ") == []
+
+
+def test_recall_logs_a_query_with_a_lone_surrogate_or_nul_as_well_formed_text(store, scope):
+    record_turn(store, scope, [{"op": "upsert_node", "label": "surrogate probe", "properties": {"note": "probe"}}])
+    hits = recall(store, scope, "surrogate\ud800 pro\x00be", k=3)
+    assert hits and hits[0].label == "surrogate probe"
+    logged = scalar(store, "SELECT query FROM recall_events WHERE id = %s", hits[0].recall_id)
+    assert logged == "surrogate\ufffd probe"

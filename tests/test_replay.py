@@ -6,9 +6,12 @@ import json
 from datetime import UTC, datetime
 
 import polars as pl
+import pytest
 
 from deep_sleep.cli import main
 from deep_sleep.diff import Diff
+from deep_sleep.errors import DiffError
+from deep_sleep.files import write_atomic
 from deep_sleep.report import ConsolidationReport
 from deep_sleep.snapshot import Snapshot
 
@@ -73,3 +76,19 @@ def test_bad_snapshot_directories_get_clear_errors(tmp_path, capsys):
     assert "manifest says 3 rows, file has 2" in capsys.readouterr().err
     assert main(["replay", str(snap_dir), "--as-of", "yesterday", "--out", str(tmp_path / "o")]) == 2
     assert "not an ISO 8601 timestamp" in capsys.readouterr().err
+
+
+def test_report_writes_are_atomic_and_a_torn_report_gets_a_clear_error(tmp_path):
+    report = ConsolidationReport(scope_path="acme/u1", as_of="2026-03-01T12:00:00+00:00", run_id="r1")
+    report.write(tmp_path)
+    assert ConsolidationReport.read(tmp_path) == report
+    # a write that fails half-way (here: text UTF-8 cannot encode) leaves the old file and no temp file
+    with pytest.raises(UnicodeEncodeError):
+        write_atomic(tmp_path / "report.json", '{"scope_path": "\ud800"}')
+    assert ConsolidationReport.read(tmp_path) == report
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.json"]
+    (tmp_path / "report.json").write_text("")  # what a kill during a plain write_text used to leave
+    with pytest.raises(DiffError, match="report.json is not a readable report"):
+        ConsolidationReport.read(tmp_path)
+    with pytest.raises(DiffError, match="not a planned diff directory"):
+        ConsolidationReport.read(tmp_path / "nowhere")
