@@ -390,7 +390,9 @@ class SnapshotReplay:
     snapshot: what was replayed.  as_of, as_of_source: when, and where that came from
     ('ledger', 'report', 'taken_at').  report: the replay under config A.  recorded_hash: the
     diff hash the run recorded, if known.  report_b, comparison: config B's replay and A vs B.
-    out: where the diffs, reports and comparison were written, if anywhere.
+    out: where the diffs, reports and comparison were written, if anywhere.  legacy_hash: the
+    replayed diff's hash in the encoding of releases before 2026-11-30 (newline-delimited JSON),
+    computed only when the recorded hash differs from the new one.
     """
 
     snapshot: StoredSnapshot
@@ -401,11 +403,15 @@ class SnapshotReplay:
     report_b: ConsolidationReport | None = None
     comparison: Comparison | None = None
     out: Path | None = None
+    legacy_hash: str | None = None
 
     @property
     def reproduces(self) -> bool | None:
-        """Whether the replay gave the recorded diff hash (None when none was recorded)."""
-        return None if self.recorded_hash is None else self.recorded_hash == self.report.diff_hash
+        """Whether the replay gave the recorded diff hash (None when none was recorded); a hash
+        recorded before 2026-11-30 is compared with :attr:`legacy_hash`."""
+        if self.recorded_hash is None:
+            return None
+        return self.recorded_hash in (self.report.diff_hash, self.legacy_hash)
 
 
 def replay_stored(stored: StoredSnapshot | str | Path, config: ConsolidationConfig,
@@ -421,6 +427,7 @@ def replay_stored(stored: StoredSnapshot | str | Path, config: ConsolidationConf
     snap = Snapshot.read(stored.path)
     base = Path(out) if out is not None else None
     diff_a, report_a = replay_snapshot(snap, config, at, phases=phases, out=base / "a" if base else None)
+    legacy = diff_a.ndjson_content_hash() if recorded and recorded != report_a.diff_hash else None
     report_b = comparison = None
     if compare_config is not None:
         diff_b, report_b = replay_snapshot(snap, compare_config, at, phases=phases, out=base / "b" if base else None)
@@ -428,7 +435,7 @@ def replay_stored(stored: StoredSnapshot | str | Path, config: ConsolidationConf
         if base:
             comparison.write(base / "comparison")
     return SnapshotReplay(snapshot=stored, as_of=at, as_of_source=source, report=report_a, recorded_hash=recorded,
-                          report_b=report_b, comparison=comparison, out=base)
+                          report_b=report_b, comparison=comparison, out=base, legacy_hash=legacy)
 
 
 def replay_range(runs_dir: str | Path | None, scope: Scope | str, start: datetime | str, end: datetime | str,

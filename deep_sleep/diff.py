@@ -22,14 +22,14 @@ from __future__ import annotations
 import functools
 import hashlib
 import io
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
 import polars as pl
 
-from deep_sleep import lookup, tables
+from deep_sleep import canonical, lookup, tables
 from deep_sleep.errors import DiffError
 from deep_sleep.snapshot import Snapshot
 
@@ -132,21 +132,35 @@ class Diff:
         return {name: td.counts() for name, td in sorted(self.tables.items())}
 
     def content_hash(self) -> str:
-        """sha256 of a canonical serialisation: tables, kinds, columns and rows in a fixed order
-        (rows by phase, then id), each frame as newline-delimited JSON."""
+        """sha256 of a canonical encoding: tables by name, kinds in :data:`KINDS` order, columns by
+        name, rows by (phase, id), each column in :mod:`deep_sleep.canonical`'s byte format (its
+        values, not its storage: an Int32 and an Int64 column of equal values hash alike)."""
+        h = hashlib.sha256(b"deep-sleep diff hash 2\n")
+        for name, kind, canon in self._canonical_frames():
+            h.update(f"{name}.{kind}\n".encode())
+            canonical.digest_frame(h, canon)
+        return h.hexdigest()
+
+    def ndjson_content_hash(self) -> str:
+        """The content hash of releases before 2026-11-30 (sha256 of each frame as newline-delimited
+        JSON).  Kept so a replay can still recognise the hash an older run recorded."""
         h = hashlib.sha256()
+        for name, kind, canon in self._canonical_frames():
+            h.update(f"{name}.{kind}\n".encode())
+            buf = io.BytesIO()
+            canon.write_ndjson(buf)
+            h.update(buf.getbuffer())
+        return h.hexdigest()
+
+    def _canonical_frames(self) -> Iterator[tuple[str, str, pl.DataFrame]]:
         for name in sorted(self.tables):
             for kind, frame in self.tables[name].frames().items():
                 if not frame.height:
                     continue
-                h.update(f"{name}.{kind}\n".encode())
                 canon = frame.select(sorted(frame.columns))
                 if not _in_canonical_order(canon):  # one phase's rows usually come sorted by id already
                     canon = canon.sort(["phase", "id"])
-                buf = io.BytesIO()
-                canon.write_ndjson(buf)
-                h.update(buf.getbuffer())
-        return h.hexdigest()
+                yield name, kind, canon
 
     # -- folding ---------------------------------------------------------------------------
     def fold(self, snapshot: Snapshot) -> Snapshot:

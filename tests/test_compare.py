@@ -7,6 +7,7 @@ import json
 from datetime import UTC, datetime, timedelta
 
 import polars as pl
+import psycopg
 import pytest
 
 from deep_sleep.compare import (
@@ -54,6 +55,20 @@ def test_replay_of_a_stored_run_reproduces_its_hash_and_two_configs_compare_per_
     assert (replay.as_of, replay.as_of_source, replay.recorded_hash) == (NOW, "ledger", run.diff_hash)
     assert replay.reproduces and replay.report.diff_hash == run.diff_hash and replay.report.counters == run.counters
     assert replay_stored(stored.path, ConsolidationConfig()).as_of_source == "report"  # no store: the run's report.json
+    assert replay.legacy_hash is None  # computed only on a mismatch
+
+    # a run recorded before the binary hash encoding (its ledger row holds the ndjson hash) still reproduces
+    old = Diff.read(run.diff_uri).ndjson_content_hash()
+    with psycopg.connect(store.dsn, autocommit=True) as con:
+        con.execute("UPDATE consolidation_runs SET diff_hash = %s WHERE run_id = %s", (old, run.run_id))
+    replay_old = replay_stored(stored, ConsolidationConfig(), store=store)
+    assert replay_old.recorded_hash == old != replay_old.report.diff_hash
+    assert replay_old.legacy_hash == old and replay_old.reproduces
+    with psycopg.connect(store.dsn, autocommit=True) as con:
+        con.execute("UPDATE consolidation_runs SET diff_hash = %s WHERE run_id = %s", ("0" * 64, run.run_id))
+    assert replay_stored(stored, ConsolidationConfig(), store=store).reproduces is False
+    with psycopg.connect(store.dsn, autocommit=True) as con:
+        con.execute("UPDATE consolidation_runs SET diff_hash = %s WHERE run_id = %s", (run.diff_hash, run.run_id))
 
     # A/B: a bigger strengthen increment changes exactly the strengthened rows' importance
     snap = Snapshot.read(run.snapshot_uri)
