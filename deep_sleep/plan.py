@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import inspect
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -60,6 +61,61 @@ def _arguments(phase: Phase, snapshot: Snapshot, config: ConsolidationConfig, as
     return {name: offered[name] for name in wanted}
 
 
+# From this many snapshot rows on, the row checks run beside the phases (see :func:`plan`).
+OVERLAP_ROWS = 200_000
+
+
+@dataclass
+class _Phased:
+    """What running the roster gave: the phases' diffs and report fields."""
+
+    diffs: list[Diff]
+    counters: dict[str, int]
+    by_phase: dict[str, dict[str, int]]
+    run: list[str]
+    skipped: dict[str, str]
+    notes: dict[str, list[str]]
+    timings: dict[str, float]
+
+
+def _run_phases(snapshot: Snapshot, config: ConsolidationConfig, as_of: datetime,
+                phases: tuple[str, ...] | list[str] | None) -> _Phased:
+    view = snapshot
+    out = _Phased([], dict.fromkeys(COUNTERS, 0), {}, [], {}, {}, {})
+    folding = 0.0
+    for phase in roster(phases):
+        if not config.phase(phase.name).enabled:
+            out.skipped[phase.name] = "disabled by config"
+            continue
+        t0 = time.perf_counter()
+        result: PhaseResult = phase.fn(**_arguments(phase, view, config, as_of, snapshot))
+        out.timings[phase.name] = round(time.perf_counter() - t0, 6)
+        if result.skipped:
+            out.skipped[phase.name] = result.skipped
+            continue
+        out.run.append(phase.name)
+        if result.notes:
+            out.notes[phase.name] = list(result.notes)
+        for name, value in result.counters.items():
+            if name not in out.counters:
+                raise ValueError(f"phase {phase.name} reported unknown counter {name!r}")
+            out.counters[name] += int(value)
+        out.by_phase[phase.name] = {k: int(v) for k, v in result.counters.items() if v}
+        if result.diff.has_changes:
+            out.diffs.append(result.diff)
+            t0 = time.perf_counter()
+            view = result.diff.fold(view)
+            folding += time.perf_counter() - t0
+    out.timings["fold"] = round(folding, 6)
+    return out
+
+
+def _checked(snapshot: Snapshot, as_of: datetime) -> tuple[Snapshot, pl.DataFrame, float]:
+    t0 = time.perf_counter()
+    clean, quarantined = quarantine(snapshot, as_of)
+    return clean, quarantined, round(time.perf_counter() - t0, 6)
+
+
 def plan(
     snapshot: Snapshot,
     config: ConsolidationConfig,
@@ -68,48 +124,41 @@ def plan(
     check_rows: bool = True,
 ) -> Plan:
     """Quarantine rows that break the store's invariants (``check_rows``), then run the roster (or
-    the named ``phases``) in order, folding each diff in before the next phase."""
+    the named ``phases``) in order, folding each diff in before the next phase.
+
+    On a snapshot of :data:`OVERLAP_ROWS` rows or more the row checks run in a second thread while
+    the phases already run on the snapshot as extracted.  Almost always nothing is quarantined: the
+    clean snapshot *is* the extracted one (same frames), so the phases' result stands.  When some
+    row is quarantined, that result is thrown away and the phases run again on the clean snapshot —
+    the diff is always the clean snapshot's, only the time differs.  (A phase that fails on a row
+    the checks quarantine is rerun the same way; with nothing quarantined its error is raised.)
+    """
     as_of = utc(as_of)
-    timings: dict[str, float] = {}
     quarantined = pl.DataFrame(schema=QUARANTINE_SCHEMA)
-    if check_rows:
-        t0 = time.perf_counter()
-        snapshot, quarantined = quarantine(snapshot, as_of)
-        timings["quarantine"] = round(time.perf_counter() - t0, 6)
-    view = snapshot
-    diffs: list[Diff] = []
-    counters = dict.fromkeys(COUNTERS, 0)
-    by_phase: dict[str, dict[str, int]] = {}
-    run: list[str] = []
-    skipped: dict[str, str] = {}
-    folding = 0.0
-    notes: dict[str, list[str]] = {}
-    for phase in roster(phases):
-        if not config.phase(phase.name).enabled:
-            skipped[phase.name] = "disabled by config"
-            continue
-        t0 = time.perf_counter()
-        result: PhaseResult = phase.fn(**_arguments(phase, view, config, as_of, snapshot))
-        timings[phase.name] = round(time.perf_counter() - t0, 6)
-        if result.skipped:
-            skipped[phase.name] = result.skipped
-            continue
-        run.append(phase.name)
-        if result.notes:
-            notes[phase.name] = list(result.notes)
-        for name, value in result.counters.items():
-            if name not in counters:
-                raise ValueError(f"phase {phase.name} reported unknown counter {name!r}")
-            counters[name] += int(value)
-        by_phase[phase.name] = {k: int(v) for k, v in result.counters.items() if v}
-        if result.diff.has_changes:
-            diffs.append(result.diff)
-            t0 = time.perf_counter()
-            view = result.diff.fold(view)
-            folding += time.perf_counter() - t0
-    timings["fold"] = round(folding, 6)
+    check_seconds: dict[str, float] = {}
+    if not check_rows:
+        phased = _run_phases(snapshot, config, as_of, phases)
+    elif sum(f.height for f in snapshot.frames.values()) < OVERLAP_ROWS:
+        snapshot, quarantined, check_seconds["quarantine"] = _checked(snapshot, as_of)
+        phased = _run_phases(snapshot, config, as_of, phases)
+    else:
+        failure: Exception | None = None
+        with ThreadPoolExecutor(1, thread_name_prefix="deep-sleep-quarantine") as pool:
+            checking = pool.submit(_checked, snapshot, as_of)
+            try:
+                optimistic: _Phased | None = _run_phases(snapshot, config, as_of, phases)
+            except Exception as e:  # maybe a row the checks quarantine; decided below
+                optimistic, failure = None, e
+            snapshot, quarantined, check_seconds["quarantine"] = checking.result()
+        if quarantined.height:
+            phased = _run_phases(snapshot, config, as_of, phases)
+        elif optimistic is None:
+            raise failure  # type: ignore[misc]
+        else:
+            phased = optimistic
+    timings = {**check_seconds, **phased.timings}
     t0 = time.perf_counter()
-    diff = Diff.combine(diffs)
+    diff = Diff.combine(phased.diffs)
     timings["combine"] = round(time.perf_counter() - t0, 6)
     t0 = time.perf_counter()
     diff_hash = diff.content_hash()
@@ -117,13 +166,13 @@ def plan(
     report = ConsolidationReport(
         scope_path=snapshot.scope_path,
         as_of=iso(as_of) or "",
-        counters=counters,
-        counters_by_phase=by_phase,
-        phases_run=run,
-        phases_skipped=skipped,
+        counters=phased.counters,
+        counters_by_phase=phased.by_phase,
+        phases_run=phased.run,
+        phases_skipped=phased.skipped,
         timings=timings,
         rows_changed=diff.row_counts(),
-        notes=notes,
+        notes=phased.notes,
         diff_hash=diff_hash,
         quarantined=summarise(quarantined),
     )

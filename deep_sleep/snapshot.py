@@ -45,6 +45,15 @@ def iso(ts: datetime | None) -> str | None:
     return None if ts is None else utc(ts).isoformat().replace("+00:00", "Z")
 
 
+def _as_stored(name: str, raw: pl.DataFrame, scope_path: str, columns: Collection[str] | None = None) -> pl.DataFrame:
+    """A table's frame in the snapshot schema.  A snapshot holds one scope: the scope columns a
+    table leaves out for that reason (the access log's tenant_id) take the snapshot's scope."""
+    fill = {"scope_path": scope_path, "tenant_id": Scope.parse(scope_path).tenant_id}
+    raw = raw.with_columns(pl.lit(v).alias(k) for k, v in fill.items()
+                           if k not in raw.columns and (columns is None or k in columns))
+    return tables.conform(name, raw, only=columns)
+
+
 @dataclass(frozen=True)
 class Snapshot:
     """An immutable view of one scope.
@@ -85,6 +94,11 @@ class Snapshot:
 
     def with_frames(self, frames: Mapping[str, pl.DataFrame]) -> Snapshot:
         return replace(self, frames={**self.frames, **frames})
+
+    def as_read(self, directory: str | Path) -> Snapshot:
+        """This snapshot as :meth:`read` gives it back after :meth:`write` to ``directory``."""
+        frames = {name: _as_stored(name, frame, self.scope_path) for name, frame in self.frames.items()}
+        return replace(self, frames=frames, source=Path(directory))
 
     def row_counts(self) -> dict[str, int]:
         return {name: self.table(name).height for name in tables.TABLES}
@@ -155,11 +169,7 @@ class Snapshot:
                     if not wanted:  # the reader needs nothing from this table (a hand-written one may lack ids)
                         continue
                     raw = pl.read_parquet(file, columns=wanted)
-                # A snapshot holds one scope: columns it leaves out for that reason take the manifest's scope.
-                fill = {"scope_path": manifest["scope_path"], "tenant_id": Scope.parse(manifest["scope_path"]).tenant_id}
-                raw = raw.with_columns(pl.lit(v).alias(k) for k, v in fill.items()
-                                       if k not in raw.columns and (columns is None or k in columns))
-                frame = tables.conform(name, raw, only=columns)
+                frame = _as_stored(name, raw, manifest["scope_path"], columns)
             except ValueError as exc:
                 raise SnapshotError(f"{file}: {exc}") from exc
             rows = entry.get("rows")

@@ -23,6 +23,7 @@ from urllib.parse import quote
 
 import polars as pl
 
+from deep_sleep import handoff
 from deep_sleep.apply import apply_diff, record_run
 from deep_sleep.config import ConsolidationConfig
 from deep_sleep.db import Store
@@ -35,6 +36,8 @@ from deep_sleep.snapshot import Snapshot, utc
 from validation import SNAPSHOT_COLUMNS, validate_diff
 
 QUARANTINE_FILE = "quarantine.parquet"
+# Files of a diff directory that later stages rewrite (the report; validation's failures).
+_REWRITTEN = frozenset({"report.json", "validation.parquet"})
 
 DEFAULT_RUNS_DIR = Path(".deep_sleep") / "runs"
 
@@ -53,7 +56,9 @@ def extract_stage(store: Store, scope: Scope | str, as_of: datetime, config: Con
     """Extract the scope and write its snapshot to ``out``; returns ``out``."""
     log_since = utc(as_of) - timedelta(hours=config.lookback_hours)
     snap = extract(store, scope, log_since=log_since)
-    return snap.write(out)
+    snap.write(out)
+    handoff.put("snapshot", out, snap.as_read(out))
+    return out
 
 
 def plan_stage(snapshot_dir: Path, config: ConsolidationConfig, as_of: datetime, out: Path,
@@ -64,13 +69,16 @@ def plan_stage(snapshot_dir: Path, config: ConsolidationConfig, as_of: datetime,
     ``timings`` (e.g. the extract's seconds) are carried into the report.
     """
     t0 = time.perf_counter()
-    snap = Snapshot.read(snapshot_dir)
+    snap = handoff.take("snapshot", snapshot_dir)
+    if snap is None:
+        snap = Snapshot.read(snapshot_dir)
     t1 = time.perf_counter()
     result = plan(snap, config, as_of, phases)
     t2 = time.perf_counter()
     result.diff.write(out)
     if result.quarantined.height:
         result.quarantined.write_parquet(Path(out) / QUARANTINE_FILE)
+    handoff.put("plan", out, (result.snapshot, result.diff), ignore=_REWRITTEN)
     t3 = time.perf_counter()
     seconds = {**(timings or {}), **result.report.timings, "read_snapshot": round(t1 - t0, 6),
                "write_diff": round(t3 - t2, 6), "transform": round(t3 - t0, 6)}
@@ -84,9 +92,12 @@ def validate_stage(snapshot_dir: Path, diff_dir: Path, config: ConsolidationConf
     """Validate the diff against its snapshot.  On failure, write ``validation.parquet`` and mark the report failed."""
     t0 = time.perf_counter()
     report = ConsolidationReport.read(diff_dir)
-    # the snapshot the plan saw, in the columns the checks read
-    snap = _clean_snapshot(Snapshot.read(snapshot_dir, columns=SNAPSHOT_COLUMNS), Path(diff_dir))
-    diff = Diff.read(diff_dir)
+    planned = handoff.take("plan", diff_dir)
+    if planned is not None:
+        snap, diff = planned
+    else:  # the snapshot the plan saw, in the columns the checks read
+        snap = _clean_snapshot(Snapshot.read(snapshot_dir, columns=SNAPSHOT_COLUMNS), Path(diff_dir))
+        diff = Diff.read(diff_dir)
     failures = validate_diff(diff, snap, config)
     timings = {**report.timings, "validate": round(time.perf_counter() - t0, 6)}
     if failures.height:
@@ -102,6 +113,7 @@ def validate_stage(snapshot_dir: Path, diff_dir: Path, config: ConsolidationConf
         report = report.with_(status="failed", errors=report.errors + errors, validation=failures.head(200).to_dicts(), timings=timings)
     else:
         report = report.with_(timings=timings)
+        handoff.put("diff", diff_dir, diff, ignore=_REWRITTEN)
     report.write(diff_dir)
     return report
 
@@ -131,7 +143,10 @@ def apply_stage(store: Store, diff_dir: Path, mode: str = "nightly", started_at:
     t0 = time.perf_counter()
     qfile = Path(diff_dir) / QUARANTINE_FILE
     quarantined = pl.read_parquet(qfile) if qfile.exists() else None
-    result = apply_diff(store, Diff.read(diff_dir), report, mode=mode, started_at=started_at, quarantined=quarantined)
+    diff = handoff.take("diff", diff_dir)
+    if diff is None:
+        diff = Diff.read(diff_dir)
+    result = apply_diff(store, diff, report, mode=mode, started_at=started_at, quarantined=quarantined)
     report = report.with_(
         status="applied",
         rows_changed=result.applied,

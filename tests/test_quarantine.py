@@ -8,6 +8,10 @@ from datetime import UTC, datetime, timedelta
 
 import polars as pl
 
+from deep_sleep import plan as plan_module
+from deep_sleep.config import ConsolidationConfig
+from deep_sleep.extract import extract
+from deep_sleep.plan import plan
 from deep_sleep.snapshot import Snapshot
 from deep_sleep.stages import consolidate_scope
 from tests.storeutil import access, edge, insert, node, scalar
@@ -125,3 +129,27 @@ def test_duplicate_ids_in_a_snapshot_are_quarantined_both(tmp_path):
     assert clean.table("memory_nodes").get_column("id").to_list() == ["b"]
     assert q.select("id", "reason").rows() == [("a", "duplicate id"), ("a", "duplicate id")]
     assert json.loads(q.get_column("row")[0])["label"] in ("p: 1", "p: 2")
+
+
+def test_checks_beside_the_phases_give_the_sequential_plan_and_rerun_when_rows_are_quarantined(store, scope, monkeypatch):
+    """On big snapshots plan() checks rows in a second thread while the phases run on the rows as
+    extracted; when a row is quarantined, the phases run again on the clean snapshot."""
+    _, expected = _corpus(store, scope)
+    snap = extract(store, scope)
+    sequential = plan(snap, ConsolidationConfig(), NOW)
+    unchecked = plan(snap, ConsolidationConfig(), NOW, check_rows=False)
+    assert unchecked.report.diff_hash != sequential.report.diff_hash  # the bad rows change the diff
+    monkeypatch.setattr(plan_module, "OVERLAP_ROWS", 0)
+    runs = []
+    real = plan_module._run_phases
+    monkeypatch.setattr(plan_module, "_run_phases", lambda s, *a: runs.append(s) or real(s, *a))
+    overlapped = plan(snap, ConsolidationConfig(), NOW)
+    assert len(runs) == 2 and runs[0] is snap and runs[1] is overlapped.snapshot  # optimistic run, then the rerun
+    assert overlapped.report.diff_hash == sequential.report.diff_hash
+    assert overlapped.quarantined.equals(sequential.quarantined) and set(overlapped.quarantined["id"]) == set(expected)
+    assert overlapped.report.counters == sequential.report.counters
+    # nothing to quarantine: the optimistic run stands, no rerun
+    runs.clear()
+    clean = plan(overlapped.snapshot, ConsolidationConfig(), NOW)
+    assert len(runs) == 1 and clean.quarantined.height == 0
+    assert clean.report.diff_hash == plan(overlapped.snapshot, ConsolidationConfig(), NOW, check_rows=False).report.diff_hash
