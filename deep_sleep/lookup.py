@@ -46,8 +46,13 @@ def unique(ids: pl.Series) -> bool:
     return ids.hash(SEED).n_unique() == ids.len() or bool(ids.is_unique().all())
 
 
-def member(values: pl.Series, among: pl.Series) -> pl.Series:
-    """``values.is_in(among)``, with null values answered False."""
+def member(values: pl.Series, among: pl.Series, *, few: bool = False) -> pl.Series:
+    """``values.is_in(among)``, with null values answered False.
+
+    ``few``: most values are expected *not* to be among (ids a diff inserts, ends of edges that
+    should not touch a deleted node): their hashes are probed against ``among``'s first, and only
+    the candidates are confirmed by id.  Otherwise every value is confirmed through one join.
+    """
     if values.len() + among.len() <= SMALL:
         return values.is_in(among.implode()).fill_null(False)
     hashes = among.hash(SEED)
@@ -57,6 +62,15 @@ def member(values: pl.Series, among: pl.Series) -> pl.Series:
         if hashes.n_unique() != among.len():  # a hash collision: the plain set lookup
             return values.is_in(among.implode()).fill_null(False)
     by_hash = pl.DataFrame({"_h": hashes, "_id": among})
+    if few:
+        probe = values.hash(SEED)
+        candidates = probe.is_in(hashes.implode()).arg_true()
+        out = np.zeros(values.len(), dtype=bool)
+        if candidates.len():
+            found = pl.DataFrame({"_h": probe.gather(candidates), "_v": values.gather(candidates)})
+            found = found.join(by_hash, on="_h", how="left", maintain_order="left")
+            out[candidates.to_numpy()] = (found.get_column("_id") == found.get_column("_v")).fill_null(False).to_numpy()
+        return pl.Series(values.name, out)
     found = pl.DataFrame({"_h": values.hash(SEED), "_v": values}).join(by_hash, on="_h", how="left", maintain_order="left")
     return (found.get_column("_id") == found.get_column("_v")).fill_null(False).alias(values.name)
 

@@ -167,16 +167,15 @@ def _annotate(table: str, kind: str, frame: pl.DataFrame, diff: Diff, snapshot: 
         rewrites = [pl.col(c).is_not_null() for c in IMMUTABLE[1:] if c in out.columns]
         out = out.with_columns((pl.any_horizontal(rewrites) if rewrites else pl.lit(False)).alias("_rewrites_scope"))
     if kind == "deletes" and table == "memory_nodes":
-        surviving = _surviving_edges(diff, snapshot)
-        ends = pl.concat([surviving.get_column("source_id"), surviving.get_column("target_id")]).alias("id")
-        counts = ends.filter(lookup.member(ends, out.get_column("id"))).to_frame().group_by("id").len("_dangling_edges")
+        ends = _surviving_ends(diff, snapshot, out.get_column("id"))
+        counts = ends.to_frame("id").group_by("id").len("_dangling_edges")
         out = out.join(counts, on="id", how="left", maintain_order="left").with_columns(pl.col("_dangling_edges").fill_null(0))
     if kind == "inserts":
-        out = out.with_columns(lookup.member(out.get_column("id"), snap.get_column("id")).alias("_in_snapshot"))
+        out = out.with_columns(lookup.member(out.get_column("id"), snap.get_column("id"), few=True).alias("_in_snapshot"))
         if table == "memory_edges":
-            live = _live_node_ids(diff, snapshot)
-            exist = lookup.member(out.get_column("source_id"), live) & lookup.member(out.get_column("target_id"), live)
-            out = out.with_columns(exist.alias("_ends_exist"))
+            n = out.height
+            live = _live_nodes(pl.concat([out.get_column("source_id"), out.get_column("target_id")]), diff, snapshot)
+            out = out.with_columns((live.slice(0, n) & live.slice(n, n)).alias("_ends_exist"))
             out = _with_co_degree(out, diff, snapshot)
     return out
 
@@ -184,13 +183,21 @@ def _annotate(table: str, kind: str, frame: pl.DataFrame, diff: Diff, snapshot: 
 def _with_co_degree(inserts: pl.DataFrame, diff: Diff, snapshot: Snapshot) -> pl.DataFrame:
     """For inserted CO_OCCURRED edges: the larger final CO_OCCURRED degree of its two ends."""
     co = pl.col("relation") == "CO_OCCURRED"
-    edges = diff.table("memory_edges")
-    final = lookup.without(snapshot.table("memory_edges").filter(co), edges.deletes.get_column("id"))
-    final = pl.concat([final.select("source_id", "target_id"), inserts.filter(co).select("source_id", "target_id")])
-    pairs = pl.concat([final.select(a=pl.col("source_id"), b=pl.col("target_id")), final.select(a=pl.col("target_id"), b=pl.col("source_id"))])
-    # only the degrees of the inserted edges' ends are needed: keep every pair of those nodes
-    ends = pl.concat([inserts.filter(co).get_column("source_id"), inserts.filter(co).get_column("target_id")])
-    pairs = pairs.filter(lookup.member(pairs.get_column("a"), ends))
+    new = inserts.filter(co).select("source_id", "target_id")
+    # Only the degrees of the inserted edges' ends are needed: the final CO_OCCURRED edges (stored
+    # ones the diff keeps, and the new ones) seen from each end that is one of those nodes.
+    ends = pl.concat([new.get_column("source_id"), new.get_column("target_id")])
+    old = snapshot.table("memory_edges").lazy().filter(co).select("id", "source_id", "target_id").collect()
+    m = old.height
+    touch = lookup.member(pl.concat([old.get_column("source_id"), old.get_column("target_id")]), ends, few=True)
+    old = old.with_columns(_s=touch.slice(0, m), _t=touch.slice(m, m)).filter(pl.col("_s") | pl.col("_t"))
+    old = lookup.without(old, diff.table("memory_edges").deletes.get_column("id"))
+    pairs = pl.concat([  # (a = an end of an inserted edge, b = its neighbour)
+        old.filter("_s").select(a=pl.col("source_id"), b=pl.col("target_id")),
+        old.filter("_t").select(a=pl.col("target_id"), b=pl.col("source_id")),
+        new.select(a=pl.col("source_id"), b=pl.col("target_id")),
+        new.select(a=pl.col("target_id"), b=pl.col("source_id")),
+    ])
     degree = pairs.filter(pl.col("a") != pl.col("b")).unique().group_by("a").len("deg")
     out = inserts.join(degree.rename({"a": "source_id", "deg": "_d_src"}), on="source_id", how="left", maintain_order="left")
     out = out.join(degree.rename({"a": "target_id", "deg": "_d_tgt"}), on="target_id", how="left", maintain_order="left")
@@ -199,20 +206,35 @@ def _with_co_degree(inserts: pl.DataFrame, diff: Diff, snapshot: Snapshot) -> pl
     ).drop("_d_src", "_d_tgt")
 
 
-def _live_node_ids(diff: Diff, snapshot: Snapshot) -> pl.Series:
+def _live_nodes(ids: pl.Series, diff: Diff, snapshot: Snapshot) -> pl.Series:
+    """Whether each of ``ids`` is a node after the diff: in the snapshot and not deleted, or inserted."""
     nodes = diff.table("memory_nodes")
-    ids = snapshot.table("memory_nodes").get_column("id")
-    ids = ids.filter(~lookup.member(ids, nodes.deletes.get_column("id")))
-    return pl.concat([ids, nodes.inserts.get_column("id")]) if nodes.inserts.height else ids
+    live = lookup.member(ids, snapshot.table("memory_nodes").get_column("id"))
+    if nodes.deletes.height:
+        live = live & ~lookup.member(ids, nodes.deletes.get_column("id"), few=True)
+    if nodes.inserts.height:
+        live = live | lookup.member(ids, nodes.inserts.get_column("id"), few=True)
+    return live
 
 
-def _surviving_edges(diff: Diff, snapshot: Snapshot) -> pl.DataFrame:
+def _surviving_ends(diff: Diff, snapshot: Snapshot, deleted: pl.Series) -> pl.Series:
+    """The ends that are among the ``deleted`` node ids, of every edge the diff leaves (snapshot
+    edges it does not delete, and edges it inserts) — one entry per edge end."""
     edges = diff.table("memory_edges")
-    kept = lookup.without(snapshot.table("memory_edges").select("id", "source_id", "target_id"), edges.deletes.get_column("id"))
-    kept = kept.select("source_id", "target_id")
-    if edges.inserts.height:
-        kept = pl.concat([kept, edges.inserts.select("source_id", "target_id")])
-    return kept
+    stored = snapshot.table("memory_edges").select("id", "source_id", "target_id")
+    parts = []
+    for frame in (stored, edges.inserts.select("id", "source_id", "target_id") if edges.inserts.height else None):
+        if frame is None:
+            continue
+        # few edges touch a deleted node (and those are deleted with it): probe hashes first
+        n = frame.height
+        hit = lookup.member(pl.concat([frame.get_column("source_id"), frame.get_column("target_id")]), deleted, few=True)
+        touching = frame.filter(hit.slice(0, n) | hit.slice(n, n))
+        if frame is stored:
+            touching = lookup.without(touching, edges.deletes.get_column("id"))
+        ends = pl.concat([touching.get_column("source_id"), touching.get_column("target_id")])
+        parts.append(ends.filter(lookup.member(ends, deleted)))
+    return pl.concat(parts).alias("id") if parts else pl.Series("id", [], dtype=pl.String)
 
 
 def _vouched(schema: pa.DataFrameSchema, frame: pl.DataFrame) -> bool:
