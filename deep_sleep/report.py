@@ -43,7 +43,7 @@ class ConsolidationReport:
     phases_skipped: phase → reason ("disabled by config", "missing input: …", "gated: …").
     timings: seconds per phase and per stage (extract, transform, validate, apply); within the
         transform stage also read_snapshot, quarantine, fold (folding each phase's diff into the
-        next phase's view), combine, diff_hash and write_diff.
+        next phase's view), combine, diff_hash and write_diff (the diff is written while it is hashed).
     rows_changed: table → {inserts, updates, deletes} of the diff; after apply, what landed.
     conflicts: updates/deletes skipped because a live writer changed the row after the snapshot.
     errors: human-readable errors (validation failures, exceptions); empty on success.
