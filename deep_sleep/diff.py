@@ -220,7 +220,8 @@ def _fold_updates(frame: pl.DataFrame, updates: pl.DataFrame, add_missing: bool 
     latest = latest.with_columns(pl.col(c).cast(frame.schema[c]) for c in cols)
     # Write the new values in place of the old ones by row position: only the changed columns are
     # copied, the others stay shared with the previous view (a join would rebuild every column).
-    at = latest.join(lookup.rows_of(frame.get_column("id"), latest.get_column("id")), on="id", how="inner")
+    found = lookup.matches(frame.get_column("id"), latest.get_column("id"))
+    at = latest.drop("id")[found.get_column("_w")].with_columns(found.get_column("_pos"))
     flat = [c for c in cols if not frame.schema[c].is_nested()]
     out = []
     for c in flat:

@@ -23,13 +23,28 @@ SEED = 0
 SMALL = 50_000  # below this many ids a plain string lookup is cheaper than the hashing round
 
 
+def matches(ids: pl.Series, wanted: pl.Series) -> pl.DataFrame:
+    """``(_pos, _w)``: every pair of a position in ``ids`` and a position in ``wanted`` holding the
+    same (non-null) id, in no particular order.  Candidates are found by 64-bit hash and confirmed
+    by comparing the ids of each pair."""
+    if ids.len() <= SMALL:
+        left = pl.DataFrame({"_id": ids}).with_row_index("_pos")
+        right = pl.DataFrame({"_id": wanted}).with_row_index("_w")
+        return left.join(right, on="_id", how="inner").select("_pos", "_w")
+    hashed = ids.hash(SEED)
+    probe = wanted.hash(SEED)
+    candidates = hashed.is_in(probe.implode()).arg_true()
+    left = pl.DataFrame({"_h": hashed.gather(candidates), "_pos": candidates})
+    right = pl.DataFrame({"_h": probe, "_w": pl.int_range(0, wanted.len(), dtype=pl.UInt32, eager=True)})
+    pairs = left.join(right, on="_h", how="inner").select("_pos", "_w")
+    same = ids.gather(pairs.get_column("_pos")) == wanted.gather(pairs.get_column("_w"))
+    return pairs.filter(same.fill_null(False))
+
+
 def rows_of(ids: pl.Series, wanted: pl.Series) -> pl.DataFrame:
     """``(id, _pos)``: each position in ``ids`` whose id is in ``wanted`` (any order)."""
-    if ids.len() <= SMALL:
-        return pl.DataFrame({"id": ids}).with_row_index("_pos").filter(pl.col("id").is_in(wanted.implode())).select("id", "_pos")
-    candidates = ids.hash(SEED).is_in(wanted.hash(SEED).implode()).arg_true()
-    found = pl.DataFrame({"id": ids.gather(candidates), "_pos": candidates})
-    return found.filter(pl.col("id").is_in(wanted.implode()))
+    pos = matches(ids, wanted).get_column("_pos").unique()
+    return pl.DataFrame({"id": ids.gather(pos), "_pos": pos})
 
 
 def without(frame: pl.DataFrame, gone: pl.Series, on: str = "id") -> pl.DataFrame:
@@ -37,7 +52,7 @@ def without(frame: pl.DataFrame, gone: pl.Series, on: str = "id") -> pl.DataFram
     if not gone.len():
         return frame
     keep = np.ones(frame.height, dtype=bool)
-    keep[rows_of(frame.get_column(on), gone).get_column("_pos").to_numpy()] = False
+    keep[matches(frame.get_column(on), gone).get_column("_pos").to_numpy()] = False
     return frame.filter(pl.Series(keep))
 
 
@@ -75,4 +90,4 @@ def member(values: pl.Series, among: pl.Series, *, few: bool = False) -> pl.Seri
     return (found.get_column("_id") == found.get_column("_v")).fill_null(False).alias(values.name)
 
 
-__all__ = ["member", "rows_of", "unique", "without"]
+__all__ = ["matches", "member", "rows_of", "unique", "without"]
