@@ -10,7 +10,8 @@ only if the directory still holds exactly what was written (every file's size, m
 and inode as they were right after the write), else it reads the files as usual.
 
 The files stay the source of truth: they are written in full either way; a value is taken at most
-once; at most :data:`ENTRIES` values wait here (the oldest goes first), and
+once; at most :data:`ENTRIES` values of at most :data:`ROWS` rows in all wait here (the oldest
+goes first: a night of many scopes holds a few in memory, not all), and
 ``DEEP_SLEEP_HANDOFF=0`` turns the whole thing off (every stage then reads its input from disk).
 Another process (a Dask worker, a replay, a re-run by hand) finds nothing here and reads the files.
 """
@@ -24,9 +25,10 @@ from pathlib import Path
 from typing import Any
 
 ENTRIES = 8
+ROWS = 6_000_000  # ≈ two 1M-node snapshots with their diffs
 
 _lock = threading.Lock()
-_waiting: OrderedDict[tuple[str, str], tuple[frozenset[str], tuple, Any]] = OrderedDict()
+_waiting: OrderedDict[tuple[str, str], tuple[frozenset[str], tuple, Any, int]] = OrderedDict()
 
 
 def enabled() -> bool:
@@ -49,16 +51,16 @@ def _key(kind: str, directory: str | Path) -> tuple[str, str]:
     return kind, str(Path(directory).resolve())
 
 
-def put(kind: str, directory: str | Path, value: Any, ignore: frozenset[str] = frozenset()) -> None:
-    """Leave ``value`` (what was just written to ``directory``) for the next stage; files named in
-    ``ignore`` may change in between (a report a later stage rewrites)."""
-    if not enabled():
+def put(kind: str, directory: str | Path, value: Any, rows: int, ignore: frozenset[str] = frozenset()) -> None:
+    """Leave ``value`` (what was just written to ``directory``, ``rows`` rows in all) for the next
+    stage; files named in ``ignore`` may change in between (a report a later stage rewrites)."""
+    if not enabled() or rows > ROWS:
         return
-    entry = (ignore, _fingerprint(Path(directory), ignore), value)
+    entry = (ignore, _fingerprint(Path(directory), ignore), value, rows)
     with _lock:
         _waiting[_key(kind, directory)] = entry
         _waiting.move_to_end(_key(kind, directory))
-        while len(_waiting) > ENTRIES:
+        while len(_waiting) > ENTRIES or sum(e[3] for e in _waiting.values()) > ROWS:
             _waiting.popitem(last=False)
 
 
@@ -68,7 +70,7 @@ def take(kind: str, directory: str | Path) -> Any | None:
         entry = _waiting.pop(_key(kind, directory), None)
     if entry is None or not enabled():
         return None
-    ignore, fingerprint, value = entry
+    ignore, fingerprint, value, _ = entry
     try:
         return value if _fingerprint(Path(directory), ignore) == fingerprint else None
     except OSError:
@@ -80,4 +82,4 @@ def clear() -> None:
         _waiting.clear()
 
 
-__all__ = ["ENTRIES", "clear", "enabled", "put", "take"]
+__all__ = ["ENTRIES", "ROWS", "clear", "enabled", "put", "take"]

@@ -52,12 +52,18 @@ def run_dir(base: str | Path | None, scope: Scope, as_of: datetime, run_id: str)
     return runs_dir(base) / quote(scope.display(), safe="") / f"{stamp}_{run_id}"
 
 
+def _rows(value: Snapshot | Diff) -> int:
+    if isinstance(value, Snapshot):
+        return sum(f.height for f in value.frames.values())
+    return sum(n for counts in value.row_counts().values() for n in counts.values())
+
+
 def extract_stage(store: Store, scope: Scope | str, as_of: datetime, config: ConsolidationConfig, out: Path) -> Path:
     """Extract the scope and write its snapshot to ``out``; returns ``out``."""
     log_since = utc(as_of) - timedelta(hours=config.lookback_hours)
     snap = extract(store, scope, log_since=log_since)
     snap.write(out)
-    handoff.put("snapshot", out, snap.as_read(out))
+    handoff.put("snapshot", out, snap.as_read(out), rows=_rows(snap))
     return out
 
 
@@ -76,7 +82,8 @@ def plan_stage(snapshot_dir: Path, config: ConsolidationConfig, as_of: datetime,
     result = plan(snap, config, as_of, phases, write_to=out)  # writes the diff while hashing it
     if result.quarantined.height:
         result.quarantined.write_parquet(Path(out) / QUARANTINE_FILE)
-    handoff.put("plan", out, (result.snapshot, result.diff), ignore=_REWRITTEN)
+    handoff.put("plan", out, (result.snapshot, result.diff), rows=_rows(result.snapshot) + _rows(result.diff),
+                ignore=_REWRITTEN)
     t3 = time.perf_counter()
     seconds = {**(timings or {}), **result.report.timings, "read_snapshot": round(t1 - t0, 6),
                "transform": round(t3 - t0, 6)}
@@ -111,7 +118,7 @@ def validate_stage(snapshot_dir: Path, diff_dir: Path, config: ConsolidationConf
         report = report.with_(status="failed", errors=report.errors + errors, validation=failures.head(200).to_dicts(), timings=timings)
     else:
         report = report.with_(timings=timings)
-        handoff.put("diff", diff_dir, diff, ignore=_REWRITTEN)
+        handoff.put("diff", diff_dir, diff, rows=_rows(diff), ignore=_REWRITTEN)
     report.write(diff_dir)
     return report
 

@@ -66,23 +66,27 @@ def test_a_changed_file_an_evicted_entry_or_the_switch_means_reading_the_files(t
     d = tmp_path / "d"
     d.mkdir()
     (d / "a.parquet").write_bytes(b"1")
-    handoff.put("diff", d, "value", ignore=frozenset({"report.json"}))
+    handoff.put("diff", d, "value", rows=1, ignore=frozenset({"report.json"}))
     (d / "report.json").write_text("{}")  # ignored: a later stage rewrites it
     assert handoff.take("diff", d) == "value"
-    handoff.put("diff", d, "value")
+    handoff.put("diff", d, "value", rows=1)
     (d / "a.parquet").write_bytes(b"2")  # same size, new content
     os.utime(d / "a.parquet", ns=(1, 1))
     assert handoff.take("diff", d) is None
-    handoff.put("diff", d, "value")
+    handoff.put("diff", d, "value", rows=1)
     (d / "b.parquet").write_bytes(b"")  # a new file
     assert handoff.take("diff", d) is None
     for i in range(handoff.ENTRIES + 1):
         (tmp_path / str(i)).mkdir()
-        handoff.put("snapshot", tmp_path / str(i), i)
+        handoff.put("snapshot", tmp_path / str(i), i, rows=1)
     assert handoff.take("snapshot", tmp_path / "0") is None  # the oldest went
     assert handoff.take("snapshot", tmp_path / str(handoff.ENTRIES)) == handoff.ENTRIES
+    handoff.put("snapshot", tmp_path / "1", "big", rows=handoff.ROWS - 1)  # the others' rows make it too many
+    assert handoff.take("snapshot", tmp_path / "2") is None and handoff.take("snapshot", tmp_path / "1") == "big"
+    handoff.put("snapshot", tmp_path / "1", "too big", rows=handoff.ROWS + 1)
+    assert handoff.take("snapshot", tmp_path / "1") is None
     monkeypatch.setenv("DEEP_SLEEP_HANDOFF", "0")
-    handoff.put("diff", d, "value")
+    handoff.put("diff", d, "value", rows=1)
     assert handoff.take("diff", d) is None and handoff.take("snapshot", tmp_path / "1") is None
 
 
