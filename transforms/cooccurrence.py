@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import functools
 import math
 from datetime import datetime
 
 import numpy as np
 import polars as pl
+import pyarrow as pa
 
 from deep_sleep import tables
 from deep_sleep.config import CooccurrenceConfig
@@ -43,19 +43,18 @@ def cooccurrence(
 
     # Recent nodes, numbered in id order: comparing numbers is comparing ids.  Lazy: the frames
     # arrive in misaligned chunks after earlier phases' folds, and an eager select would copy
-    # every column to realign them.
+    # every column to realign them.  Put in id order by :func:`_text_order` (no string sort).
     recent = (
         snapshot.table("memory_nodes")
         .lazy()
         .select("id", "layer", "updated_at")
         .filter((pl.col("layer") == "semantic") & in_window("updated_at", start, as_of))
         .select("id", pl.col("updated_at").dt.epoch("us").alias("t"))
-        .sort("id")
-        .with_row_index("i")
-        .with_columns(pl.col("i").cast(pl.Int64))
         .collect()
-        .rechunk()  # one chunk: gathers and joins on a chunked string column are several times slower
     )
+    # The gather leaves one chunk: gathers and joins on a chunked string column are several times slower.
+    recent = recent.select(pl.all().gather(_text_order(recent.get_column("id"))))
+    recent = recent.with_row_index("i").with_columns(pl.col("i").cast(pl.Int64))
     n = recent.height
     if n < 2:
         return PhaseResult(counters=zero)
@@ -120,97 +119,145 @@ def cooccurrence(
 def _mutual_nearest(nodes: pl.DataFrame, linked: pl.DataFrame, n: int, k: int, width: int) -> pl.DataFrame:
     """Pairs (a < b) of node numbers that pick each other among their ``free`` nearest candidates.
 
-    ``nodes``: i (id order), t (µs), free.  ``linked``: existing edges as si/ti (not candidates).
-    A node's candidates lie within ``k`` places of it in time order (see :func:`cooccurrence`), so
-    they fit in one row of a ``n × (3k + 1)`` matrix: each row is sorted on its own (tiny sorts
-    instead of one big sort of every candidate).  Rows follow the time order and pairs are checked
-    against each row's few slots, so there is no hashing and memory is mostly written in sequence.
+    ``nodes``: i (id order; row r is node r), t (µs), free.  ``linked``: existing edges as si/ti (not
+    candidates).  Rows follow the time order (t, id).  A row's candidates at other times are the ``k``
+    nearest strictly later and strictly earlier nodes (see :func:`cooccurrence`); each is packed into
+    one integer ``gap·n + partner``, so that integer order is the ranking order, in an ``n × 2k`` matrix
+    whose rows are sorted on their own (tiny sorts instead of one big sort).  Same-time partners (gap 0,
+    so ranked first) are merged in only for the rows that have any.  Everything is dense column
+    arithmetic on length-n vectors (no compaction, no hashing); linked pairs are found by their packed
+    value, the picks checked for mutuality by gathers from the node-numbered pick table.
     """
-    order = _positions(nodes.sort(["t", "i"]))  # order (t, id): row p of the matrix is position p here
-    i_of, t, gs, ge, pos = order["i"], order["t"], order["gs"], order["ge"], order["pos"]
-    # Reversing each equal-time group gives order (t, id desc): walking left from a group's start in
-    # it gives earlier times nearest first and, within one earlier time, the smallest id first.
-    desc = gs + ge - pos  # position in (t, id desc) → position in (t, id), and back
-    has_free = order["free"] > 0
     none = np.iinfo(np.int64).max
-    slots = 3 * k + 1
-    # Filled one slot at a time, so slot-major (each fill writes one contiguous row); transposed below.
-    dt = np.full((slots, n), none, dtype=np.int64)
-    partner = np.zeros((slots, n), dtype=np.int64)
-    fill = functools.partial(_place, dt, partner, i_of, t, has_free, width)
-    slot = 0
-    for j in range(1, k + 1):
-        fill(slot, ge + j)  # strictly later
-        earlier = gs - j
-        fill(slot + 1, np.where(earlier >= 0, desc[earlier.clip(0)], -1))  # strictly earlier
-        slot += 2
-    for j in range(k + 1):
-        at = gs + j
-        fill(slot, np.where((at <= ge) & (at != pos), at, -1))  # same time
-        slot += 1
+    t_by_i = nodes.get_column("t").to_numpy()
+    i_of = _time_order(t_by_i)  # row p of the matrix is node i_of[p]
+    t = t_by_i[i_of]
+    free = nodes.get_column("free").to_numpy()[i_of]
+    pos = np.arange(n, dtype=np.int64)
     row_of = np.empty(n, dtype=np.int64)
     row_of[i_of] = pos  # node number → matrix row
-    valid = dt != none
-    # Pairs that already have a CO_OCCURRED edge are not candidates (a node's row holds each partner once).
-    si, ti = linked.get_column("si").to_numpy(), linked.get_column("ti").to_numpy()
-    _drop(valid, partner, row_of[si], ti)
-    _drop(valid, partner, row_of[ti], si)
-    # Rank by (|Δt|, partner) packed in one integer; |Δt| is replaced by its dense rank when the
-    # packed value could overflow (only for absurdly wide windows).
-    gap = dt[valid]
-    if gap.size and (int(gap.max()) + 1) * n >= 2**62:
-        dt[valid] = np.unique(gap, return_inverse=True)[1].astype(np.int64)
-    rank = dt  # in place: the matrices are large
-    rank *= n  # products of non-candidates wrap around, and are overwritten next
-    rank += partner
-    rank[~valid] = none
+    # Each row's equal-time group: its first (gs) and last (ge) row.
+    new = np.ones(n, dtype=bool)
+    new[1:] = t[1:] != t[:-1]
+    gs = np.maximum.accumulate(np.where(new, pos, 0))
+    last = np.ones(n, dtype=bool)
+    last[:-1] = new[1:]
+    ge = np.minimum.accumulate(np.where(last, pos, n)[::-1])[::-1]
+    # Arrays padded by k, so that a neighbour beyond either end reads a dummy row (position n, masked).
+    # Reversing each equal-time group gives order (t, id desc): walking left from a group's start in
+    # it gives earlier times nearest first and, within one earlier time, the smallest id first.
+    pad = np.zeros(k, dtype=np.int64)
+    t_pad, i_pad = np.concatenate([t, pad]), np.concatenate([i_of, pad])
+    desc_pad = np.concatenate([np.full(k, n), gs + ge - pos])  # position in (t, id desc) → in (t, id)
+
+    def sides():  # (partner row, gap) of each row's j-th strictly later and strictly earlier node
+        for j in range(1, k + 1):
+            at = ge + j
+            yield at, t_pad[at] - t
+            at = desc_pad[gs - j + k]
+            yield at, t - t_pad[at]
+
+    # The gap is packed as itself, or, when gap·n could overflow (only for absurdly wide windows), as
+    # 1 + its rank among the candidates' gaps (≥ 1: gap 0 stays the same-time partners' alone).
+    keyset = None
+    if (width + 1) * n >= 2**62:
+        keyset = np.unique(np.concatenate([gap[(at < n) & (gap <= width)] for at, gap in sides()]))
+
+    def packed(gap: np.ndarray, partner: np.ndarray) -> np.ndarray:
+        if keyset is not None:
+            gap = np.searchsorted(keyset, gap) + 1
+        return gap * n + partner  # wraps around only where masked as no candidate
+
+    rank = np.empty((2 * k, n), dtype=np.int64)  # filled slot by slot (contiguous), transposed below
+    for slot, (at, gap) in enumerate(sides()):
+        value = packed(gap, i_pad[at])
+        value[(at >= n) | (gap > width)] = none
+        rank[slot] = value
     rank = rank.T.copy()
-    rank.sort(axis=1)  # one tiny sort per node instead of one big sort of every candidate
-    # A node picks its first `free` (≤ k) ranked candidates: they sit in the first k columns.
+    # Pairs that already have a CO_OCCURRED edge are not candidates: a row holds each partner at most
+    # once, and its packed value is known.
+    si, ti = linked.get_column("si").to_numpy(), linked.get_column("ti").to_numpy()
+    gap = np.abs(t_by_i[si] - t_by_i[ti])
+    near = gap <= width
+    si, ti, gap = si[near], ti[near], gap[near]
+    ends = ((row_of[si], ti), (row_of[ti], si))
+    for rows, others in ends:
+        _drop(rank, rows, packed(gap, others))
+    rank.sort(axis=1)  # one tiny sort per row instead of one big sort of every candidate
+    # Rows in equal-time groups: their first k + 1 group members but themselves (gap 0, packed as the
+    # partner's number) come before every other candidate.
+    multi = np.flatnonzero(ge > gs)
+    if multi.size:
+        at = gs[multi, None] + np.arange(k + 1)
+        ok = (at <= ge[multi, None]) & (at != multi[:, None])
+        same = np.where(ok, i_of[np.where(ok, at, 0)], none)
+        sub = np.full(n, -1)
+        sub[multi] = np.arange(multi.size)  # matrix row → row of `same`
+        for rows, others in ends:
+            rows = sub[rows]
+            has = rows >= 0
+            _drop(same, rows[has], others[has])
+        same = np.concatenate([same, rank[multi]], axis=1)
+        same.sort(axis=1)
+        rank[multi, :k] = same[:, :k]
+    # A row picks its first `free` (≤ k) ranked candidates: they sit in the first k columns.
     rank = rank[:, :k]
-    chosen = (rank != none) & (np.arange(k)[None, :] < order["free"][:, None])
-    picks = np.where(chosen, rank % n, -1)  # each row's picked partners, -1 for none
-    rows = np.broadcast_to(pos[:, None], picks.shape)[chosen]
-    a, b = i_of[rows], picks[chosen]
-    keep = a < b
-    a, b = a[keep], b[keep]
-    mutual = (picks[row_of[b]] == a[:, None]).any(axis=1)  # b picked a too
+    chosen = (rank != none) & (np.arange(k) < free[:, None])
+    picks = np.take(np.where(chosen, rank % n, -1), row_of, axis=0)  # by node number, -1 for none
+    at = np.flatnonzero(picks > pos[:, None])  # a picked b > a
+    a, b = at // k, picks.ravel()[at]
+    by_slot = picks.T.copy()
+    mutual = by_slot[0][b] == a  # b picked a too
+    for c in range(1, k):
+        mutual |= by_slot[c][b] == a
     key = np.sort(a[mutual] * n + b[mutual])
     return pl.DataFrame({"a": key // n, "b": key % n})
 
 
-def _drop(valid: np.ndarray, partner: np.ndarray, rows: np.ndarray, others: np.ndarray) -> None:
-    """Mark the candidate ``others[m]`` of matrix row ``rows[m]`` (where present) as not a candidate
-    (the arrays are slot-major: ``[slot, row]``)."""
-    c, m = np.nonzero((partner[:, rows] == others[None, :]) & valid[:, rows])
-    valid[c, rows[m]] = False
+def _drop(rank: np.ndarray, rows: np.ndarray, values: np.ndarray) -> None:
+    """Mark the candidate packed as ``values[m]`` of matrix row ``rows[m]`` (where present) as none."""
+    m, c = np.nonzero(np.take(rank, rows, axis=0) == values[:, None])
+    rank[rows[m], c] = np.iinfo(np.int64).max
 
 
-def _positions(ordered: pl.DataFrame) -> dict[str, np.ndarray]:
-    """Numpy columns of ``ordered`` plus each row's position and its equal-time group's first (gs)
-    and last (ge) position in this order."""
-    t = ordered.get_column("t").to_numpy()
-    pos = np.arange(len(t), dtype=np.int64)
-    new = np.ones(len(t), dtype=bool)
-    new[1:] = t[1:] != t[:-1]
-    gs = np.maximum.accumulate(np.where(new, pos, 0))
-    last = np.ones(len(t), dtype=bool)
-    last[:-1] = t[1:] != t[:-1]
-    ge = np.minimum.accumulate(np.where(last, pos, len(t))[::-1])[::-1]
-    return {"i": ordered.get_column("i").to_numpy(), "t": t, "free": ordered.get_column("free").to_numpy(),
-            "pos": pos, "gs": gs, "ge": ge}
-
-
-def _place(dt: np.ndarray, partner: np.ndarray, i_of: np.ndarray, t: np.ndarray, has_free: np.ndarray, width: int,
-           slot: int, at: np.ndarray) -> None:
-    """Write into slot ``slot`` of each matrix row the |Δt| and number of the partner at row ``at``
-    (nothing where ``at`` is out of range, the partner is farther than ``width``, or the row's node
-    has no free slot)."""
+def _time_order(t: np.ndarray) -> np.ndarray:
+    """Stable argsort of ``t`` (order (t, row)): one sort of ``(t − min)·n + row`` when that cannot
+    overflow (several times faster than numpy's stable argsort)."""
     n = len(t)
-    rows = np.flatnonzero((at >= 0) & (at < n) & has_free)
-    other = at[rows]
-    gap = np.abs(t[other] - t[rows])
-    near = gap <= width
-    rows, other, gap = rows[near], other[near], gap[near]
-    dt[slot, rows] = gap
-    partner[slot, rows] = i_of[other]
+    lo, hi = int(t.min()), int(t.max())
+    if (hi - lo + 1) * n >= 2**63:
+        return np.argsort(t, kind="stable")
+    key = (t - lo) * n + np.arange(n)
+    key.sort()
+    return key % n
+
+
+def _text_order(ids: pl.Series) -> np.ndarray:
+    """``ids.arg_sort()`` for distinct non-null ids: the permutation that puts them in text order.
+
+    Sorting 142k 36-character strings costs Polars ~50 ms.  When all ids have one length (UUIDs),
+    their bytes form an ``(n, L)`` matrix, and its columns read as big-endian 64-bit words order the
+    rows as the text does (byte order, as Polars compares strings): one integer sort of the first
+    word (~10 ms), then the few rows whose first words tie are ordered by all their words.
+    """
+    arr = ids.to_arrow()
+    n = len(arr)
+    if ids.null_count() or n < 2 or not isinstance(arr, pa.LargeStringArray):
+        return ids.arg_sort().to_numpy()
+    offsets = np.frombuffer(arr.buffers()[1], dtype=np.int64, count=n + 1, offset=arr.offset * 8)
+    width = int(offsets[1] - offsets[0])
+    if width == 0 or not (np.diff(offsets) == width).all():
+        return ids.arg_sort().to_numpy()
+    text = np.zeros((n, -(-width // 8) * 8), dtype=np.uint8)  # zero-padded to whole words
+    text[:, :width] = np.frombuffer(arr.buffers()[2], dtype=np.uint8)[offsets[0] : offsets[0] + width * n].reshape(n, width)
+    words = text.view(">u8").astype(np.uint64)  # (n, words), native byte order for the sorts
+    order = np.argsort(words[:, 0])
+    first = words[order, 0]
+    tie = np.zeros(n, dtype=bool)
+    same = first[1:] == first[:-1]
+    tie[1:] |= same
+    tie[:-1] |= same
+    if tie.any():  # tied runs keep their places; within them, all words decide
+        sub = order[tie]
+        order[tie] = sub[np.lexsort(words[sub].T[::-1])]
+    return order

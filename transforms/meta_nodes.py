@@ -69,9 +69,11 @@ def _groups(nodes: pl.DataFrame, config: MetaNodesConfig) -> pl.DataFrame:
     member_count, member_ids (the top ``max_members``) and summary."""
     k = config.max_members
     members = (
-        nodes.lazy()
-        .filter((pl.col("layer") == "semantic") & ~pl.col("label").str.starts_with("META:") & ~is_protected())
-        .select("id", "label", "importance", "updated_at", label_prefix().alias("prefix"))
+        _with_prefix(
+            nodes.lazy()
+            .filter((pl.col("layer") == "semantic") & ~pl.col("label").str.starts_with("META:") & ~is_protected())
+            .select("id", "label", "importance", "updated_at")
+        )
         .filter(pl.col("prefix").is_not_null() & (pl.col("prefix") != ""))
         .collect()
         .lazy()
@@ -113,6 +115,34 @@ def _groups(nodes: pl.DataFrame, config: MetaNodesConfig) -> pl.DataFrame:
         .drop("top_labels")
         .collect()
     )
+
+
+def _with_prefix(members: pl.LazyFrame) -> pl.LazyFrame:
+    """``members`` with the column ``prefix`` = :func:`label_prefix` of its label (row order not kept).
+
+    label_prefix evaluates both of its branches (a split and a regex extract, then strip and
+    lowercase) on every label: most of this phase's time.  Most labels are ASCII and their first
+    colon or whitespace ends the prefix, with nothing to strip: for those the prefix is simply the
+    lowercased head of the label up to that byte (or the whole label).  Only the other labels —
+    non-ASCII, leading whitespace, or whitespace before a colon ("my project: x") — go through
+    label_prefix.  Exact: for an ASCII label the byte offsets of ``find`` are character offsets, the
+    ASCII characters that strip_chars and ``\\s`` treat as whitespace (Unicode White_Space) are
+    exactly ``(?-u)\\s`` = ``[\\t\\n\\v\\f\\r ]``, and ASCII lowercasing is the full one.
+    """
+    label, pos, colon = pl.col("label"), pl.col("_pos"), pl.col("_colon")
+    marked = members.with_columns(
+        _pos=label.str.find(r"(?-u)[:\s]"),  # the first colon or (ASCII) whitespace
+        _colon=label.str.find(":", literal=True),
+        _ascii=label.str.len_bytes() == label.str.len_chars(),
+    ).with_columns(
+        # no delimiter (one token), the colon comes first, or a token ended by whitespace and no colon
+        _simple=(pl.col("_ascii") & (pos.is_null() | (pos == colon) | (colon.is_null() & (pos > 0)))).fill_null(False)
+    ).collect()
+    simple = marked.lazy().filter("_simple").with_columns(
+        pl.when(pos.is_null()).then(label).otherwise(label.str.head(pos)).str.to_lowercase().alias("prefix")
+    )
+    other = marked.lazy().filter(~pl.col("_simple")).with_columns(label_prefix().alias("prefix"))
+    return pl.concat([simple, other]).drop("_pos", "_colon", "_ascii", "_simple")
 
 
 _PATCH = pl.struct("summary", "member_count", "member_ids").struct.json_encode()
