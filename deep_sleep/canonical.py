@@ -22,6 +22,7 @@ passes instead of text rendering (≈ 10× faster than newline-delimited JSON of
 from __future__ import annotations
 
 import io
+from functools import lru_cache
 from typing import Protocol
 
 import numpy as np
@@ -32,45 +33,112 @@ class _Hash(Protocol):
     def update(self, data: bytes | memoryview, /) -> None: ...
 
 
-def digest_frame(h: _Hash, frame: pl.DataFrame) -> None:
-    """Feed ``h`` the canonical bytes of ``frame`` (its columns in the given order, then its height)."""
-    for name in frame.columns:
-        for part in series_bytes(name, frame.get_column(name)):
-            h.update(part)
+def digest_frame(h: _Hash, frame: pl.DataFrame, columns: list[str] | None = None) -> None:
+    """Feed ``h`` the canonical bytes of ``frame`` (its ``columns``, default all, in that order,
+    then its height)."""
+    for part in columns_bytes(frame, columns):
+        h.update(part)
     h.update(b"rows %d\n" % frame.height)
 
 
 def series_bytes(name: str, s: pl.Series) -> list[bytes | memoryview]:
     """The canonical bytes of one column, in pieces (see the module docstring)."""
-    head = name.encode("utf-8", "surrogatepass") + b"\x00"
-    nulls = s.null_count()
-    if nulls == s.len() and s.len():
-        return [head, b"null\x00%d" % s.len()]
-    kind, values = _values(s)
-    validity = b"N" + np.packbits(s.is_not_null().to_numpy()).tobytes() if nulls else b"A"
-    return [head, kind.encode() + b"\x00", validity, *values]
+    return columns_bytes(s.to_frame(name))
 
 
-def _values(s: pl.Series) -> tuple[str, list[bytes | memoryview]]:
-    dtype = s.dtype
+def columns_bytes(frame: pl.DataFrame, columns: list[str] | None = None) -> list[bytes | memoryview]:
+    """The canonical bytes of ``columns`` (default: every column) of ``frame``, in order, in pieces.
+
+    The expressions of all columns are evaluated in two ``select``s (row-wise values; per-column
+    aggregates): a diff of a quick nap has a few rows in a dozen columns, and one Polars call per
+    column and step would cost milliseconds."""
+    plans: list[tuple[str, str | None, int, pl.Series]] = []
+    rows: list[pl.Expr] = []
+    aggs: list[pl.Expr] = []
+    for i, name in enumerate(frame.columns if columns is None else columns):
+        s = frame.get_column(name)
+        nulls = s.null_count()
+        if nulls == s.len() and s.len():
+            plans.append((name, None, nulls, s))
+            continue
+        recipe = _aliased(name, s.dtype, i)
+        if recipe is None:
+            plans.append((name, "other", nulls, s))
+            continue
+        kind, value, valid, total = recipe
+        if nulls:
+            rows.append(valid)
+        rows.append(value)
+        if total is not None:
+            aggs.append(total)
+        plans.append((name, kind, nulls, s))
+    got = frame.select(rows) if rows else None
+    totals = frame.select(aggs) if aggs else None
+    out: list[bytes | memoryview] = []
+    for i, (name, kind, nulls, s) in enumerate(plans):
+        out.append(name.encode("utf-8", "surrogatepass") + b"\x00")
+        if kind is None:
+            out.append(b"null\x00%d" % s.len())
+            continue
+        if kind == "other":
+            kind, values = _other(s)
+            validity = s.is_not_null() if nulls else None
+        else:
+            values = _finish(kind, got.get_column(f"r{i}"), totals.get_column(f"a{i}") if kind == "str" else None)  # type: ignore[union-attr]
+            validity = got.get_column(f"v{i}") if nulls else None  # type: ignore[union-attr]
+        out.append(kind.encode() + b"\x00")
+        out.append(b"N" + np.packbits(validity.to_numpy()).tobytes() if validity is not None else b"A")
+        out.extend(values)
+    return out
+
+
+def _recipe(name: str, dtype: pl.DataType) -> tuple[str, pl.Expr, pl.Expr | None] | None:
+    """(kind, the row-wise values, an aggregate or None) of a column of a flat type, else None."""
+    c = pl.col(name)
     if dtype.is_integer():
-        return "int", [_le(s.cast(pl.Int64).fill_null(0), "<i8")]
+        return "int", c.cast(pl.Int64).fill_null(0), None
     if dtype.is_float():
-        a = s.cast(pl.Float64).fill_null(0.0).to_numpy().astype("<f8", copy=True)
-        a[np.isnan(a)] = np.nan  # one bit pattern for every NaN
-        return "float", [a.data]
+        return "float", c.cast(pl.Float64).fill_null(0.0), None
     if dtype == pl.Boolean:
-        return "bool", [_le(s.cast(pl.UInt8).fill_null(0), "u1")]
+        return "bool", c.cast(pl.UInt8).fill_null(0), None
     if isinstance(dtype, pl.Datetime):
-        kind = "ts" if dtype.time_zone else "ts-naive"
         if dtype.time_zone and dtype.time_zone != "UTC":
-            s = s.dt.convert_time_zone("UTC")
-        return kind, [_le(s.dt.cast_time_unit("us").to_physical().fill_null(0), "<i8")]
+            c = c.dt.convert_time_zone("UTC")
+        return ("ts" if dtype.time_zone else "ts-naive"), c.dt.cast_time_unit("us").to_physical().fill_null(0), None
     if dtype == pl.Date:
-        return "date", [_le(s.to_physical().cast(pl.Int64).fill_null(0), "<i8")]
+        return "date", c.to_physical().cast(pl.Int64).fill_null(0), None
     if dtype in (pl.String, pl.Categorical) or isinstance(dtype, pl.Enum):
-        s = s.cast(pl.String).fill_null("")
-        return "str", [_le(s.str.len_bytes(), "<i8"), s.str.join("").item().encode("utf-8", "surrogatepass")]
+        text = c.cast(pl.String).fill_null("")
+        return "str", text.str.len_bytes().cast(pl.Int64), text.str.join("")
+    return None
+
+
+@lru_cache(maxsize=4096)  # expressions hold no data; building them is most of a small frame's cost
+def _aliased(name: str, dtype: pl.DataType, i: int) -> tuple[str, pl.Expr, pl.Expr, pl.Expr | None] | None:
+    """:func:`_recipe` of the ``i``-th column, its outputs named ``r{i}``, ``v{i}`` (validity), ``a{i}``."""
+    recipe = _recipe(name, dtype)
+    if recipe is None:
+        return None
+    kind, value, total = recipe
+    return (kind, value.alias(f"r{i}"), pl.col(name).is_not_null().alias(f"v{i}"),
+            None if total is None else total.alias(f"a{i}"))
+
+
+def _finish(kind: str, values: pl.Series, total: pl.Series | None) -> list[bytes | memoryview]:
+    if kind == "float":
+        a = values.to_numpy().astype("<f8", copy=True)
+        a[np.isnan(a)] = np.nan  # one bit pattern for every NaN
+        return [a.data]
+    if kind == "bool":
+        return [_le(values, "u1")]
+    if kind == "str":
+        return [_le(values, "<i8"), total.item().encode("utf-8", "surrogatepass")]  # type: ignore[union-attr]
+    return [_le(values, "<i8")]  # int, ts, ts-naive, date
+
+
+def _other(s: pl.Series) -> tuple[str, list[bytes | memoryview]]:
+    """Binary, list and array columns; anything else as newline-delimited JSON."""
+    dtype = s.dtype
     if dtype == pl.Binary:
         s = s.fill_null(b"")
         return "bin", [_le(s.bin.size(), "<i8"), b"".join(s.to_list())]
@@ -90,4 +158,4 @@ def _le(s: pl.Series, dtype: str) -> memoryview:
     return s.to_numpy().astype(dtype, copy=False).data
 
 
-__all__ = ["digest_frame", "series_bytes"]
+__all__ = ["columns_bytes", "digest_frame", "series_bytes"]

@@ -136,9 +136,9 @@ class Diff:
         name, rows by (phase, id), each column in :mod:`deep_sleep.canonical`'s byte format (its
         values, not its storage: an Int32 and an Int64 column of equal values hash alike)."""
         h = hashlib.sha256(b"deep-sleep diff hash 2\n")
-        for name, kind, canon in self._canonical_frames():
+        for name, kind, canon in self._canonical_frames(reorder_columns=False):
             h.update(f"{name}.{kind}\n".encode())
-            canonical.digest_frame(h, canon)
+            canonical.digest_frame(h, canon, sorted(canon.columns))
         return h.hexdigest()
 
     def ndjson_content_hash(self) -> str:
@@ -152,12 +152,13 @@ class Diff:
             h.update(buf.getbuffer())
         return h.hexdigest()
 
-    def _canonical_frames(self) -> Iterator[tuple[str, str, pl.DataFrame]]:
+    def _canonical_frames(self, reorder_columns: bool = True) -> Iterator[tuple[str, str, pl.DataFrame]]:
+        """Each non-empty frame with its rows by (phase, id) and (``reorder_columns``) its columns by name."""
         for name in sorted(self.tables):
             for kind, frame in self.tables[name].frames().items():
                 if not frame.height:
                     continue
-                canon = frame.select(sorted(frame.columns))
+                canon = frame.select(sorted(frame.columns)) if reorder_columns else frame
                 if not _in_canonical_order(canon):  # one phase's rows usually come sorted by id already
                     canon = canon.sort(["phase", "id"])
                 yield name, kind, canon
