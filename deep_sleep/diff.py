@@ -245,18 +245,25 @@ def _in_canonical_order(frame: pl.DataFrame) -> bool:
 
 
 def _normalise(td: TableDiff) -> TableDiff:
-    deleted = td.deletes.get_column("id")
+    """See :meth:`Diff.combine`.  Rows with a null id are dropped wherever they are tested against
+    other rows' ids (as ``is_in`` filters drop them); the validation rejects them anyway."""
     inserts, updates, deletes = td.inserts, td.updates, td.deletes
     if deletes.height:
-        inserted_then_deleted = inserts.filter(pl.col("id").is_in(deleted.implode())).get_column("id")
-        inserts = inserts.filter(~pl.col("id").is_in(deleted.implode()))
-        updates = updates.filter(~pl.col("id").is_in(deleted.implode()))
-        deletes = deletes.filter(~pl.col("id").is_in(inserted_then_deleted.implode()))
+        deleted = deletes.get_column("id")
+        # Few rows of a run are inserted or updated and then deleted: probe hashes first.
+        gone = lookup.member(inserts.get_column("id"), deleted, few=True)
+        inserted_then_deleted = inserts.get_column("id").filter(gone)
+        inserts = inserts.filter(_kept(inserts, gone))
+        updates = updates.filter(_kept(updates, lookup.member(updates.get_column("id"), deleted, few=True)))
+        deletes = deletes.filter(_kept(deletes, lookup.member(deleted, inserted_then_deleted, few=True)))
     if inserts.height and updates.height:
-        on_new = updates.filter(pl.col("id").is_in(inserts.get_column("id").implode()))
-        if on_new.height:
+        on = lookup.member(updates.get_column("id"), inserts.get_column("id"), few=True)
+        if on.any():
             phase = inserts.get_column("phase")
-            merged = _fold_updates(inserts.drop("phase"), on_new, add_missing=True).with_columns(phase)
-            inserts = merged
-            updates = updates.filter(~pl.col("id").is_in(on_new.get_column("id").implode()))
+            inserts = _fold_updates(inserts.drop("phase"), updates.filter(on), add_missing=True).with_columns(phase)
+            updates = updates.filter(_kept(updates, on))
     return TableDiff(inserts=inserts, updates=updates, deletes=deletes)
+
+
+def _kept(frame: pl.DataFrame, matched: pl.Series) -> pl.Series:
+    return ~matched & frame.get_column("id").is_not_null()
