@@ -7,6 +7,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 
 import polars as pl
+import pytest
 
 from deep_sleep import plan as plan_module
 from deep_sleep.config import ConsolidationConfig
@@ -153,3 +154,25 @@ def test_checks_beside_the_phases_give_the_sequential_plan_and_rerun_when_rows_a
     clean = plan(overlapped.snapshot, ConsolidationConfig(), NOW)
     assert len(runs) == 1 and clean.quarantined.height == 0
     assert clean.report.diff_hash == plan(overlapped.snapshot, ConsolidationConfig(), NOW, check_rows=False).report.diff_hash
+
+
+def test_a_phase_failing_beside_the_checks_is_rerun_on_the_clean_snapshot_or_its_error_raised(store, scope, monkeypatch):
+    _corpus(store, scope)
+    snap = extract(store, scope)
+    sequential = plan(snap, ConsolidationConfig(), NOW)
+    monkeypatch.setattr(plan_module, "OVERLAP_ROWS", 0)
+    real = plan_module._run_phases
+
+    def fails_on_the_extracted_rows(s, *a):
+        if s is snap:  # the optimistic run, on rows the checks will quarantine
+            raise ValueError("a phase choked on a bad row")
+        return real(s, *a)
+
+    monkeypatch.setattr(plan_module, "_run_phases", fails_on_the_extracted_rows)
+    rerun = plan(snap, ConsolidationConfig(), NOW)
+    assert rerun.report.diff_hash == sequential.report.diff_hash and rerun.quarantined.height
+    # nothing to quarantine: the phase's own error is raised, not swallowed
+    clean = sequential.snapshot
+    monkeypatch.setattr(plan_module, "_run_phases", lambda s, *a: (_ for _ in ()).throw(ValueError("a real bug")))
+    with pytest.raises(ValueError, match="a real bug"):
+        plan(clean, ConsolidationConfig(), NOW)
