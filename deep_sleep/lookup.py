@@ -70,6 +70,15 @@ def member(values: pl.Series, among: pl.Series, *, few: bool = False) -> pl.Seri
     """
     if values.len() + among.len() <= SMALL:
         return values.is_in(among.implode()).fill_null(False)
+    if few:
+        probe, hashes = values.hash(SEED), among.hash(SEED)
+        candidates = probe.is_in(hashes.implode()).arg_true()
+        out = np.zeros(values.len(), dtype=bool)
+        if candidates.len():
+            # the ids of ``among`` whose hash a candidate has: usually as few as the candidates
+            near = among.filter(hashes.is_in(probe.gather(candidates).implode()))
+            out[candidates.to_numpy()] = values.gather(candidates).is_in(near.implode()).fill_null(False).to_numpy()
+        return pl.Series(values.name, out)
     hashes = among.hash(SEED)
     if hashes.n_unique() != among.len():
         among = among.drop_nulls().unique()
@@ -77,15 +86,6 @@ def member(values: pl.Series, among: pl.Series, *, few: bool = False) -> pl.Seri
         if hashes.n_unique() != among.len():  # a hash collision: the plain set lookup
             return values.is_in(among.implode()).fill_null(False)
     by_hash = pl.DataFrame({"_h": hashes, "_id": among})
-    if few:
-        probe = values.hash(SEED)
-        candidates = probe.is_in(hashes.implode()).arg_true()
-        out = np.zeros(values.len(), dtype=bool)
-        if candidates.len():
-            found = pl.DataFrame({"_h": probe.gather(candidates), "_v": values.gather(candidates)})
-            found = found.join(by_hash, on="_h", how="left", maintain_order="left")
-            out[candidates.to_numpy()] = (found.get_column("_id") == found.get_column("_v")).fill_null(False).to_numpy()
-        return pl.Series(values.name, out)
     found = pl.DataFrame({"_h": values.hash(SEED), "_v": values}).join(by_hash, on="_h", how="left", maintain_order="left")
     return (found.get_column("_id") == found.get_column("_v")).fill_null(False).alias(values.name)
 
