@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 
@@ -11,11 +12,12 @@ def write_atomic(path: str | Path, text: str) -> Path:
 
     The text goes to a temporary file beside ``path`` that is flushed to disk and then renamed over
     it (``os.replace`` is atomic on one file system).  A process killed between the two leaves at
-    most a stray ``.<name>.<pid>.tmp`` file, which the next write of the same process id replaces.
+    most a stray ``.<name>.<pid>.<thread>.tmp`` file (named per writer, so two threads writing the
+    same file never share one).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(text)
