@@ -10,8 +10,8 @@ themselves, so a hash collision can never pass for a match: the results are exac
 
     >>> member(pl.Series(["a", "x", None]), pl.Series(["a", "b"])).to_list()
     [True, False, False]
-    >>> rows_of(pl.Series(["a", "b", "c"]), pl.Series(["c", "a"])).sort("_pos").rows()
-    [('a', 0), ('c', 2)]
+    >>> matches(pl.Series(["a", "b", "c"]), pl.Series(["c", "a"])).sort("_pos").rows()
+    [(0, 1), (2, 0)]
 """
 
 from __future__ import annotations
@@ -39,12 +39,6 @@ def matches(ids: pl.Series, wanted: pl.Series) -> pl.DataFrame:
     pairs = left.join(right, on="_h", how="inner").select("_pos", "_w")
     same = ids.gather(pairs.get_column("_pos")) == wanted.gather(pairs.get_column("_w"))
     return pairs.filter(same.fill_null(False))
-
-
-def rows_of(ids: pl.Series, wanted: pl.Series) -> pl.DataFrame:
-    """``(id, _pos)``: each position in ``ids`` whose id is in ``wanted`` (any order)."""
-    pos = matches(ids, wanted).get_column("_pos").unique()
-    return pl.DataFrame({"id": ids.gather(pos), "_pos": pos})
 
 
 def without(frame: pl.DataFrame, gone: pl.Series, on: str = "id") -> pl.DataFrame:
@@ -90,4 +84,4 @@ def member(values: pl.Series, among: pl.Series, *, few: bool = False) -> pl.Seri
     return (found.get_column("_id") == found.get_column("_v")).fill_null(False).alias(values.name)
 
 
-__all__ = ["matches", "member", "rows_of", "unique", "without"]
+__all__ = ["matches", "member", "unique", "without"]

@@ -482,14 +482,16 @@ def test_an_edge_with_a_null_endpoint_is_dangling():
 @given(st.lists(st.sampled_from(["a", "b", "c", "d", "e"]), min_size=0, max_size=12, unique=True),
        st.lists(st.sampled_from(["a", "c", "e", "x"]), min_size=0, max_size=6))
 def test_hash_lookups_agree_with_string_lookups(table_ids, wanted):
-    """rows_of / without / member (hash probe + id check) give what string is_in gives."""
+    """matches / without / member (hash probe + id check) give what a string join / is_in gives."""
     ids = pl.Series("id", table_ids, dtype=pl.String)
     want = pl.Series("id", wanted, dtype=pl.String)
     frame = pl.DataFrame({"id": ids, "v": list(range(len(table_ids)))})
     expected_rows = frame.with_row_index("_pos").filter(pl.col("id").is_in(want.implode()))
     for small in (0, lookup.SMALL):
         with _small(small):
-            assert sorted(lookup.rows_of(ids, want).rows()) == sorted(expected_rows.select("id", "_pos").rows())
+            pairs = frame.with_row_index("_pos").join(want.to_frame().with_row_index("_w"), on="id").select("_pos", "_w")
+            assert sorted(lookup.matches(ids, want).rows()) == sorted(pairs.rows())
+            assert sorted(set(lookup.matches(ids, want).get_column("_pos"))) == expected_rows.get_column("_pos").to_list()
             assert lookup.without(frame, want).equals(frame.filter(~pl.col("id").is_in(want.implode())))
             for few in (False, True):
                 assert lookup.member(want, ids, few=few).to_list() == want.is_in(ids.implode()).to_list()

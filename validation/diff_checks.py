@@ -187,10 +187,7 @@ def _with_co_degree(inserts: pl.DataFrame, diff: Diff, snapshot: Snapshot) -> pl
     # Only the degrees of the inserted edges' ends are needed: the final CO_OCCURRED edges (stored
     # ones the diff keeps, and the new ones) seen from each end that is one of those nodes.
     ends = pl.concat([new.get_column("source_id"), new.get_column("target_id")])
-    old = snapshot.table("memory_edges").lazy().filter(co).select("id", "source_id", "target_id").collect()
-    m = old.height
-    touch = lookup.member(pl.concat([old.get_column("source_id"), old.get_column("target_id")]), ends, few=True)
-    old = old.with_columns(_s=touch.slice(0, m), _t=touch.slice(m, m)).filter(pl.col("_s") | pl.col("_t"))
+    old = _touching(snapshot.table("memory_edges").lazy().filter(co).select("id", "source_id", "target_id").collect(), ends)
     old = lookup.without(old, diff.table("memory_edges").deletes.get_column("id"))
     pairs = pl.concat([  # (a = an end of an inserted edge, b = its neighbour)
         old.filter("_s").select(a=pl.col("source_id"), b=pl.col("target_id")),
@@ -217,24 +214,26 @@ def _live_nodes(ids: pl.Series, diff: Diff, snapshot: Snapshot) -> pl.Series:
     return live
 
 
+def _touching(edges: pl.DataFrame, ids: pl.Series) -> pl.DataFrame:
+    """The ``edges`` with an end among ``ids``, flagged ``_s`` / ``_t`` by which end (few edges
+    touch the ids asked about here, so hashes are probed first)."""
+    n = edges.height
+    hit = lookup.member(pl.concat([edges.get_column("source_id"), edges.get_column("target_id")]), ids, few=True)
+    return edges.with_columns(_s=hit.slice(0, n), _t=hit.slice(n, n)).filter(pl.col("_s") | pl.col("_t"))
+
+
 def _surviving_ends(diff: Diff, snapshot: Snapshot, deleted: pl.Series) -> pl.Series:
     """The ends that are among the ``deleted`` node ids, of every edge the diff leaves (snapshot
     edges it does not delete, and edges it inserts) — one entry per edge end."""
     edges = diff.table("memory_edges")
-    stored = snapshot.table("memory_edges").select("id", "source_id", "target_id")
-    parts = []
-    for frame in (stored, edges.inserts.select("id", "source_id", "target_id") if edges.inserts.height else None):
-        if frame is None:
-            continue
-        # few edges touch a deleted node (and those are deleted with it): probe hashes first
-        n = frame.height
-        hit = lookup.member(pl.concat([frame.get_column("source_id"), frame.get_column("target_id")]), deleted, few=True)
-        touching = frame.filter(hit.slice(0, n) | hit.slice(n, n))
-        if frame is stored:
-            touching = lookup.without(touching, edges.deletes.get_column("id"))
-        ends = pl.concat([touching.get_column("source_id"), touching.get_column("target_id")])
-        parts.append(ends.filter(lookup.member(ends, deleted)))
-    return pl.concat(parts).alias("id") if parts else pl.Series("id", [], dtype=pl.String)
+    stored = _touching(snapshot.table("memory_edges").select("id", "source_id", "target_id"), deleted)
+    touching = [lookup.without(stored, edges.deletes.get_column("id"))]
+    if edges.inserts.height:
+        touching.append(_touching(edges.inserts.select("id", "source_id", "target_id"), deleted))
+    return pl.concat([
+        end for t in touching
+        for end in (t.filter("_s").get_column("source_id"), t.filter("_t").get_column("target_id"))
+    ]).alias("id")
 
 
 def _vouched(schema: pa.DataFrameSchema, frame: pl.DataFrame) -> bool:
