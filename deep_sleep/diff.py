@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
+import numpy as np
 import polars as pl
 
 from deep_sleep import canonical, lookup, tables
@@ -160,7 +161,7 @@ class Diff:
                     continue
                 canon = frame.select(sorted(frame.columns)) if reorder_columns else frame
                 if not _in_canonical_order(canon):  # one phase's rows usually come sorted by id already
-                    canon = canon.sort(["phase", "id"])
+                    canon = _by_phase_and_id(canon)
                 yield name, kind, canon
 
     # -- folding ---------------------------------------------------------------------------
@@ -242,6 +243,27 @@ def _fold_updates(frame: pl.DataFrame, updates: pl.DataFrame, add_missing: bool 
 def _in_canonical_order(frame: pl.DataFrame) -> bool:
     """True when the rows are already ordered by (phase, id) — one phase's rows sorted by id."""
     return frame.get_column("phase").n_unique() == 1 and frame.get_column("id").is_sorted()
+
+
+def _by_phase_and_id(frame: pl.DataFrame) -> pl.DataFrame:
+    """``frame.sort(["phase", "id"])``, without sorting strings where it can be avoided.
+
+    A combined diff holds each phase's rows in one run (phases in roster order), so the order is
+    each run's rows by id (:func:`lookup.text_order`: an integer sort of the ids' bytes), runs by
+    phase name.  When a phase's rows are not one run, or an id is null or repeats within a run, the
+    plain sort decides (its order among rows with equal keys is not defined anyway)."""
+    runs = frame.get_column("phase").rle()
+    lengths, phases = runs.struct.field("len").to_list(), runs.struct.field("value").to_list()
+    if len(set(phases)) != len(phases) or None in phases or frame.get_column("id").null_count():
+        return frame.sort(["phase", "id"])
+    starts = np.cumsum([0, *lengths[:-1]])
+    order = []
+    for start, length, _ in sorted(zip(starts, lengths, phases), key=lambda run: run[2]):
+        ids = frame.get_column("id").slice(int(start), length)
+        if not lookup.unique(ids):
+            return frame.sort(["phase", "id"])
+        order.append(start + (np.arange(length) if ids.is_sorted() else lookup.text_order(ids)))
+    return frame[np.concatenate(order)]
 
 
 def _normalise(td: TableDiff) -> TableDiff:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 import polars as pl
+import pyarrow as pa
 
 SEED = 0
 SMALL = 50_000  # below this many ids a plain string lookup is cheaper than the hashing round
@@ -84,4 +85,38 @@ def member(values: pl.Series, among: pl.Series, *, few: bool = False) -> pl.Seri
     return (found.get_column("_id") == found.get_column("_v")).fill_null(False).alias(values.name)
 
 
-__all__ = ["matches", "member", "unique", "without"]
+def text_order(ids: pl.Series) -> np.ndarray:
+    """``ids.arg_sort()`` for distinct non-null ids: the permutation that puts them in text order.
+
+    Sorting 142k 36-character strings costs Polars ~50 ms.  When all ids have one length (UUIDs),
+    their bytes form an ``(n, L)`` matrix, and its columns read as big-endian 64-bit words order the
+    rows as the text does (byte order, as Polars compares strings): one integer sort of the first
+    word (~10 ms), then the few rows whose first words tie are ordered by all their words.
+
+        >>> text_order(pl.Series(["b2", "a9", "b1"])).tolist()
+        [1, 2, 0]
+    """
+    arr = ids.to_arrow()
+    n = len(arr)
+    if ids.null_count() or n < 2 or not isinstance(arr, pa.LargeStringArray):
+        return ids.arg_sort().to_numpy()
+    offsets = np.frombuffer(arr.buffers()[1], dtype=np.int64, count=n + 1, offset=arr.offset * 8)
+    width = int(offsets[1] - offsets[0])
+    if width == 0 or not (np.diff(offsets) == width).all():
+        return ids.arg_sort().to_numpy()
+    text = np.zeros((n, -(-width // 8) * 8), dtype=np.uint8)  # zero-padded to whole words
+    text[:, :width] = np.frombuffer(arr.buffers()[2], dtype=np.uint8)[offsets[0] : offsets[0] + width * n].reshape(n, width)
+    words = text.view(">u8").astype(np.uint64)  # (n, words), native byte order for the sorts
+    order = np.argsort(words[:, 0])
+    first = words[order, 0]
+    tie = np.zeros(n, dtype=bool)
+    same = first[1:] == first[:-1]
+    tie[1:] |= same
+    tie[:-1] |= same
+    if tie.any():  # tied runs keep their places; within them, all words decide
+        sub = order[tie]
+        order[tie] = sub[np.lexsort(words[sub].T[::-1])]
+    return order
+
+
+__all__ = ["matches", "member", "text_order", "unique", "without"]

@@ -7,6 +7,8 @@
 - the whole of ``quarantine`` (either path) agrees with the earlier implementation, frozen below
   as :func:`_reference_quarantine`, on generated corrupt snapshots (the earlier code raised on a
   text that is not valid JSON at all: see :func:`_ref_json_shape_flags`);
+- ``lookup.text_order`` (an integer sort of the ids' bytes) orders ids as Polars' string sort does,
+  and the diff hash's row order built from it (``diff._by_phase_and_id``) is ``sort(["phase", "id"])``;
 - ``validate_diff``'s pre-check never vouches for a diff pandera would reject (the bad-diff corpus
   of tests/test_validation.py lives there; here: generated diffs, with and without the pre-check).
 """
@@ -24,6 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from deep_sleep import lookup, tables
+from deep_sleep.diff import _by_phase_and_id
 from deep_sleep.duck import registered
 from deep_sleep.snapshot import Snapshot, utc
 from validation import diff_checks as dc
@@ -495,3 +498,42 @@ def test_hash_lookups_agree_with_string_lookups(table_ids, wanted):
             assert lookup.without(frame, want).equals(frame.filter(~pl.col("id").is_in(want.implode())))
             for few in (False, True):
                 assert lookup.member(want, ids, few=few).to_list() == want.is_in(ids.implode()).to_list()
+
+
+_ID_CHARS = st.sampled_from(["0", "1", "a", "f", "-", "é", "\x00"])
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(1, 20), st.lists(st.lists(_ID_CHARS, min_size=0, max_size=20).map("".join), min_size=0, max_size=40),
+       st.booleans())
+def test_text_order_is_the_string_sort(width, texts, same_width):
+    """Equal-width ids (the integer path; a shared prefix longer than a word forces the tie-break)
+    and ragged ones (the fallback) are put in the order of Polars' ``arg_sort``."""
+    if same_width:  # pad/cut to one byte length, with a long common prefix so first words tie
+        texts = [("00000000" + t.encode("utf-8")[:width].decode("utf-8", "ignore")).ljust(8 + width, "z") for t in texts]
+        texts = [t for t in texts if len(t.encode("utf-8")) == 8 + width]
+    ids = pl.Series("id", sorted(set(texts)), dtype=pl.String).shuffle(seed=len(texts))
+    order = lookup.text_order(ids)
+    assert ids.gather(order).to_list() == ids.sort().to_list()
+
+
+@st.composite
+def _phase_frames(draw):
+    phases = draw(st.lists(st.sampled_from(["strengthen", "decay_importance", "cooccurrence", "tag_risk"]),
+                           min_size=1, max_size=4, unique=True))
+    rows = []
+    for phase in phases:
+        ids = draw(st.lists(st.uuids().map(str), min_size=1, max_size=15, unique=not draw(st.booleans()) or len(phases) > 2))
+        rows += [(phase, i, n) for n, i in enumerate(ids)]
+    if draw(st.booleans()):  # phases interleaved: no longer one run each
+        rows = draw(st.permutations(rows))
+    return pl.DataFrame(rows, schema={"phase": pl.String, "id": pl.String, "v": pl.Int64}, orient="row")
+
+
+@settings(max_examples=80, deadline=None)
+@given(_phase_frames())
+def test_canonical_row_order_is_the_sort_by_phase_and_id(frame):
+    got, want = _by_phase_and_id(frame), frame.sort(["phase", "id"])
+    assert got.select("phase", "id").equals(want.select("phase", "id"))
+    if frame.select("phase", "id").is_unique().all():  # with repeated keys the order among them is not defined
+        assert got.equals(want)

@@ -7,11 +7,11 @@ from datetime import datetime
 
 import numpy as np
 import polars as pl
-import pyarrow as pa
 
 from deep_sleep import tables
 from deep_sleep.config import CooccurrenceConfig
 from deep_sleep.diff import Diff
+from deep_sleep.lookup import text_order
 from deep_sleep.scope import Scope
 from deep_sleep.snapshot import Snapshot
 from transforms._common import PhaseResult, created_ids, in_window, window_start
@@ -43,7 +43,7 @@ def cooccurrence(
 
     # Recent nodes, numbered in id order: comparing numbers is comparing ids.  Lazy: the frames
     # arrive in misaligned chunks after earlier phases' folds, and an eager select would copy
-    # every column to realign them.  Put in id order by :func:`_text_order` (no string sort).
+    # every column to realign them.  Put in id order by :func:`deep_sleep.lookup.text_order` (no string sort).
     recent = (
         snapshot.table("memory_nodes")
         .lazy()
@@ -51,50 +51,54 @@ def cooccurrence(
         .filter((pl.col("layer") == "semantic") & in_window("updated_at", start, as_of))
         .select("id", pl.col("updated_at").dt.epoch("us").alias("t"))
         .collect()
+        .rechunk()  # the sort and the gather below are several times slower on a chunked string column
     )
-    # The gather leaves one chunk: gathers and joins on a chunked string column are several times slower.
-    recent = recent.select(pl.all().gather(_text_order(recent.get_column("id"))))
-    recent = recent.with_row_index("i").with_columns(pl.col("i").cast(pl.Int64))
+    recent = recent.select(pl.all().gather(text_order(recent.get_column("id"))))
     n = recent.height
     if n < 2:
         return PhaseResult(counters=zero)
+    id_of, t_by_i = recent.get_column("id"), recent.get_column("t").to_numpy()
 
+    # CO_OCCURRED edges, narrow: their row number (the other columns are fetched for the reinforced
+    # ones only) and their ends, with the ends' id hashes for the joins below.
     edges = (
         snapshot.table("memory_edges")
         .lazy()
-        .select("id", "version", "weight", "source_id", "target_id", "relation")
+        .select("relation", "source_id", "target_id")
+        .with_row_index("_row")
         .filter(pl.col("relation") == RELATION)
+        .select("_row", "source_id", "target_id")
         .collect()
-        .rechunk()  # the joins below are faster on one chunk
+        .rechunk()  # the hashes and joins below are faster on one chunk
         .filter(pl.col("source_id") != pl.col("target_id"))  # compares ids of CO_OCCURRED edges only
+        .with_columns(pl.col("source_id").hash().alias("sh"), pl.col("target_id").hash().alias("th"))
     )
-    # Each CO_OCCURRED edge with its ends' numbers where they are recent (one join per end): edges
-    # with both ends recent are the existing pairs; every edge gives its recent ends a neighbour.
-    ends = (
-        edges.join(recent.rename({"id": "source_id", "i": "si", "t": "st"}), on="source_id", how="left")
-        .join(recent.rename({"id": "target_id", "i": "ti", "t": "tt"}), on="target_id", how="left")
-        .filter(pl.col("si").is_not_null() | pl.col("ti").is_not_null())
-    )
+    # Each edge with a recent end, with its ends' numbers (si, ti) where they are recent: edges with
+    # both ends recent are the existing pairs; every edge gives its recent ends a neighbour.
+    ends = _number_ends(edges, id_of)
     linked = ends.filter(pl.col("si").is_not_null() & pl.col("ti").is_not_null())
-    neighbours = pl.concat(
-        [
-            ends.filter(pl.col("si").is_not_null()).select(pl.col("si").alias("i"), pl.col("target_id").alias("nbr")),
-            ends.filter(pl.col("ti").is_not_null()).select(pl.col("ti").alias("i"), pl.col("source_id").alias("nbr")),
-        ]
+    deg = _distinct_neighbours(ends, n)  # by node number: recent's rows are numbers 0..n-1 in order
+    nodes = recent.select(pl.int_range(n, dtype=pl.Int64).alias("i"), "t").with_columns(
+        pl.Series("free", np.maximum(k - deg, 0))
     )
-    degree = neighbours.unique().group_by("i").len("deg")  # distinct neighbours, either direction
-    deg = np.zeros(n, dtype=np.int64)  # by node number: recent's rows are numbers 0..n-1 in order
-    deg[degree.get_column("i").to_numpy()] = degree.get_column("deg").to_numpy()
-    nodes = recent.select("i", "t").with_columns(pl.Series("free", np.maximum(k - deg, 0)))
 
-    reinforced = linked.filter((pl.col("st") - pl.col("tt")).abs() <= width)
+    si, ti = linked.get_column("si").to_numpy(), linked.get_column("ti").to_numpy()
+    reinforced = linked.filter(pl.Series(np.abs(t_by_i[si] - t_by_i[ti]) <= width)).get_column("_row")
     new_pairs = _mutual_nearest(nodes, linked, n, k, width) if k > 0 else pl.DataFrame(schema={"a": pl.Int64, "b": pl.Int64})
 
     updates = inserts = None
-    if reinforced.height:
-        updates = reinforced.select("id", "version", (pl.col("weight") + 1.0).alias("weight")).sort("id")
+    if reinforced.len():
+        updates = (  # a filter on the row number: unlike a gather, fast on a frame in many chunks
+            snapshot.table("memory_edges")
+            .lazy()
+            .select("id", "version", "weight")
+            .with_row_index("_row")
+            .filter(pl.col("_row").is_in(reinforced.implode()))
+            .select("id", "version", (pl.col("weight") + 1.0).alias("weight"))
+            .collect()
+            .sort("id", multithreaded=False)  # polars' parallel sort of strings is slower at these sizes
+        )
     if new_pairs.height:
-        id_of = recent.get_column("id")
         pairs = pl.DataFrame({"source_id": id_of.gather(new_pairs["a"]), "target_id": id_of.gather(new_pairs["b"])})
         keys = pairs.select(pl.concat_str("source_id", "target_id", separator="|")).to_series()
         inserts = pairs.select(  # in (source, target) order: deterministic without sorting the ids
@@ -112,8 +116,63 @@ def cooccurrence(
         )
     return PhaseResult(
         diff=Diff.of("memory_edges", "cooccurrence", inserts=inserts, updates=updates),
-        counters={"edges_created": new_pairs.height, "edges_reinforced": reinforced.height},
+        counters={"edges_created": new_pairs.height, "edges_reinforced": reinforced.len()},
     )
+
+
+def _number_ends(edges: pl.DataFrame, ids: pl.Series) -> pl.DataFrame:
+    """The edges (``_row``, ``source_id``, ``target_id`` and their hashes ``sh``, ``th``) with a
+    recent end, with ``si`` / ``ti``: the number (position in ``ids``) of the source / target, null
+    where not recent.
+
+    Joined on the 64-bit id hashes (narrow integer joins, several times cheaper than on the
+    36-character ids), then every match is confirmed on the ids themselves.  When two recent ids
+    share a hash, joined on the ids.
+    """
+    number = pl.DataFrame({"h": ids.hash(), "i": pl.int_range(ids.len(), dtype=pl.Int64, eager=True)})
+    if number.get_column("h").n_unique() < ids.len():
+        return (
+            edges.join(number.select(pl.lit(ids).alias("source_id"), pl.col("i").alias("si")), on="source_id", how="left")
+            .join(number.select(pl.lit(ids).alias("target_id"), pl.col("i").alias("ti")), on="target_id", how="left")
+            .filter(pl.col("si").is_not_null() | pl.col("ti").is_not_null())
+        )
+    found = (
+        edges.select("sh", "th")
+        .with_row_index("_e")
+        .join(number.rename({"h": "sh", "i": "si"}), on="sh", how="left")
+        .join(number.rename({"h": "th", "i": "ti"}), on="th", how="left")
+        .filter(pl.col("si").is_not_null() | pl.col("ti").is_not_null())
+    )
+    ends = edges.select(pl.all().gather(found.get_column("_e"))).with_columns(found.get_column("si"), found.get_column("ti"))
+    same = [  # null (not recent) stays null; a mere hash match becomes null
+        pl.when(ids.gather(ends.get_column(i).fill_null(0)) == ends.get_column(end)).then(ends.get_column(i)).alias(i)
+        for i, end in (("si", "source_id"), ("ti", "target_id"))
+    ]
+    return ends.with_columns(*same).filter(pl.col("si").is_not_null() | pl.col("ti").is_not_null())
+
+
+def _distinct_neighbours(ends: pl.DataFrame, n: int) -> np.ndarray:
+    """For each node number below ``n``: its distinct neighbours over ``ends`` (either direction).
+
+    Counted on (node, neighbour's id hash) keys: rows whose key occurs once are distinct neighbours;
+    only the rows of repeated keys (the same pair linked both ways, or a hash collision) are told
+    apart by the ids themselves."""
+    src, tgt = ends.get_column("si").is_not_null(), ends.get_column("ti").is_not_null()
+    pairs = pl.DataFrame(
+        {
+            "i": pl.concat([ends.get_column("si").filter(src), ends.get_column("ti").filter(tgt)]),
+            "h": pl.concat([ends.get_column("th").filter(src), ends.get_column("sh").filter(tgt)]),
+        }
+    )
+    # A collision of the mixed keys only costs an id comparison.
+    repeated = pairs.select((pl.col("h") ^ pl.col("i").hash()).is_duplicated()).to_series()
+    i = pairs.get_column("i").to_numpy()
+    deg = np.bincount(i[~repeated.to_numpy()], minlength=n)
+    if repeated.any():
+        nbr = pl.concat([ends.get_column("target_id").filter(src), ends.get_column("source_id").filter(tgt)])
+        rest = pl.DataFrame({"i": pairs.get_column("i"), "nbr": nbr}).filter(repeated).unique()
+        deg += np.bincount(rest.get_column("i").to_numpy(), minlength=n)
+    return deg
 
 
 def _mutual_nearest(nodes: pl.DataFrame, linked: pl.DataFrame, n: int, k: int, width: int) -> pl.DataFrame:
@@ -231,33 +290,3 @@ def _time_order(t: np.ndarray) -> np.ndarray:
     key.sort()
     return key % n
 
-
-def _text_order(ids: pl.Series) -> np.ndarray:
-    """``ids.arg_sort()`` for distinct non-null ids: the permutation that puts them in text order.
-
-    Sorting 142k 36-character strings costs Polars ~50 ms.  When all ids have one length (UUIDs),
-    their bytes form an ``(n, L)`` matrix, and its columns read as big-endian 64-bit words order the
-    rows as the text does (byte order, as Polars compares strings): one integer sort of the first
-    word (~10 ms), then the few rows whose first words tie are ordered by all their words.
-    """
-    arr = ids.to_arrow()
-    n = len(arr)
-    if ids.null_count() or n < 2 or not isinstance(arr, pa.LargeStringArray):
-        return ids.arg_sort().to_numpy()
-    offsets = np.frombuffer(arr.buffers()[1], dtype=np.int64, count=n + 1, offset=arr.offset * 8)
-    width = int(offsets[1] - offsets[0])
-    if width == 0 or not (np.diff(offsets) == width).all():
-        return ids.arg_sort().to_numpy()
-    text = np.zeros((n, -(-width // 8) * 8), dtype=np.uint8)  # zero-padded to whole words
-    text[:, :width] = np.frombuffer(arr.buffers()[2], dtype=np.uint8)[offsets[0] : offsets[0] + width * n].reshape(n, width)
-    words = text.view(">u8").astype(np.uint64)  # (n, words), native byte order for the sorts
-    order = np.argsort(words[:, 0])
-    first = words[order, 0]
-    tie = np.zeros(n, dtype=bool)
-    same = first[1:] == first[:-1]
-    tie[1:] |= same
-    tie[:-1] |= same
-    if tie.any():  # tied runs keep their places; within them, all words decide
-        sub = order[tie]
-        order[tie] = sub[np.lexsort(words[sub].T[::-1])]
-    return order

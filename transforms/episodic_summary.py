@@ -56,9 +56,16 @@ def episodic_summary(snapshot: Snapshot, config: EpisodicSummaryConfig, as_of: d
     batches = min(config.max_batches, -(-excess // config.batch_size))
     take = batches * config.batch_size
     scope = snapshot.scope
+    created = events.get_column("created_at")
+    if created.null_count() or not take:  # keeps bottom_k's ordering of null timestamps
+        oldest = events.bottom_k(take, by=["created_at", "id"])
+    else:
+        # bottom_k by (created_at, id text) is slow: cut at the take-th smallest created_at instead
+        # (rows tied at the cut included, so the id still decides) and sort only those rows.
+        oldest = events.filter(pl.col("created_at") <= created.bottom_k(take).max())
     chosen = (
-        events.bottom_k(take, by=["created_at", "id"])
-        .sort(["created_at", "id"])
+        oldest.sort(["created_at", "id"])
+        .head(take)
         .with_row_index("_pos")
         .with_columns((pl.col("_pos") // config.batch_size).alias("_batch"))
     )

@@ -29,11 +29,14 @@ def soul_corrections(
     profile rows inserted or changed.
     """
     start = window_start(snapshot, as_of, lookback_hours)
-    # Eager on purpose: the cheap window test runs first, JSON is parsed only on the few SOUL: edits.
+    # The cheap window, layer and prefix tests run lazily over only the columns used (no copy of the
+    # whole frame); JSON is parsed after the collect, on the few SOUL: edits they leave.
     edits = (
         snapshot.table("memory_nodes")
-        .filter(in_window("updated_at", start, as_of) & (pl.col("layer") == "semantic"))
-        .filter(pl.col("label").str.starts_with("SOUL:"))
+        .lazy()
+        .select("id", "layer", "label", "properties", "updated_at")
+        .filter(in_window("updated_at", start, as_of) & (pl.col("layer") == "semantic") & pl.col("label").str.starts_with("SOUL:"))
+        .collect()
         .filter(pl.col("properties").str.json_path_match("$._last_edited_by") == EDITOR)
         .select(
             "id",

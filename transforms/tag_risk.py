@@ -40,30 +40,33 @@ def tag_risk(snapshot: Snapshot, config: TagRiskConfig, as_of: datetime, lookbac
     words = "|".join(_escape(m) for m in markers)
     pattern = f"{_WORD_START}(?i:{words})"
     start = window_start(snapshot, as_of, lookback_hours)
+    # The text tests are computed in the query that reads the window (not in eager passes over its result).
+    # Only nodes whose raw JSON holds a marker (or an escape that might spell one) need their
+    # values looked at one by one; most nodes have none.
     recent = (
         snapshot.table("memory_nodes")
         .lazy()
         .filter((pl.col("layer") == "semantic") & in_window("updated_at", start, as_of))
-        .select("id", "version", "label", "properties")
+        .select(
+            "id",
+            "version",
+            "label",
+            "properties",
+            pl.col("label").str.contains(pattern).fill_null(False).alias("_label_hit"),
+            pl.col("properties").str.strip_chars_start().str.starts_with("{").fill_null(False).alias("_object"),
+            (pl.col("properties").str.contains(f"(?i)(?:{words})") | pl.col("properties").str.contains("\\", literal=True))
+            .fill_null(False)
+            .alias("_maybe"),
+        )
         .with_row_index("_row")
         .collect()
     )
-    recent = (
-        recent.filter(~pl.col("_row").is_in(_tagged(recent).implode()))
-        .with_columns(
-            pl.col("label").str.contains(pattern).fill_null(False).alias("_label_hit"),
-            pl.col("properties").str.strip_chars_start().str.starts_with("{").fill_null(False).alias("_object"),
-        )
-    )
-    # Only nodes whose raw JSON holds a marker (or an escape that might spell one) need their
-    # values looked at one by one; most nodes have none.
-    maybe = recent.filter(
-        ~pl.col("_label_hit")
-        & pl.col("_object")
-        & (pl.col("properties").str.contains(f"(?i)(?:{words})") | pl.col("properties").str.contains("\\", literal=True))
-    )
-    value_hits = _value_hits(maybe, pattern) if maybe.height else pl.Series("id", [], pl.String)
-    hits = recent.filter(pl.col("_label_hit") | pl.col("id").is_in(value_hits.implode()))
+    # Nodes are named by ``_row`` (integers: cheaper to look up than ids), and the already-tagged
+    # ones are left out by the two filters below rather than by a copy of ``recent``.
+    todo = ~pl.col("_row").is_in(_tagged(recent).implode())
+    maybe = recent.filter(todo & ~pl.col("_label_hit") & pl.col("_object") & pl.col("_maybe"))
+    value_hits = _value_hits(maybe, pattern) if maybe.height else pl.Series("_row", [], pl.UInt32)
+    hits = recent.filter(todo & (pl.col("_label_hit") | pl.col("_row").is_in(value_hits.implode())))
     untaggable = hits.filter(~pl.col("_object")).get_column("id").sort()
     notes = ()
     if untaggable.len():
@@ -99,20 +102,23 @@ def _json_true(column: str, key: str) -> pl.Expr:
 
 
 def _value_hits(maybe: pl.DataFrame, pattern: str) -> pl.Series:
-    """Ids of nodes with a top-level string value matching ``pattern``: tokenize the JSON text, keep
-    string tokens right after a ``:`` at depth 1 (inside the outer object only), decode, match."""
+    """``_row`` of the nodes with a top-level string value matching ``pattern``: tokenize the JSON text,
+    keep string tokens right after a ``:`` at depth 1 (inside the outer object only), decode, match."""
     step = pl.when(pl.col("tok").is_in(["{", "["])).then(1).when(pl.col("tok").is_in(["}", "]"])).then(-1).otherwise(0)
+    # A node's tokens are consecutive rows: the previous token and the running depth within the node
+    # come from whole-column shift / cum_sum, restarted at each node's first token (cheaper than `over`).
+    first = (pl.col("_row") != pl.col("_row").shift(1)).fill_null(True)
+    total = step.cum_sum()
     return (
-        maybe.select("id", pl.col("properties").str.extract_all(_TOKEN).alias("tok"))
-        .with_row_index("_row")
+        maybe.select("_row", pl.col("properties").str.extract_all(_TOKEN).alias("tok"))
         .explode("tok")
         .with_columns(
-            pl.col("tok").shift(1).over("_row").alias("_prev"),
-            step.cum_sum().over("_row").alias("_depth"),
+            pl.when(~first).then(pl.col("tok").shift(1)).alias("_prev"),
+            (total - pl.when(first).then(total - step).forward_fill()).alias("_depth"),
         )
         .filter(pl.col("tok").str.starts_with('"') & (pl.col("_depth") == 1) & (pl.col("_prev") == ":"))
         .filter(pl.col("tok").str.json_decode(pl.String).str.contains(pattern))
-        .get_column("id")
+        .get_column("_row")
         .unique()
     )
 

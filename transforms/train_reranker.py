@@ -73,7 +73,8 @@ def train_reranker(snapshot: Snapshot, config: TrainRerankerConfig, as_of: datet
     if not fresh.height:
         return PhaseResult(counters={"reranker_steps": 0}, notes=notes)
 
-    x = np.asarray(fresh.get_column("features").to_list(), dtype=np.float64).reshape(-1, N_FEATURES)
+    # every list has N_FEATURES values (checked above): the flat values are the rows, without Python lists
+    x = fresh.get_column("features").explode().cast(pl.Float64).to_numpy().reshape(-1, N_FEATURES)
     sim = fresh.get_column("similarity").fill_null(0.0).to_numpy().astype(np.float64)
     target = np.clip(fresh.get_column("label").to_numpy().astype(np.float64) - sim, -CAP, CAP)
     explicit = (fresh.get_column("label_source") == EXPLICIT).fill_null(False).to_numpy()
