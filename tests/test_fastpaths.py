@@ -9,6 +9,8 @@
   text that is not valid JSON at all: see :func:`_ref_json_shape_flags`);
 - ``lookup.text_order`` (an integer sort of the ids' bytes) orders ids as Polars' string sort does,
   and the diff hash's row order built from it (``diff._by_phase_and_id``) is ``sort(["phase", "id"])``;
+- co-occurrence numbers edge ends by id hash as a join on the ids does, and counts distinct
+  neighbours as a unique over (node, neighbour id) does;
 - ``validate_diff``'s pre-check never vouches for a diff pandera would reject (the bad-diff corpus
   of tests/test_validation.py lives there; here: generated diffs, with and without the pre-check).
 """
@@ -27,6 +29,7 @@ from hypothesis import strategies as st
 
 from deep_sleep import lookup, tables
 from deep_sleep.diff import _by_phase_and_id
+from transforms.cooccurrence import _distinct_neighbours, _number_ends, _number_ends_by_id
 from deep_sleep.duck import registered
 from deep_sleep.snapshot import Snapshot, utc
 from validation import diff_checks as dc
@@ -537,3 +540,22 @@ def test_canonical_row_order_is_the_sort_by_phase_and_id(frame):
     assert got.select("phase", "id").equals(want.select("phase", "id"))
     if frame.select("phase", "id").is_unique().all():  # with repeated keys the order among them is not defined
         assert got.equals(want)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.sampled_from("abcdefgh"), min_size=0, max_size=6, unique=True),
+       st.lists(st.tuples(st.sampled_from("abcdefghxy"), st.sampled_from("abcdefghxy")), min_size=0, max_size=25))
+def test_cooccurrence_end_numbers_and_degrees_agree_with_plain_joins(recent, pairs):
+    """Edges in both directions, repeated edges and ends that are not recent (x, y)."""
+    ids = pl.Series("id", recent, dtype=pl.String)
+    edges = pl.DataFrame({"source_id": [a for a, _ in pairs], "target_id": [b for _, b in pairs]},
+                         schema={"source_id": pl.String, "target_id": pl.String}).with_row_index("_row")
+    edges = edges.with_columns(pl.col("source_id").hash().alias("sh"), pl.col("target_id").hash().alias("th"))
+    fast, plain = _number_ends(edges, ids), _number_ends_by_id(edges, ids)
+    assert fast.equals(plain)
+    neighbours = pl.concat([
+        plain.filter(pl.col("si").is_not_null()).select(pl.col("si").alias("i"), pl.col("target_id").alias("nbr")),
+        plain.filter(pl.col("ti").is_not_null()).select(pl.col("ti").alias("i"), pl.col("source_id").alias("nbr")),
+    ]).unique()
+    expected = np.bincount(neighbours.get_column("i").to_numpy(), minlength=len(recent)) if neighbours.height else np.zeros(len(recent), int)
+    assert _distinct_neighbours(fast, len(recent)).tolist() == expected.tolist()

@@ -131,11 +131,7 @@ def _number_ends(edges: pl.DataFrame, ids: pl.Series) -> pl.DataFrame:
     """
     number = pl.DataFrame({"h": ids.hash(), "i": pl.int_range(ids.len(), dtype=pl.Int64, eager=True)})
     if number.get_column("h").n_unique() < ids.len():
-        return (
-            edges.join(number.select(pl.lit(ids).alias("source_id"), pl.col("i").alias("si")), on="source_id", how="left")
-            .join(number.select(pl.lit(ids).alias("target_id"), pl.col("i").alias("ti")), on="target_id", how="left")
-            .filter(pl.col("si").is_not_null() | pl.col("ti").is_not_null())
-        )
+        return _number_ends_by_id(edges, ids)
     found = (
         edges.select("sh", "th")
         .with_row_index("_e")
@@ -149,6 +145,16 @@ def _number_ends(edges: pl.DataFrame, ids: pl.Series) -> pl.DataFrame:
         for i, end in (("si", "source_id"), ("ti", "target_id"))
     ]
     return ends.with_columns(*same).filter(pl.col("si").is_not_null() | pl.col("ti").is_not_null())
+
+
+def _number_ends_by_id(edges: pl.DataFrame, ids: pl.Series) -> pl.DataFrame:
+    """:func:`_number_ends` by joins on the ids themselves (when two recent ids share a hash)."""
+    number = pl.DataFrame({"id": ids, "i": pl.int_range(ids.len(), dtype=pl.Int64, eager=True)})
+    return (
+        edges.join(number.rename({"id": "source_id", "i": "si"}), on="source_id", how="left", maintain_order="left")
+        .join(number.rename({"id": "target_id", "i": "ti"}), on="target_id", how="left", maintain_order="left")
+        .filter(pl.col("si").is_not_null() | pl.col("ti").is_not_null())
+    )
 
 
 def _distinct_neighbours(ends: pl.DataFrame, n: int) -> np.ndarray:
