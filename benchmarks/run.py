@@ -12,6 +12,8 @@ the generator makes for it) into a fresh database, then times
 - the raw baseline on the same rows: COPY out (ADBC ``fetch_arrow_table`` of the same SELECTs,
   which ADBC runs as binary COPY) and COPY in (ADBC ``adbc_ingest`` of those Arrow tables into
   temporary tables);
+- the CPU seconds of this process per stage (all its threads; the database server's are not in
+  them): CPU-seconds over seconds says how much of the machine's cores a stage keeps busy;
 
 and writes ``bench-results.json`` (results of other scales already in the file are kept).
 """
@@ -99,26 +101,32 @@ def bench_scale(admin_dsn: str, scale: int, work: Path) -> dict:
     run_id = str(uuid.uuid4())
     base = work / f"scale-{scale}" / run_id
     stages: dict[str, float] = {}
+    cpu: dict[str, float] = {}  # CPU seconds of this process (all threads) per stage
     t0 = time.perf_counter()
+    c = time.process_time()
     snap_dir = extract_stage(store, scope_path, now, config, base / "snapshot")
     stages["extract"] = time.perf_counter() - t0
+    cpu["extract"] = time.process_time() - c
     _p(f"extract   {stages['extract']:.2f}s")
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     diff_dir = plan_stage(snap_dir, config, now, base / "diff", run_id=run_id)
     stages["transform"] = time.perf_counter() - t
-    _p(f"transform {stages['transform']:.2f}s")
+    cpu["transform"] = time.process_time() - c
+    _p(f"transform {stages['transform']:.2f}s ({cpu['transform']:.2f} CPU-s on {os.cpu_count()} cores)")
     inside = ConsolidationReport.read(diff_dir).timings
     _p("          " + ", ".join(f"{k} {inside[k]:.2f}s" for k in TRANSFORM_PARTS if k in inside)
        + f", phases {sum(v for k, v in inside.items() if k in phase_names()):.2f}s")
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     report = validate_stage(snap_dir, diff_dir)
     stages["validate"] = time.perf_counter() - t
+    cpu["validate"] = time.process_time() - c
     _p(f"validate  {stages['validate']:.2f}s ({report.status})")
     if report.status == "failed":
         raise SystemExit("validation failed:\n" + "\n".join(report.errors))
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     report = apply_stage(store, diff_dir)
     stages["apply"] = time.perf_counter() - t
+    cpu["apply"] = time.process_time() - c  # this process only: the server's work is not in it
     stages["total"] = time.perf_counter() - t0
     _p(f"apply     {stages['apply']:.2f}s; total {stages['total']:.2f}s")
     _p("          " + ", ".join(f"{k.removeprefix('apply.')} {v:.2f}s" for k, v in report.timings.items() if k.startswith("apply.")))
@@ -137,6 +145,7 @@ def bench_scale(admin_dsn: str, scale: int, work: Path) -> dict:
         "rows_copied": copy["rows"],
         "seed_seconds": {"generate": round(gen_s, 3), "load": round(load_s, 3)},
         "stages_seconds": {k: round(v, 3) for k, v in stages.items()},
+        "stages_cpu_seconds": {k: round(v, 3) for k, v in cpu.items()},
         "phases_seconds": {k: round(v, 4) for k, v in phases.items()},
         "transform_parts_seconds": {k: round(report.timings[k], 4) for k in TRANSFORM_PARTS if k in report.timings},
         "apply_parts_seconds": {k.removeprefix("apply."): round(v, 3) for k, v in report.timings.items() if k.startswith("apply.")},
