@@ -258,12 +258,13 @@ def _by_phase_and_id(frame: pl.DataFrame) -> pl.DataFrame:
         return frame.sort(["phase", "id"])
     runs = frame.get_column("phase").rle()
     lengths, phases = runs.struct.field("len").to_list(), runs.struct.field("value").to_list()
-    if len(set(phases)) != len(phases) or None in phases or frame.get_column("id").null_count():
+    all_ids = frame.get_column("id")
+    if len(set(phases)) != len(phases) or None in phases or all_ids.null_count():
         return frame.sort(["phase", "id"])
     starts = np.cumsum([0, *lengths[:-1]])
     order = []
     for start, length, _ in sorted(zip(starts, lengths, phases), key=lambda run: run[2]):
-        ids = frame.get_column("id").slice(int(start), length)
+        ids = all_ids.slice(int(start), length)
         if not lookup.unique(ids):
             return frame.sort(["phase", "id"])
         order.append(start + (np.arange(length) if ids.is_sorted() else lookup.text_order(ids)))
