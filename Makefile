@@ -27,8 +27,9 @@ test: setup           ## the whole suite, on the embedded Postgres (or $$DEEP_SL
 
 fuzz: setup           ## the property tests with fresh random examples (make test's are fixed), $(FUZZ_RUNS) times
 	for i in $$(seq $(FUZZ_RUNS)); do HYPOTHESIS_PROFILE=fuzz $(PY) -m pytest -q -p no:cacheprovider \
-	  tests/test_properties_nodes.py tests/test_properties_graph.py tests/test_properties_episodes.py \
-	  tests/test_embedding.py tests/test_fastpaths.py tests/test_isolation.py tests/test_canonical.py || exit 1; done
+	  tests/transforms/test_properties_nodes.py tests/transforms/test_properties_graph.py \
+	  tests/transforms/test_properties_episodes.py tests/core/test_embedding.py tests/core/test_fastpaths.py \
+	  tests/run/test_isolation.py tests/core/test_canonical.py || exit 1; done
 
 bench: setup          ## make bench SCALE=1000000 ; writes bench-results.json
 	$(PY) -m benchmarks.run --scale $(SCALE)

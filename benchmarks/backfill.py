@@ -138,7 +138,7 @@ def _rows_done(dsn: str) -> int:
 def run_killed(dsn: str, args: argparse.Namespace, kill_at: int) -> float:
     """Run the backfill in a subprocess; SIGKILL it once the checkpoint passes ``kill_at`` rows."""
     worker_dsn = dsn + ("&" if "?" in dsn else "?") + "application_name=bench-backfill"
-    cmd = [sys.executable, "-c", "import sys; from deep_sleep.backfill import backfill; "
+    cmd = [sys.executable, "-c", "import sys; from deep_sleep.jobs.backfill import backfill; "
            "backfill(sys.argv[1], job=sys.argv[2], batch_size=int(sys.argv[3]), lock_timeout_ms=int(sys.argv[4]))",
            worker_dsn, JOB, str(args.batch_size), str(args.lock_timeout_ms)]
     t = time.perf_counter()
@@ -155,9 +155,9 @@ def run_killed(dsn: str, args: argparse.Namespace, kill_at: int) -> float:
 
 
 def bench(admin_dsn: str, args: argparse.Namespace) -> dict:
-    from deep_sleep.backfill import backfill, validate_backfill
-    from deep_sleep.db import Store, ensure_database, migrate, with_database
-    from deep_sleep.seed import SeedSpec, seed_store
+    from deep_sleep.dev.seed import SeedSpec, seed_store
+    from deep_sleep.jobs.backfill import backfill, validate_backfill
+    from deep_sleep.store.db import Store, ensure_database, migrate, with_database
 
     name = "deep_sleep_bench_backfill"
     with psycopg.connect(admin_dsn, autocommit=True) as con:
@@ -261,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="bench-results.json")
     args = ap.parse_args(argv)
 
-    from deep_sleep.db import embedded_dsn
+    from deep_sleep.store.db import embedded_dsn
 
     admin = os.environ.get("DEEP_SLEEP_BENCH_DSN") or embedded_dsn(
         data_dir=os.path.join(".deep_sleep", "bench-pgdata"), database="postgres")

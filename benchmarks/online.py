@@ -4,7 +4,7 @@
     python -m benchmarks.online --nodes 20000 --turns 500 --reuse
 
 Seeds a fresh database on the embedded server (or ``$DEEP_SLEEP_BENCH_DSN``) with one tenant whose
-leaf scope holds ``--nodes`` nodes with embeddings (``deep_sleep.seed``, which builds the HNSW
+leaf scope holds ``--nodes`` nodes with embeddings (``deep_sleep.dev.seed``, which builds the HNSW
 index after the bulk load), then drives the scope like a live agent, each call on its own
 transaction through one psycopg connection:
 
@@ -51,7 +51,7 @@ def _pct(xs: list[float]) -> dict[str, float]:
 
 
 def _store(admin_dsn: str, reuse: bool):
-    from deep_sleep.db import create_database, migrate
+    from deep_sleep.store.db import create_database, migrate
 
     store = create_database(admin_dsn, DATABASE, replace=not reuse)
     migrate(store.dsn)  # a reused database may predate a migration
@@ -59,7 +59,7 @@ def _store(admin_dsn: str, reuse: bool):
 
 
 def _seed(store, nodes: int, now: datetime) -> str:
-    from deep_sleep.seed import SeedSpec, generate, load
+    from deep_sleep.dev.seed import SeedSpec, generate, load
 
     with psycopg.connect(store.dsn) as con:
         found = con.execute("SELECT scope_path, count(*) FROM memory_nodes GROUP BY 1 ORDER BY 2 DESC LIMIT 1").fetchone()
@@ -80,8 +80,8 @@ def _seed(store, nodes: int, now: datetime) -> str:
 
 
 def _uses_hnsw(con: psycopg.Connection, scope, query: str) -> bool:
-    from deep_sleep.embedding import default_embedder
-    from deep_sleep.online import _candidates_sql, _vector
+    from deep_sleep.core.embedding import default_embedder
+    from deep_sleep.online.turn import _candidates_sql, _vector
 
     q = _vector(default_embedder().embed([query])[0])
     with con.transaction():
@@ -94,10 +94,10 @@ def _uses_hnsw(con: psycopg.Connection, scope, query: str) -> bool:
 
 
 def run(store, scope_path: str, turns: int, seed: int = 5) -> dict:
-    from deep_sleep.config import ConsolidationConfig
-    from deep_sleep.online import quick_nap, recall, record_turn
-    from deep_sleep.scope import Scope
-    from deep_sleep.seed import WORDS
+    from deep_sleep.core.config import ConsolidationConfig
+    from deep_sleep.core.scope import Scope
+    from deep_sleep.dev.seed import WORDS
+    from deep_sleep.online.turn import quick_nap, recall, record_turn
 
     rng = random.Random(seed)
     scope = Scope.parse(scope_path)
@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    from deep_sleep.db import embedded_dsn
+    from deep_sleep.store.db import embedded_dsn
 
     admin = os.environ.get("DEEP_SLEEP_BENCH_DSN") or embedded_dsn(
         data_dir=os.path.join(".deep_sleep", "bench-pgdata"), database="postgres")

@@ -30,8 +30,6 @@ import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
-
-
 # Parts of the transform stage besides the phases (see ConsolidationReport.timings).
 TRANSFORM_PARTS = ("read_snapshot", "quarantine", "fold", "combine", "diff_hash", "write_diff")
 
@@ -41,15 +39,15 @@ def _p(msg: str) -> None:
 
 
 def _fresh_store(admin_dsn: str, name: str):
-    from deep_sleep.db import create_database
+    from deep_sleep.store.db import create_database
 
     return create_database(admin_dsn, name)
 
 
 def copy_baseline(store, scope_path: str) -> dict[str, float]:
     """Seconds to COPY the scope's extracted rows out to Arrow and back in (temp tables)."""
-    from deep_sleep import tables
-    from deep_sleep.extract import select_sql
+    from deep_sleep.core import tables
+    from deep_sleep.store.extract import select_sql
 
     with store.adbc() as con:
         cur = con.cursor()
@@ -72,11 +70,12 @@ def copy_baseline(store, scope_path: str) -> dict[str, float]:
 
 
 def bench_scale(admin_dsn: str, scale: int, work: Path) -> dict:
-    from deep_sleep.config import ConsolidationConfig
-    from deep_sleep.report import ConsolidationReport
-    from deep_sleep.seed import SeedSpec, generate, load, scopes_of
-    from deep_sleep.stages import apply_stage, extract_stage, plan_stage, validate_stage
-    from transforms import phase_names
+    from deep_sleep.transforms import phase_names
+
+    from deep_sleep.core.config import ConsolidationConfig
+    from deep_sleep.core.report import ConsolidationReport
+    from deep_sleep.dev.seed import SeedSpec, generate, load, scopes_of
+    from deep_sleep.run.stages import apply_stage, extract_stage, plan_stage, validate_stage
 
     store = _fresh_store(admin_dsn, "deep_sleep_bench")
     now = datetime.now(UTC).replace(microsecond=0)
@@ -171,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     scales = args.scale or [100_000]
 
-    from deep_sleep.db import embedded_dsn
+    from deep_sleep.store.db import embedded_dsn
 
     admin = os.environ.get("DEEP_SLEEP_BENCH_DSN") or embedded_dsn(
         data_dir=os.path.join(".deep_sleep", "bench-pgdata"), database="postgres")

@@ -32,14 +32,14 @@ def _quiet_prefect() -> None:
 
 
 def _as_of(value: str | None) -> datetime | None:
-    from deep_sleep.snapshot import utc
+    from deep_sleep.core.snapshot import utc
 
     return utc(value) if value else None
 
 
 def cmd_seed(args: argparse.Namespace) -> int:
-    from deep_sleep.db import connect_store
-    from deep_sleep.seed import SeedSpec, scopes_of, seed_store
+    from deep_sleep.dev.seed import SeedSpec, scopes_of, seed_store
+    from deep_sleep.store.db import connect_store
 
     spec = SeedSpec(tenants=args.tenants, scopes_per_tenant=args.scopes_per_tenant, nodes_per_scope=args.nodes,
                     seed=args.seed, now=_as_of(args.now) or datetime.now(UTC).replace(microsecond=0))
@@ -53,14 +53,14 @@ def cmd_seed(args: argparse.Namespace) -> int:
 
 def _run_flow(scope: str, as_of: datetime | None, config_file: str | None, dsn: str | None, runs_dir: str | None):
     _quiet_prefect()
-    from flows.consolidate import DeepSleepParameters, deep_sleep
+    from deep_sleep.flows.consolidate import DeepSleepParameters, deep_sleep
 
     return deep_sleep(DeepSleepParameters(scope=scope, as_of=as_of, config_file=config_file, dsn=dsn, runs_dir=runs_dir))
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from deep_sleep.render import print_summary, report_markdown
-    from deep_sleep.report import ConsolidationReport
+    from deep_sleep.core.report import ConsolidationReport
+    from deep_sleep.run.console import print_summary, report_markdown
 
     report = ConsolidationReport.from_dict(_run_flow(args.scope, _as_of(args.as_of), args.config, args.dsn, args.runs_dir))
     print(report_markdown(report))
@@ -69,8 +69,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_snapshot(args: argparse.Namespace) -> int:
-    from deep_sleep.db import connect_store
-    from deep_sleep.extract import extract
+    from deep_sleep.store.db import connect_store
+    from deep_sleep.store.extract import extract
 
     snap = extract(connect_store(args.dsn), args.scope)
     out = snap.write(args.out)
@@ -84,14 +84,14 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     With ``--compare-config`` the snapshot is replayed under both configurations and compared.
     """
-    from deep_sleep.config import load_config
-    from deep_sleep.render import report_markdown
-    from deep_sleep.stages import plan_stage, validate_stage
+    from deep_sleep.core.config import load_config
+    from deep_sleep.run.console import report_markdown
+    from deep_sleep.run.stages import plan_stage, validate_stage
 
     config = load_config(args.config)
     out = Path(args.out)
     if args.compare_config:
-        from deep_sleep.compare import comparison_markdown, print_comparison, replay_stored
+        from deep_sleep.jobs.compare import comparison_markdown, print_comparison, replay_stored
 
         result = replay_stored(args.snapshot_dir, config, load_config(args.compare_config), as_of=_as_of(args.as_of), out=out)
         (out / "comparison.md").write_text(comparison_markdown(result.comparison))
@@ -107,9 +107,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 def cmd_replay_range(args: argparse.Namespace) -> int:
     """Replay every stored snapshot of a scope taken in [--from, --to]; optionally compare two configs."""
-    from deep_sleep.compare import range_markdown, replay_range
-    from deep_sleep.config import load_config
-    from deep_sleep.db import connect_store
+    from deep_sleep.core.config import load_config
+    from deep_sleep.jobs.compare import range_markdown, replay_range
+    from deep_sleep.store.db import connect_store
 
     results = replay_range(
         args.runs_dir, args.scope, args.from_, args.to, load_config(args.config),
@@ -123,7 +123,7 @@ def cmd_replay_range(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     """Compare two diff directories (two configs, or two code versions, on the same snapshot)."""
-    from deep_sleep.compare import compare_dirs, comparison_markdown, print_comparison
+    from deep_sleep.jobs.compare import compare_dirs, comparison_markdown, print_comparison
 
     cmp = compare_dirs(args.diff_a, args.diff_b)
     if args.markdown:
@@ -136,8 +136,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_undo(args: argparse.Namespace) -> int:
-    from deep_sleep.db import connect_store
-    from deep_sleep.undo import undo, undo_markdown
+    from deep_sleep.jobs.undo import undo, undo_markdown
+    from deep_sleep.store.db import connect_store
 
     result = undo(connect_store(args.dsn), args.run_id)
     print(undo_markdown(result))
@@ -145,8 +145,8 @@ def cmd_undo(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from deep_sleep.db import connect_store
-    from deep_sleep.ledger import last_runs, print_runs, runs_markdown
+    from deep_sleep.jobs.ledger import last_runs, print_runs, runs_markdown
+    from deep_sleep.store.db import connect_store
 
     records = last_runs(connect_store(args.dsn), args.scope, args.limit)
     if args.markdown:
@@ -159,14 +159,14 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_nightly(args: argparse.Namespace) -> int:
     """One night over the fleet (every due scope), in Prefect's local mode unless PREFECT_API_URL is set."""
     _quiet_prefect()
-    from flows.nightly import NightlyParameters, run_nightly
+    from deep_sleep.flows.nightly import NightlyParameters, run_nightly
 
     summary = run_nightly(NightlyParameters(
         as_of=_as_of(args.as_of), config_file=args.config, dsn=args.dsn, runs_dir=args.runs_dir,
         max_workers=args.max_workers, apply_concurrency=args.apply_concurrency, data_quality=not args.no_data_quality,
         task_runner=args.task_runner, dask_address=args.dask_address, prefect_apply_limit=not args.no_prefect_apply_limit,
     ))
-    from deep_sleep.render import markdown_table
+    from deep_sleep.run.console import markdown_table
 
     rows = [[r["scope"], r["status"], str(r.get("changes", "")), str(r.get("conflicts", "")), r.get("reason", "")[:80]]
             for r in summary["rows"]]
@@ -184,7 +184,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print("deep-sleep serve: error: schedules need a Prefect server. Start one with `prefect server start` "
               "and set PREFECT_API_URL=http://127.0.0.1:4200/api", file=sys.stderr)
         return 2
-    from flows.deployments import serve
+    from deep_sleep.flows.deployments import serve
 
     serve(cron=args.cron, dsn=args.dsn, runs_dir=args.runs_dir)
     return 0
@@ -192,9 +192,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_backfill(args: argparse.Namespace) -> int:
     """Write scope_path for legacy rows in small resumable batches (or count them: --dry-run)."""
-    from deep_sleep import backfill as bf
-    from deep_sleep.db import connect_store
-    from deep_sleep.render import markdown_table
+    from deep_sleep.jobs import backfill as bf
+    from deep_sleep.run.console import markdown_table
+    from deep_sleep.store.db import connect_store
 
     dsn = connect_store(args.dsn).dsn
     if args.validate_only:
@@ -220,10 +220,10 @@ def cmd_backfill(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """Seed a fresh demo database, consolidate every demo scope through the flow, print the reports."""
-    from deep_sleep.db import create_database, embedded_dsn, resolve_dsn
-    from deep_sleep.render import print_summary
-    from deep_sleep.report import ConsolidationReport
-    from deep_sleep.seed import SeedSpec, scopes_of, seed_store
+    from deep_sleep.core.report import ConsolidationReport
+    from deep_sleep.dev.seed import SeedSpec, scopes_of, seed_store
+    from deep_sleep.run.console import print_summary
+    from deep_sleep.store.db import create_database, embedded_dsn, resolve_dsn
 
     admin = resolve_dsn(args.dsn) if args.dsn else embedded_dsn(database="postgres")
     store = create_database(admin, "deep_sleep_demo")  # the demo always starts from a fresh database
@@ -347,8 +347,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from deep_sleep.errors import DeepSleepError
-    from deep_sleep.scope import ScopeError
+    from deep_sleep.core.errors import DeepSleepError
+    from deep_sleep.core.scope import ScopeError
 
     args = build_parser().parse_args(argv)
     try:

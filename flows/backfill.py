@@ -1,6 +1,6 @@
 """The ``scope_backfill`` Prefect flow: give legacy rows their scope_path (SPEC §6).
 
-Thin tasks over :mod:`deep_sleep.backfill`: find the tables, backfill (or count) each one, then
+Thin tasks over :mod:`deep_sleep.jobs.backfill`: find the tables, backfill (or count) each one, then
 validate the whole store.  A table's task retries by itself: the job's checkpoint makes a retry
 resume where the failed attempt stopped.  The flow's parameters are its only configuration.
 """
@@ -15,9 +15,9 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel, Field
 
-from deep_sleep import backfill as bf
-from deep_sleep.db import connect_store
-from deep_sleep.render import markdown_table
+from deep_sleep.jobs import backfill as bf
+from deep_sleep.run.console import markdown_table
+from deep_sleep.store.db import connect_store
 
 
 class ScopeBackfillParameters(BaseModel):

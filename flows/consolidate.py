@@ -1,6 +1,6 @@
 """The ``deep_sleep`` Prefect flow: one scope, extract → transform → validate → apply → report.
 
-Tasks are thin wrappers over :mod:`deep_sleep.stages`; they pass directories (snapshot, diff),
+Tasks are thin wrappers over :mod:`deep_sleep.run.stages`; they pass directories (snapshot, diff),
 never frames, so nothing large lands in Prefect's state.  The flow's parameters are its only
 configuration.  It runs in Prefect's local (ephemeral) mode with no server to install.
 """
@@ -18,14 +18,14 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel, Field
 
-from deep_sleep import stages
-from deep_sleep.config import ConsolidationConfig, load_config
-from deep_sleep.db import Store, connect_store
-from deep_sleep.errors import ValidationFailed
-from deep_sleep.render import report_markdown
-from deep_sleep.report import ConsolidationReport
-from deep_sleep.scope import Scope
-from deep_sleep.snapshot import utc
+from deep_sleep.core.config import ConsolidationConfig, load_config
+from deep_sleep.core.errors import ValidationFailed
+from deep_sleep.core.report import ConsolidationReport
+from deep_sleep.core.scope import Scope
+from deep_sleep.core.snapshot import utc
+from deep_sleep.run import stages
+from deep_sleep.run.console import report_markdown
+from deep_sleep.store.db import Store, connect_store
 
 
 class DeepSleepParameters(BaseModel):

@@ -12,9 +12,9 @@ from typing import Any
 
 
 def deployments(cron: str = "0 3 * * *", dsn: str | None = None, runs_dir: str | None = None) -> list[Any]:
-    from flows.backfill import scope_backfill
-    from flows.nightly import deep_sleep_nightly
-    from flows.replay import deep_sleep_replay
+    from deep_sleep.flows.backfill import scope_backfill
+    from deep_sleep.flows.nightly import deep_sleep_nightly
+    from deep_sleep.flows.replay import deep_sleep_replay
 
     common = {k: v for k, v in {"dsn": dsn, "runs_dir": runs_dir}.items() if v}
     return [

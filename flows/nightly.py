@@ -31,13 +31,13 @@ from prefect.futures import as_completed
 from prefect.task_runners import ThreadPoolTaskRunner
 from pydantic import BaseModel, Field
 
-from deep_sleep import stages
-from deep_sleep.config import ConsolidationConfig, load_config
-from deep_sleep.db import Store, connect_store
-from deep_sleep.gating import due_scopes
-from deep_sleep.report import ConsolidationReport
-from deep_sleep.scope import Scope
-from deep_sleep.snapshot import utc
+from deep_sleep.core.config import ConsolidationConfig, load_config
+from deep_sleep.core.report import ConsolidationReport
+from deep_sleep.core.scope import Scope
+from deep_sleep.core.snapshot import utc
+from deep_sleep.jobs.gating import due_scopes
+from deep_sleep.run import stages
+from deep_sleep.store.db import Store, connect_store
 
 APPLY_TAG = "deep-sleep-apply"
 TRANSIENT_SQLSTATES = ("40001", "40P01", "55P03", "57P01", "08000", "08003", "08006")  # serialization, deadlock, lock timeout, shutdown, connection
@@ -108,7 +108,7 @@ def apply_scope_task(dsn: str, planned: dict, started_at: datetime, apply_concur
 
 @task(name="data-quality", cache_policy=NO_CACHE)
 def data_quality_task(dsn: str, out_dir: str, night_id: str) -> dict:
-    from validation.store_suite import run_store_suite
+    from deep_sleep.validation.store_suite import run_store_suite
 
     result = run_store_suite(dsn, Path(out_dir), run_id=night_id)
     with Store(dsn).pg() as con:

@@ -1,7 +1,7 @@
 """The ``deep_sleep_replay`` Prefect flow: replay one stored snapshot, or every stored snapshot of a
 scope over a date range, and optionally compare two configurations — never writing to the store.
 
-Tasks are thin wrappers over :mod:`deep_sleep.compare`; they pass paths and small summaries.
+Tasks are thin wrappers over :mod:`deep_sleep.jobs.compare`; they pass paths and small summaries.
 The flow's parameters are its only configuration.  With a ``dsn`` the ledger is *read* to replay
 each snapshot at its run's recorded ``as_of`` and check the recorded diff hash.
 """
@@ -17,11 +17,11 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel, Field, model_validator
 
-from deep_sleep import compare
-from deep_sleep.config import ConsolidationConfig, load_config
-from deep_sleep.db import Store, connect_store
-from deep_sleep.render import markdown_table
-from deep_sleep.scope import Scope
+from deep_sleep.core.config import ConsolidationConfig, load_config
+from deep_sleep.core.scope import Scope
+from deep_sleep.jobs import compare
+from deep_sleep.run.console import markdown_table
+from deep_sleep.store.db import Store, connect_store
 
 
 class ReplayParameters(BaseModel):

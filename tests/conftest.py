@@ -25,8 +25,8 @@ settings.register_profile("default", derandomize=True, database=None)
 settings.register_profile("fuzz", derandomize=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
-from deep_sleep.db import create_database, drop_database, embedded_dsn
-from deep_sleep.scope import Scope
+from deep_sleep.core.scope import Scope
+from deep_sleep.store.db import create_database, drop_database, embedded_dsn
 
 
 @pytest.fixture(scope="session")

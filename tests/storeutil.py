@@ -6,9 +6,9 @@ import json
 import uuid
 from datetime import datetime, timedelta
 
-from deep_sleep import tables
-from deep_sleep.db import Store, create_database, drop_database  # noqa: F401 - re-exported for tests
-from deep_sleep.scope import Scope
+from deep_sleep.core import tables
+from deep_sleep.core.scope import Scope
+from deep_sleep.store.db import Store, create_database, drop_database  # noqa: F401 - re-exported for tests
 
 SCOPED_TABLES = tuple(tables.TABLES) + ("consolidation_archive",)
 

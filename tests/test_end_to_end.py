@@ -10,9 +10,9 @@ from datetime import UTC, datetime
 
 import pytest
 
-from deep_sleep.report import ConsolidationReport
+from deep_sleep.core.report import ConsolidationReport
+from deep_sleep.dev.seed import SeedSpec, scopes_of, seed_store
 from tests.storeutil import create_database, drop_database
-from deep_sleep.seed import SeedSpec, scopes_of, seed_store
 
 NOW = datetime(2026, 11, 20, 3, 0, tzinfo=UTC)
 
@@ -34,7 +34,7 @@ def _count(store, sql, *params):
 
 @pytest.mark.flow
 def test_seed_scenario_through_the_real_flow(prefect_harness, seeded, tmp_path):
-    from flows.consolidate import DeepSleepParameters, deep_sleep
+    from deep_sleep.flows.consolidate import DeepSleepParameters, deep_sleep
 
     store, scope = seeded
     p = scope.path

@@ -2,8 +2,8 @@
 
 Adding a phase is adding a module and a line to ``ROSTER``.  Each phase function takes any of
 the arguments the runner offers, by name — ``snapshot`` (with earlier phases' diffs folded in),
-``config`` (its own section of :class:`~deep_sleep.config.ConsolidationConfig`), ``as_of``,
-``lookback_hours``, ``scope_path``, ``settings`` (the whole configuration), ``embedder`` — and returns a :class:`~transforms._common.PhaseResult`.
+``config`` (its own section of :class:`~deep_sleep.core.config.ConsolidationConfig`), ``as_of``,
+``lookback_hours``, ``scope_path``, ``settings`` (the whole configuration), ``embedder`` — and returns a :class:`~deep_sleep.transforms._common.PhaseResult`.
 """
 
 from __future__ import annotations
@@ -11,23 +11,23 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from transforms._common import PhaseResult
-from transforms.cooccurrence import cooccurrence
-from transforms.decay_importance import decay_importance
-from transforms.drift import drift
-from transforms.episodic_summary import episodic_summary
-from transforms.label_recalls import label_recalls
-from transforms.meta_nodes import meta_nodes
-from transforms.pending_edges import pending_edges
-from transforms.procedural_promotion import procedural_promotion
-from transforms.prune_orphans import prune_orphans
-from transforms.soul_corrections import soul_corrections
-from transforms.strengthen import strengthen
-from transforms.supersession import supersession
-from transforms.synthetic_links import synthetic_links
-from transforms.tag_risk import tag_risk
-from transforms.train_reranker import train_reranker
-from transforms.working_ttl import working_ttl
+from deep_sleep.transforms._common import PhaseResult
+from deep_sleep.transforms.cooccurrence import cooccurrence
+from deep_sleep.transforms.decay_importance import decay_importance
+from deep_sleep.transforms.drift import drift
+from deep_sleep.transforms.episodic_summary import episodic_summary
+from deep_sleep.transforms.label_recalls import label_recalls
+from deep_sleep.transforms.meta_nodes import meta_nodes
+from deep_sleep.transforms.pending_edges import pending_edges
+from deep_sleep.transforms.procedural_promotion import procedural_promotion
+from deep_sleep.transforms.prune_orphans import prune_orphans
+from deep_sleep.transforms.soul_corrections import soul_corrections
+from deep_sleep.transforms.strengthen import strengthen
+from deep_sleep.transforms.supersession import supersession
+from deep_sleep.transforms.synthetic_links import synthetic_links
+from deep_sleep.transforms.tag_risk import tag_risk
+from deep_sleep.transforms.train_reranker import train_reranker
+from deep_sleep.transforms.working_ttl import working_ttl
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,8 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from deep_sleep.diff import Diff
-from deep_sleep.snapshot import Snapshot
+from deep_sleep.core.diff import Diff
+from deep_sleep.core.snapshot import Snapshot
 
 PROTECTED_PREFIXES = ("SOUL:", "AGENT_IDENTITY:")
 # Namespace of the UUIDv5 ids of rows a phase creates: uuid5(NS, "scope_path|phase|natural key").
@@ -105,7 +105,7 @@ def _pool() -> ThreadPoolExecutor:
 def _sha1_hex(prefix: str, keys: pl.Series) -> pa.StringArray:
     """Hex SHA-1 of namespace bytes + UTF-8 of ``prefix + key`` for each key, on this thread's DuckDB
     connection.  A null key gets a placeholder digest (every row 40 characters; its id is nulled)."""
-    from deep_sleep.duck import registered
+    from deep_sleep.core.duck import registered
 
     with registered(pl.DataFrame({"k": keys}).to_arrow()) as (con, name):
         digests = con.sql(
@@ -168,7 +168,7 @@ def merge_json(frame: pl.DataFrame, patch: pl.Expr, column: str = "properties") 
     giving JSON object text, e.g. ``pl.struct(a=…).struct.json_encode()``).  Vectorized in DuckDB."""
     if not frame.height:
         return frame
-    from deep_sleep.duck import registered
+    from deep_sleep.core.duck import registered
 
     work = frame.with_row_index("_ds_row").with_columns(patch.alias("_ds_patch"))
     with registered(work.select("_ds_row", column, "_ds_patch").to_arrow()) as (con, name):

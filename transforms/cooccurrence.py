@@ -7,14 +7,14 @@ from datetime import datetime
 
 import numpy as np
 import polars as pl
+from deep_sleep.transforms._common import PhaseResult, created_ids, in_window, window_start
 
-from deep_sleep import tables
-from deep_sleep.config import CooccurrenceConfig
-from deep_sleep.diff import Diff
-from deep_sleep.lookup import text_order
-from deep_sleep.scope import Scope
-from deep_sleep.snapshot import Snapshot
-from transforms._common import PhaseResult, created_ids, in_window, window_start
+from deep_sleep.core import tables
+from deep_sleep.core.config import CooccurrenceConfig
+from deep_sleep.core.diff import Diff
+from deep_sleep.core.lookup import text_order
+from deep_sleep.core.scope import Scope
+from deep_sleep.core.snapshot import Snapshot
 
 RELATION = "CO_OCCURRED"
 
@@ -43,7 +43,7 @@ def cooccurrence(
 
     # Recent nodes, numbered in id order: comparing numbers is comparing ids.  Lazy: the frames
     # arrive in misaligned chunks after earlier phases' folds, and an eager select would copy
-    # every column to realign them.  Put in id order by :func:`deep_sleep.lookup.text_order` (no string sort).
+    # every column to realign them.  Put in id order by :func:`deep_sleep.core.lookup.text_order` (no string sort).
     recent = (
         snapshot.table("memory_nodes")
         .lazy()

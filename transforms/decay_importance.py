@@ -5,11 +5,11 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 import polars as pl
+from deep_sleep.transforms._common import PhaseResult, is_protected
 
-from deep_sleep.config import DecayImportanceConfig
-from deep_sleep.diff import Diff
-from deep_sleep.snapshot import Snapshot
-from transforms._common import PhaseResult, is_protected
+from deep_sleep.core.config import DecayImportanceConfig
+from deep_sleep.core.diff import Diff
+from deep_sleep.core.snapshot import Snapshot
 
 
 def decay_importance(snapshot: Snapshot, config: DecayImportanceConfig, as_of: datetime) -> PhaseResult:

@@ -21,12 +21,12 @@ from __future__ import annotations
 from datetime import datetime
 
 import polars as pl
+from deep_sleep.transforms._common import PhaseResult, created_ids, in_window, skip, window_start
+from deep_sleep.transforms.label_recalls import JSON_KEY, WORD
 
-from deep_sleep.config import DriftConfig
-from deep_sleep.diff import Diff
-from deep_sleep.snapshot import Snapshot
-from transforms._common import PhaseResult, created_ids, in_window, skip, window_start
-from transforms.label_recalls import JSON_KEY, WORD
+from deep_sleep.core.config import DriftConfig
+from deep_sleep.core.diff import Diff
+from deep_sleep.core.snapshot import Snapshot
 
 PHASE = "drift"
 PREFIX = "trait:"

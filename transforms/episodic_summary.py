@@ -5,11 +5,11 @@ from __future__ import annotations
 from datetime import datetime
 
 import polars as pl
+from deep_sleep.transforms._common import PhaseResult, created_ids, merge_json, skip
 
-from deep_sleep.config import EpisodicSummaryConfig
-from deep_sleep.diff import Diff
-from deep_sleep.snapshot import Snapshot
-from transforms._common import PhaseResult, created_ids, merge_json, skip
+from deep_sleep.core.config import EpisodicSummaryConfig
+from deep_sleep.core.diff import Diff
+from deep_sleep.core.snapshot import Snapshot
 
 PHASE = "episodic_summary"
 LABEL = "META:episodic_summary"
@@ -21,7 +21,7 @@ TRUNCATED_NOTE = "\n… [truncated: the full events are kept in consolidation_ar
 
 
 def _iso_text(column: str) -> pl.Expr:
-    """A UTC timestamp as ISO 8601 text, the same form as :func:`deep_sleep.snapshot.iso`
+    """A UTC timestamp as ISO 8601 text, the same form as :func:`deep_sleep.core.snapshot.iso`
     (``…T03:00:00Z``, with ``.ffffff`` only when there are microseconds)."""
     col = pl.col(column)
     return (

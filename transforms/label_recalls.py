@@ -1,6 +1,6 @@
 """Phase D2 — label_recalls: implicit training labels for recalls nobody gave feedback on (SPEC §3).
 
-A recall (one ``recall_events`` row per returned hit, written by :func:`deep_sleep.online.recall`)
+A recall (one ``recall_events`` row per returned hit, written by :func:`deep_sleep.online.turn.recall`)
 is *used* if the conversation comes back to it: a word of its query shows up again in working
 memory or in an episodic event created after the recall.
 
@@ -18,11 +18,11 @@ import re
 from datetime import datetime, timedelta
 
 import polars as pl
+from deep_sleep.transforms._common import PhaseResult, skip
 
-from deep_sleep.config import LabelRecallsConfig
-from deep_sleep.diff import Diff
-from deep_sleep.snapshot import Snapshot
-from transforms._common import PhaseResult, skip
+from deep_sleep.core.config import LabelRecallsConfig
+from deep_sleep.core.diff import Diff
+from deep_sleep.core.snapshot import Snapshot
 
 PHASE = "label_recalls"
 IMPLICIT = "implicit"

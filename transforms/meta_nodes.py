@@ -5,13 +5,19 @@ from __future__ import annotations
 from datetime import datetime
 
 import polars as pl
-
-from deep_sleep.config import MetaNodesConfig
-from deep_sleep.diff import Diff
-from deep_sleep.snapshot import Snapshot
-from transforms._common import (
-    PhaseResult, created_ids, is_protected, json_number, label_prefix, merge_json, resolve_labels,
+from deep_sleep.transforms._common import (
+    PhaseResult,
+    created_ids,
+    is_protected,
+    json_number,
+    label_prefix,
+    merge_json,
+    resolve_labels,
 )
+
+from deep_sleep.core.config import MetaNodesConfig
+from deep_sleep.core.diff import Diff
+from deep_sleep.core.snapshot import Snapshot
 
 PHASE = "meta_nodes"
 RELATION = "CLUSTERS"

@@ -5,13 +5,13 @@ from __future__ import annotations
 from datetime import datetime
 
 import polars as pl
+from deep_sleep.transforms._common import PhaseResult, created_id, created_ids, resolve_labels, skip
 
-from deep_sleep import tables
-from deep_sleep.config import ConsolidationConfig, PendingEdgesConfig
-from deep_sleep.diff import Diff
-from deep_sleep.scope import Scope
-from deep_sleep.snapshot import Snapshot, iso
-from transforms._common import PhaseResult, created_id, created_ids, resolve_labels, skip
+from deep_sleep.core import tables
+from deep_sleep.core.config import ConsolidationConfig, PendingEdgesConfig
+from deep_sleep.core.diff import Diff
+from deep_sleep.core.scope import Scope
+from deep_sleep.core.snapshot import Snapshot, iso
 
 OUTCOMES = ("created", "duplicate", "exists", "self_loop", "unresolved_source", "unresolved_target", "neighbour_cap")
 CO_OCCURRED = "CO_OCCURRED"

@@ -21,13 +21,13 @@ from datetime import datetime, timedelta
 
 import numpy as np
 import polars as pl
+from deep_sleep.transforms._common import PhaseResult, created_ids, in_window, skip
 
-from deep_sleep.config import ProceduralPromotionConfig
-from deep_sleep.diff import Diff
-from deep_sleep.embedding import EmbeddingProvider
-from deep_sleep.snapshot import Snapshot
-from deep_sleep.tables import EMBEDDING_DIM
-from transforms._common import PhaseResult, created_ids, in_window, skip
+from deep_sleep.core.config import ProceduralPromotionConfig
+from deep_sleep.core.diff import Diff
+from deep_sleep.core.embedding import EmbeddingProvider
+from deep_sleep.core.snapshot import Snapshot
+from deep_sleep.core.tables import EMBEDDING_DIM
 
 PHASE = "procedural_promotion"
 

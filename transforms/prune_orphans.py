@@ -6,11 +6,11 @@ from datetime import datetime, timedelta
 
 import numpy as np
 import polars as pl
+from deep_sleep.transforms._common import PhaseResult, is_protected, json_number
 
-from deep_sleep.config import PruneOrphansConfig
-from deep_sleep.diff import Diff
-from deep_sleep.snapshot import Snapshot
-from transforms._common import PhaseResult, is_protected, json_number
+from deep_sleep.core.config import PruneOrphansConfig
+from deep_sleep.core.diff import Diff
+from deep_sleep.core.snapshot import Snapshot
 
 PHASE = "prune_orphans"
 TTL_REASON = "semantic ttl expired"

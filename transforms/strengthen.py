@@ -5,11 +5,11 @@ from __future__ import annotations
 from datetime import datetime
 
 import polars as pl
+from deep_sleep.transforms._common import PhaseResult, in_window, window_start
 
-from deep_sleep.config import StrengthenConfig
-from deep_sleep.diff import Diff
-from deep_sleep.snapshot import Snapshot
-from transforms._common import PhaseResult, in_window, window_start
+from deep_sleep.core.config import StrengthenConfig
+from deep_sleep.core.diff import Diff
+from deep_sleep.core.snapshot import Snapshot
 
 
 def strengthen(snapshot: Snapshot, config: StrengthenConfig, as_of: datetime, lookback_hours: float) -> PhaseResult:

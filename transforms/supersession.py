@@ -6,11 +6,11 @@ from datetime import datetime
 
 import numpy as np
 import polars as pl
+from deep_sleep.transforms._common import PhaseResult, merge_json
 
-from deep_sleep.config import SupersessionConfig
-from deep_sleep.diff import Diff
-from deep_sleep.snapshot import Snapshot
-from transforms._common import PhaseResult, merge_json
+from deep_sleep.core.config import SupersessionConfig
+from deep_sleep.core.diff import Diff
+from deep_sleep.core.snapshot import Snapshot
 
 
 def supersession(snapshot: Snapshot, config: SupersessionConfig, as_of: datetime) -> PhaseResult:

@@ -5,11 +5,11 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 import polars as pl
+from deep_sleep.transforms._common import PhaseResult, created_ids, in_window, resolve_labels, skip
 
-from deep_sleep.config import SyntheticLinksConfig
-from deep_sleep.diff import Diff
-from deep_sleep.snapshot import Snapshot
-from transforms._common import PhaseResult, created_ids, in_window, resolve_labels, skip
+from deep_sleep.core.config import SyntheticLinksConfig
+from deep_sleep.core.diff import Diff
+from deep_sleep.core.snapshot import Snapshot
 
 PHASE = "synthetic_links"
 RELATION = "SYNTHETIC_LINK"

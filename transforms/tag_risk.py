@@ -7,11 +7,11 @@ import re
 from datetime import datetime
 
 import polars as pl
+from deep_sleep.transforms._common import PhaseResult, in_window, merge_json, window_start
 
-from deep_sleep.config import TagRiskConfig
-from deep_sleep.diff import Diff
-from deep_sleep.snapshot import Snapshot, iso
-from transforms._common import PhaseResult, in_window, merge_json, window_start
+from deep_sleep.core.config import TagRiskConfig
+from deep_sleep.core.diff import Diff
+from deep_sleep.core.snapshot import Snapshot, iso
 
 # A word start is the start of the text or any character that is not a letter, mark or digit.
 _WORD_START = r"(?:^|[^\p{L}\p{M}\p{N}])"

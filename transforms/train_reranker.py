@@ -1,6 +1,6 @@
 """Phase D3 — train_reranker: one optimizer step of the scope's recall reranker (SPEC §3, §5).
 
-The model (the one :func:`deep_sleep.online.recall` scores with) is linear over the 12 features
+The model (the one :func:`deep_sleep.online.turn.recall` scores with) is linear over the 12 features
 a recall logs, and its output is an *adjustment* of the hit's base score, clipped to ±``CAP``:
 
     adjustment(x) = clip(w · x + b, −CAP, +CAP)          score = base + adjustment(x)
@@ -25,11 +25,11 @@ from datetime import datetime
 
 import numpy as np
 import polars as pl
+from deep_sleep.transforms._common import PhaseResult, created_id, skip
 
-from deep_sleep.config import TrainRerankerConfig
-from deep_sleep.diff import Diff
-from deep_sleep.snapshot import Snapshot
-from transforms._common import PhaseResult, created_id, skip
+from deep_sleep.core.config import TrainRerankerConfig
+from deep_sleep.core.diff import Diff
+from deep_sleep.core.snapshot import Snapshot
 
 PHASE = "train_reranker"
 N_FEATURES = 12

@@ -5,10 +5,10 @@ from __future__ import annotations
 from datetime import datetime
 
 import polars as pl
+from deep_sleep.transforms._common import PhaseResult, delete_nodes, json_number
 
-from deep_sleep.config import WorkingTtlConfig
-from deep_sleep.snapshot import Snapshot
-from transforms._common import PhaseResult, delete_nodes, json_number
+from deep_sleep.core.config import WorkingTtlConfig
+from deep_sleep.core.snapshot import Snapshot
 
 
 def working_ttl(snapshot: Snapshot, config: WorkingTtlConfig, as_of: datetime) -> PhaseResult:

@@ -24,16 +24,16 @@ import threading
 from collections.abc import Callable
 from functools import lru_cache
 
-import polars as pl
 import pandera.polars as pa
+import polars as pl
+from deep_sleep.transforms._common import PROTECTED_PREFIXES
 from pandera.errors import SchemaErrors
 
-from deep_sleep import lookup, tables
-from deep_sleep.config import ConsolidationConfig
-from deep_sleep.scope import Scope
-from deep_sleep.diff import Diff
-from deep_sleep.snapshot import Snapshot
-from transforms._common import PROTECTED_PREFIXES
+from deep_sleep.core import lookup, tables
+from deep_sleep.core.config import ConsolidationConfig
+from deep_sleep.core.diff import Diff
+from deep_sleep.core.scope import Scope
+from deep_sleep.core.snapshot import Snapshot
 
 FAILURE_SCHEMA = {
     "check": pl.String(),

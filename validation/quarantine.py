@@ -36,7 +36,7 @@ hold anything.  Two paths give the same answer:
   handed to the big path, so DuckDB still decides every text Python cannot vouch for, and bad
   rows cost a round trip only when there are some.
 
-tests/test_fastpaths.py checks both paths against the DuckDB expression this module used before
+tests/core/test_fastpaths.py checks both paths against the DuckDB expression this module used before
 (``json_valid(c) AND json_type(c::JSON) = '…'``) on corpora of bad JSON and bad shapes, and the
 whole function against that earlier implementation on generated snapshots.  One difference, a
 fix: DuckDB does not short-circuit ``AND``, so that expression raised a ConversionException on
@@ -60,9 +60,9 @@ from functools import lru_cache
 import numpy as np
 import polars as pl
 
-from deep_sleep import lookup, tables
-from deep_sleep.duck import registered
-from deep_sleep.snapshot import Snapshot, utc
+from deep_sleep.core import lookup, tables
+from deep_sleep.core.duck import registered
+from deep_sleep.core.snapshot import Snapshot, utc
 
 QUARANTINE_SCHEMA = {"table": pl.String(), "id": pl.String(), "reason": pl.String(), "row": pl.String()}
 FUTURE_TOLERANCE = timedelta(minutes=5)

@@ -518,9 +518,9 @@ def run_store_suite(dsn: str, out_dir: Path, run_id: str | None = None, *, data_
     checked and ``results`` (as :class:`SuiteResult`).  Data Docs (HTML) go to
     ``out_dir/data_docs/`` (``data_docs_path`` = its ``index.html``; None with
     ``data_docs=False``).  A failed expectation is a result, not an exception; an unreachable
-    database raises :class:`deep_sleep.errors.StoreError`.
+    database raises :class:`deep_sleep.store.errors.StoreError`.
     """
-    from deep_sleep.errors import StoreError
+    from deep_sleep.store.errors import StoreError
 
     t0 = time.perf_counter()
     started = _dt.datetime.now(_dt.timezone.utc)

@@ -1,0 +1,1 @@
+"""Value objects and pure helpers: the lowest layer (imports nothing of deep_sleep above it)."""

@@ -1,0 +1,183 @@
+"""Text embeddings for the phases that compare texts (phase 12 compares skill names).
+
+An :class:`EmbeddingProvider` turns texts into an ``(n, dim)`` float32 matrix with
+L2-normalised rows (an all-zero row for a text with nothing to embed), so a dot product is a
+cosine.  The default, :class:`HashingEmbedder`, needs no model, no network and no state: it
+hashes the character trigrams of each word (``<deploy>`` → ``<de``, ``dep``, …, ``oy>``) of
+the casefolded, whitespace-normalised text into ``dim`` signed buckets with BLAKE2b, so the
+same text gives the same vector in every process, on every machine, in every replay (Python's
+``hash()`` is salted per process and is never used).  It measures spelling overlap, not
+meaning: "deploy billing service" is close to "Deploy the billing service", far from
+"rotate api keys".
+
+    >>> e = default_embedder()
+    >>> v = e.embed(["deploy billing service", "Deploy the billing service", "rotate api keys"])
+    >>> v.shape, bool(v[0] @ v[1] > 0.65 > v[0] @ v[2])
+    ((3, 256), True)
+
+Plugging in a real model: write a class with ``dim``, ``name`` and ``embed`` (any object that
+satisfies :class:`EmbeddingProvider` — no subclassing), whose ``dim`` is
+:data:`deep_sleep.core.tables.EMBEDDING_DIM` (the store's ``vector(256)``; project a bigger model's
+output down, e.g. with a fixed random projection or Matryoshka truncation, then re-normalise),
+and make :func:`default_embedder` return it — it is the one place the runner
+(:mod:`deep_sleep.run.plan`) gets the embedder of the phases that ask for ``embedder``.  Keep it
+deterministic (same text → same vector, no sampling, a pinned model version in ``name``):
+replay and the idempotence guarantee depend on it.  Phases may also be called directly with any
+provider (``procedural_promotion(…, embedder=my_model)``), which is how tests inject one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Sequence
+from functools import lru_cache
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+import polars as pl
+
+from deep_sleep.core.tables import EMBEDDING_DIM
+
+__all__ = ["EmbeddingProvider", "HashingEmbedder", "default_embedder"]
+
+
+@runtime_checkable
+class EmbeddingProvider(Protocol):
+    """Anything that embeds texts: ``embed(texts)`` → ``(len(texts), dim)`` float32, rows of norm 1 (or 0)."""
+
+    dim: int
+    name: str
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray: ...
+
+
+class HashingEmbedder:
+    """Signed feature hashing of per-word character n-grams; deterministic and dependency-free.
+
+    dim: number of buckets (the vector's length).
+    ngram: n-gram length in characters; words shorter than ``ngram - 2`` still give one n-gram
+        (the whole marked word, e.g. ``<a>``).
+    """
+
+    def __init__(self, dim: int = EMBEDDING_DIM, ngram: int = 3) -> None:
+        if dim < 2:
+            raise ValueError(f"HashingEmbedder: dim must be >= 2, got {dim}")
+        if ngram < 1:
+            raise ValueError(f"HashingEmbedder: ngram must be >= 1, got {ngram}")
+        self.dim = dim
+        self.ngram = ngram
+        self.name = f"hashing-char{ngram}gram-blake2b-{dim}"
+
+    def __repr__(self) -> str:
+        return f"HashingEmbedder(dim={self.dim}, ngram={self.ngram})"
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """``(len(texts), dim)`` float32, L2-normalised rows; an empty or blank text gives a zero row.
+
+        A few short texts (a live turn's, a recall's query: up to :data:`SMALL_CHARS` characters in
+        all) take a plain-Python path; more take a Polars pipeline.  Both give bit-identical
+        vectors (tests/core/test_embedding.py compares them).  A lone surrogate (ill-formed text, e.g.
+        from ``json.loads('"\\ud800"')``) embeds as U+FFFD, the replacement character."""
+        n = len(texts)
+        if not n:
+            return np.zeros((n, self.dim), dtype=np.float32)
+        folded = fold(texts)
+        if sum(map(len, folded)) <= SMALL_CHARS:
+            return self._embed_small(folded)
+        return self._embed_polars(folded)
+
+    def _embed_small(self, folded: list[str]) -> np.ndarray:
+        """The Python path: the same words, n-grams, buckets and sums as :meth:`_embed_polars`."""
+        k, dim = self.ngram, self.dim
+        rows: list[int] = []
+        codes: list[int] = []
+        for row, text in enumerate(folded):
+            for word in _WORD.findall(text):
+                word = f"<{word}>"
+                for at in range(max(len(word) - k + 1, 1)):
+                    rows.append(row)
+                    codes.append(_bucket(word[at : at + k], dim))
+        return self._finish(len(folded), np.asarray(rows, dtype=np.int64), np.asarray(codes, dtype=np.int64))
+
+    def _embed_polars(self, folded: list[str]) -> np.ndarray:
+        n = len(folded)
+        out = np.zeros((n, self.dim), dtype=np.float32)
+        k = self.ngram
+        grams = (
+            pl.DataFrame({"text": pl.Series("text", folded, dtype=pl.String)})
+            .with_row_index("row")
+            .select("row", pl.col("text").str.extract_all(r"\S+"))
+            .explode("text")
+            .drop_nulls("text")
+            .select("row", pl.concat_str([pl.lit("<"), pl.col("text"), pl.lit(">")]).alias("word"))
+            .with_columns(pl.col("word").str.len_chars().alias("_len"))
+            .with_columns(pl.int_ranges(0, pl.max_horizontal(pl.col("_len") - k + 1, pl.lit(1))).alias("_at"))
+            .explode("_at")
+            .select("row", pl.col("word").str.slice(pl.col("_at"), k).alias("gram"))
+        )
+        if not grams.height:
+            return out
+        vocab = grams.get_column("gram").unique(maintain_order=True)
+        codes = np.array([_bucket(g, self.dim) for g in vocab.to_list()], dtype=np.int64)
+        index = grams.join(
+            pl.DataFrame({"gram": vocab, "code": codes}), on="gram", how="left", maintain_order="left"
+        )
+        rows = index.get_column("row").to_numpy().astype(np.int64)
+        code = index.get_column("code").to_numpy()
+        return self._finish(n, rows, code)
+
+    def _finish(self, n: int, rows: np.ndarray, code: np.ndarray) -> np.ndarray:
+        """Sum the signed buckets (``code`` = ±(bucket + 1)) of each row and L2-normalise."""
+        out = np.zeros((n, self.dim), dtype=np.float32)
+        if not len(code):
+            return out
+        bucket, sign = np.abs(code) - 1, np.sign(code).astype(np.float64)
+        flat = np.bincount(rows * self.dim + bucket, weights=sign, minlength=n * self.dim)
+        mat = flat.reshape(n, self.dim)
+        norms = np.linalg.norm(mat, axis=1, keepdims=True)
+        np.divide(mat, norms, out=mat, where=norms > 0)
+        out[:] = mat
+        return out
+
+
+# Up to this many characters (all texts of one call together) embed in plain Python.
+SMALL_CHARS = 4_000
+# A word is a run of characters that are not Unicode White_Space — what Polars' (Rust regex) ``\S+``
+# matches.  Python's ``\s`` is not the same set: it also holds U+001C–U+001F.
+_WORD = re.compile("[^\t\n\x0b\x0c\r \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]+")
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def well_formed(text: str) -> str:
+    """``text`` with every lone surrogate replaced by U+FFFD (UTF-8 — Polars, PostgreSQL — cannot hold one)."""
+    return _SURROGATE.sub("\ufffd", text) if not text.isascii() and _SURROGATE.search(text) else text
+
+
+def fold(texts: Sequence[str]) -> list[str]:
+    """Caseless, well-formed texts: ``str.casefold`` (the Unicode caseless form, ß → ss; Polars has
+    only lowercase), lone surrogates replaced by U+FFFD (UTF-8 — and so Polars — cannot hold them),
+    anything that is not a string treated as empty."""
+    out = []
+    for t in texts:
+        if not isinstance(t, str):
+            out.append("")
+            continue
+        out.append(well_formed(t.casefold()))
+    return out
+
+
+@lru_cache(maxsize=1 << 16)
+def _bucket(gram: str, dim: int) -> int:
+    """``±(bucket + 1)``: BLAKE2b-64 of the UTF-8 n-gram; low bits pick the bucket, the top bit the sign."""
+    h = int.from_bytes(hashlib.blake2b(gram.encode("utf-8"), digest_size=8).digest(), "little")
+    bucket = (h & 0x7FFF_FFFF_FFFF_FFFF) % dim
+    return -(bucket + 1) if h >> 63 else bucket + 1
+
+
+@lru_cache(maxsize=1)
+def default_embedder() -> EmbeddingProvider:
+    """The embedder the runner hands to phases that ask for ``embedder`` (one shared instance)."""
+    return HashingEmbedder(EMBEDDING_DIM)

@@ -1,0 +1,104 @@
+"""The ``ConsolidationReport`` (SPEC §2 step 5, §8 ``report.json``)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from deep_sleep.core.errors import DiffError
+from deep_sleep.core.files import write_atomic
+
+COUNTERS = (
+    "nodes_strengthened",
+    "edges_created",
+    "edges_reinforced",
+    "risk_nodes_tagged",
+    "facts_superseded",
+    "nodes_pruned",
+    "meta_nodes_created",
+    "meta_nodes_updated",
+    "soul_updates",
+    "soul_rejected",
+    "working_ttl_pruned",
+    "nodes_decayed",
+    "episodes_summarized",
+    "synthetic_edges_created",
+    "draft_skills_promoted",
+    "recalls_labelled",
+    "reranker_steps",
+    "identity_drifts",
+)
+
+
+@dataclass(frozen=True)
+class ConsolidationReport:
+    """What one run of one scope did (or, for a replay or a failed validation, would have done).
+
+    scope_path, as_of: the run's scope and logical time (ISO 8601, UTC).
+    counters: every counter of SPEC §3, summed over phases.
+    counters_by_phase: phase → its non-zero counters.
+    phases_run: phases that ran, in order, even if they found nothing.
+    phases_skipped: phase → reason ("disabled by config", "missing input: …", "gated: …").
+    timings: seconds per phase and per stage (extract, transform, validate, apply); within the
+        transform stage also read_snapshot, quarantine, fold (folding each phase's diff into the
+        next phase's view), combine, diff_hash and write_diff (the diff is written while it is hashed).
+    rows_changed: table → {inserts, updates, deletes} of the diff; after apply, what landed.
+    conflicts: updates/deletes skipped because a live writer changed the row after the snapshot.
+    errors: human-readable errors (validation failures, exceptions); empty on success.
+    notes: phase → things worth knowing that are not errors (e.g. rejected SOUL keys by name).
+    validation: failing checks (check, table, phase, rows) when validation failed.
+    quarantined: table → reason → rows set aside from the snapshot (left untouched in the store).
+    diff_hash: content hash of the diff (same snapshot + config + as_of → same hash).
+    status: "planned" (replay), "applied", "failed", or "empty".
+    run_id, snapshot_uri, diff_uri: where the run is recorded and stored.
+    """
+
+    scope_path: str
+    as_of: str
+    counters: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))
+    counters_by_phase: dict[str, dict[str, int]] = field(default_factory=dict)
+    phases_run: list[str] = field(default_factory=list)
+    phases_skipped: dict[str, str] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+    rows_changed: dict[str, dict[str, int]] = field(default_factory=dict)
+    conflicts: int = 0
+    errors: list[str] = field(default_factory=list)
+    notes: dict[str, list[str]] = field(default_factory=dict)
+    validation: list[dict[str, Any]] = field(default_factory=list)
+    quarantined: dict[str, dict[str, int]] = field(default_factory=dict)
+    diff_hash: str = ""
+    status: str = "planned"
+    run_id: str | None = None
+    snapshot_uri: str | None = None
+    diff_uri: str | None = None
+
+    def with_(self, **changes: Any) -> ConsolidationReport:
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True, default=str) + "\n"
+
+    def write(self, directory: str | Path) -> Path:
+        return write_atomic(Path(directory) / "report.json", self.to_json())
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ConsolidationReport:
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    @classmethod
+    def read(cls, directory: str | Path) -> ConsolidationReport:
+        path = Path(directory) / "report.json"
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise DiffError(f"{path} does not exist: {directory} is not a planned diff directory; "
+                            "run the plan stage (deep-sleep replay / the consolidate flow) first") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise DiffError(f"{path} is not a readable report ({e}); plan the run again into a new directory") from None
+        return cls.from_dict(data)

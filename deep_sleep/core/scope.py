@@ -1,0 +1,141 @@
+"""Hierarchical tenant scopes (SPEC §1).
+
+A scope is a root-first path of ``(kind, id)`` levels.  Its storage form, ``scope_path``, joins
+every kind and id with the unit separator ``\\x1f``::
+
+    >>> s = Scope.root("org", "acme").child("brand", "b1")
+    >>> s.path
+    'org\\x1facme\\x1fbrand\\x1fb1'
+    >>> s.tenant_id
+    'acme'
+    >>> [Scope.parse(p).levels[-1] for p in s.ancestor_paths()]
+    [('org', 'acme'), ('brand', 'b1')]
+
+Reads at path P may see rows at path Q iff Q is in ``ancestor_paths(P)``: an exact ``= ANY``
+match, never a string-prefix scan (``org␟ac`` must not see ``org␟acme``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from deep_sleep.core.errors import ScopeError
+
+SEP = "\x1f"
+MAX_PART = 128
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def _check_part(what: str, value: object, level: int) -> str:
+    if not isinstance(value, str):
+        raise ScopeError(f"scope level {level}: {what} must be a string, got {type(value).__name__} {value!r}")
+    if not value:
+        raise ScopeError(f"scope level {level}: {what} is empty; every kind and id needs at least one character")
+    if len(value) > MAX_PART:
+        raise ScopeError(
+            f"scope level {level}: {what} {value[:20]!r}… is {len(value)} characters; the limit is {MAX_PART}"
+        )
+    bad = _CONTROL.search(value)
+    if bad:
+        raise ScopeError(
+            f"scope level {level}: {what} {value!r} contains control character {bad.group()!r} "
+            f"at position {bad.start()}; kinds and ids must be printable text"
+        )
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class Scope:
+    """An immutable, validated scope.  Build it with the factories, not the constructor.
+
+    levels: root-first tuple of ``(kind, id)`` pairs, at least one.
+    """
+
+    levels: tuple[tuple[str, str], ...]
+
+    def __post_init__(self) -> None:
+        if not self.levels:
+            raise ScopeError("a scope needs at least one level (kind, id); use Scope.root(kind, id)")
+        for i, level in enumerate(self.levels):
+            if not (isinstance(level, tuple) and len(level) == 2):
+                raise ScopeError(f"scope level {i}: expected a (kind, id) pair, got {level!r}")
+            _check_part("kind", level[0], i)
+            _check_part("id", level[1], i)
+
+    # -- factories -------------------------------------------------------------------------
+    @classmethod
+    def root(cls, kind: str, id: str) -> Scope:
+        """The one-level scope ``kind/id``; its id is the tenant id."""
+        return cls(((kind, id),))
+
+    def child(self, kind: str, id: str) -> Scope:
+        """This scope extended by one level."""
+        return Scope((*self.levels, (kind, id)))
+
+    @classmethod
+    def from_path(cls, levels: list[tuple[str, str]] | tuple[tuple[str, str], ...]) -> Scope:
+        """Build from a root-first sequence of ``(kind, id)`` pairs."""
+        return cls(tuple(tuple(level) for level in levels))  # type: ignore[misc]
+
+    @classmethod
+    def parse(cls, scope_path: str) -> Scope:
+        """Parse the storage string ``kind␟id[␟kind␟id…]``."""
+        if not isinstance(scope_path, str) or not scope_path:
+            raise ScopeError(f"scope_path must be a non-empty string, got {scope_path!r}")
+        parts = scope_path.split(SEP)
+        if len(parts) % 2:
+            raise ScopeError(
+                f"scope_path {scope_path!r} has {len(parts)} parts; it needs kind/id pairs joined by \\x1f "
+                f"(level {len(parts) // 2} has a kind {parts[-1]!r} but no id)"
+            )
+        return cls(tuple((parts[i], parts[i + 1]) for i in range(0, len(parts), 2)))
+
+    @classmethod
+    def legacy(cls, tenant_id: str) -> Scope:
+        """How a pre-hierarchy row (``scope_path IS NULL``) reads: ``tenant␟<tenant_id>``."""
+        return cls.root("tenant", tenant_id)
+
+    @classmethod
+    def coerce(cls, value: Scope | str) -> Scope:
+        """Accept a Scope or its storage string; also ``kind/id/kind/id`` typed by a person."""
+        if isinstance(value, Scope):
+            return value
+        if isinstance(value, str) and SEP not in value and "/" in value:
+            parts = value.split("/")
+            if len(parts) % 2:
+                raise ScopeError(f"scope {value!r}: write it as kind/id[/kind/id…], got an odd number of parts")
+            return cls(tuple((parts[i], parts[i + 1]) for i in range(0, len(parts), 2)))
+        return cls.parse(value)
+
+    # -- views -----------------------------------------------------------------------------
+    @property
+    def path(self) -> str:
+        return SEP.join(part for level in self.levels for part in level)
+
+    @property
+    def tenant_id(self) -> str:
+        return self.levels[0][1]
+
+    @property
+    def depth(self) -> int:
+        return len(self.levels)
+
+    @property
+    def parent(self) -> Scope | None:
+        return Scope(self.levels[:-1]) if len(self.levels) > 1 else None
+
+    def ancestor_paths(self) -> list[str]:
+        """This path and all its prefixes, root first."""
+        return [Scope(self.levels[: i + 1]).path for i in range(len(self.levels))]
+
+    def can_see(self, other_path: str) -> bool:
+        """Prefix isolation: may a read at this scope see a row stored at ``other_path``?"""
+        return other_path in self.ancestor_paths()
+
+    def display(self) -> str:
+        """Human form ``kind/id/kind/id`` (accepted back by :meth:`coerce`)."""
+        return "/".join(part for level in self.levels for part in level)
+
+    def __str__(self) -> str:
+        return self.display()

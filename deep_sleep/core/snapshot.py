@@ -1,0 +1,187 @@
+"""The snapshot: one scope's rows at one instant, as Polars frames, and its on-disk form (SPEC §8).
+
+A snapshot directory holds ``manifest.json`` and one ``<table>.parquet`` per extracted table,
+columns named as in Postgres.  Any subset of tables may be present; missing tables read as
+empty, missing columns as null (``scope_path`` and ``tenant_id`` as the manifest's scope), so a
+snapshot written by hand replays.
+
+    >>> snap = Snapshot.empty("org\\x1facme", taken_at=datetime(2026, 1, 1, tzinfo=UTC))
+    >>> snap.table("memory_nodes").height
+    0
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from types import MappingProxyType
+
+import polars as pl
+
+from deep_sleep.core import tables
+from deep_sleep.core.errors import SnapshotError
+from deep_sleep.core.files import write_atomic
+from deep_sleep.core.scope import Scope, ScopeError
+
+MANIFEST = "manifest.json"
+
+
+def utc(ts: datetime | str) -> datetime:
+    """Parse/normalise to an aware UTC datetime with microsecond precision (naive means UTC)."""
+    if isinstance(ts, str):
+        try:
+            ts = datetime.fromisoformat(ts.replace("Z", "+00:00"))
+        except ValueError as exc:
+            raise ValueError(f"{ts!r} is not an ISO 8601 timestamp (e.g. 2026-11-29T03:00:00Z)") from exc
+    if ts.tzinfo is None:
+        ts = ts.replace(tzinfo=UTC)
+    return ts.astimezone(UTC)
+
+
+def iso(ts: datetime | None) -> str | None:
+    return None if ts is None else utc(ts).isoformat().replace("+00:00", "Z")
+
+
+def _as_stored(name: str, raw: pl.DataFrame, scope_path: str, columns: Collection[str] | None = None) -> pl.DataFrame:
+    """A table's frame in the snapshot schema.  A snapshot holds one scope: the scope columns a
+    table leaves out for that reason (the access log's tenant_id) take the snapshot's scope."""
+    fill = {"scope_path": scope_path, "tenant_id": Scope.parse(scope_path).tenant_id}
+    raw = raw.with_columns(pl.lit(v).alias(k) for k, v in fill.items()
+                           if k not in raw.columns and (columns is None or k in columns))
+    return tables.conform(name, raw, only=columns)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """An immutable view of one scope.
+
+    scope_path: the exact scope every row belongs to.
+    taken_at: when the extract's transaction started (the store's clock).
+    previous_run_as_of: ``as_of`` of the scope's last applied run, or None.
+    frames: table name → frame in the snapshot schema of :mod:`deep_sleep.core.tables`.
+    source: the directory it was read from or written to, if any.
+    """
+
+    scope_path: str
+    taken_at: datetime
+    previous_run_as_of: datetime | None = None
+    frames: Mapping[str, pl.DataFrame] = field(default_factory=dict)
+    source: Path | None = None
+    schema_version: int = tables.SCHEMA_VERSION
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "frames", MappingProxyType(dict(self.frames)))
+
+    @classmethod
+    def empty(cls, scope_path: str, taken_at: datetime, previous_run_as_of: datetime | None = None) -> Snapshot:
+        return cls(scope_path, utc(taken_at), previous_run_as_of)
+
+    @property
+    def scope(self) -> Scope:
+        return Scope.parse(self.scope_path)
+
+    def table(self, name: str) -> pl.DataFrame:
+        """The rows of ``name`` (an empty frame of the right schema when absent)."""
+        frame = self.frames.get(name)
+        if frame is None:
+            if name not in tables.TABLES:
+                raise KeyError(f"unknown table {name!r}; Deep Sleep knows {', '.join(tables.TABLES)}")
+            return tables.empty(name)
+        return frame
+
+    def with_frames(self, frames: Mapping[str, pl.DataFrame]) -> Snapshot:
+        return replace(self, frames={**self.frames, **frames})
+
+    def as_read(self, directory: str | Path) -> Snapshot:
+        """This snapshot as :meth:`read` gives it back after :meth:`write` to ``directory``."""
+        frames = {name: _as_stored(name, frame, self.scope_path) for name, frame in self.frames.items()}
+        return replace(self, frames=frames, source=Path(directory))
+
+    def row_counts(self) -> dict[str, int]:
+        return {name: self.table(name).height for name in tables.TABLES}
+
+    # -- files -----------------------------------------------------------------------------
+    def write(self, directory: str | Path) -> Path:
+        """Write the snapshot directory (SPEC §8) and return it."""
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        manifest_tables = {}
+        for name in tables.TABLES:
+            frame = self.table(name)
+            file = f"{name}.parquet"
+            frame.write_parquet(out / file, **tables.PARQUET_OPTIONS)
+            manifest_tables[name] = {"file": file, "rows": frame.height}
+        manifest = {
+            "scope_path": self.scope_path,
+            "taken_at": iso(self.taken_at),
+            "previous_run_as_of": iso(self.previous_run_as_of),
+            "schema_version": self.schema_version,
+            "tables": manifest_tables,
+        }
+        write_atomic(out / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+        return out
+
+    @classmethod
+    def read(cls, directory: str | Path, columns: Collection[str] | None = None) -> Snapshot:
+        """Read a snapshot directory; tables not in the manifest are empty.
+
+        ``columns``: read only these columns of every table (those a table has), e.g. for the
+        validate stage, which needs keys and versions, not whole rows.
+        """
+        src = Path(directory)
+        mpath = src / MANIFEST
+        if not mpath.is_file():
+            raise SnapshotError(
+                f"{src} is not a snapshot directory: {MANIFEST} is missing. "
+                "Create one with `deep-sleep snapshot SCOPE --out DIR` or see README, 'Snapshot format'."
+            )
+        try:
+            manifest = json.loads(mpath.read_text())
+        except json.JSONDecodeError as exc:
+            raise SnapshotError(f"{mpath}: not valid JSON ({exc})") from exc
+        for key in ("scope_path", "taken_at"):
+            if not manifest.get(key):
+                raise SnapshotError(f"{mpath}: field {key!r} is required (see README, 'Snapshot format')")
+        version = manifest.get("schema_version", tables.SCHEMA_VERSION)
+        if version != tables.SCHEMA_VERSION:
+            raise SnapshotError(
+                f"{mpath}: schema_version {version} is not supported; this build reads {tables.SCHEMA_VERSION}"
+            )
+        try:
+            Scope.parse(manifest["scope_path"])
+        except ScopeError as exc:
+            raise SnapshotError(f"{mpath}: scope_path is invalid: {exc}") from exc
+        frames = {}
+        for name, entry in (manifest.get("tables") or {}).items():
+            if name not in tables.TABLES:
+                raise SnapshotError(f"{mpath}: unknown table {name!r}; known tables: {', '.join(tables.TABLES)}")
+            file = src / (entry.get("file") or f"{name}.parquet")
+            if not file.is_file():
+                raise SnapshotError(f"{mpath}: table {name} names {file.name}, which does not exist")
+            try:
+                if columns is None:
+                    raw = pl.read_parquet(file)
+                else:
+                    wanted = [c for c in pl.read_parquet_schema(file) if c in columns]
+                    if not wanted:  # the reader needs nothing from this table (a hand-written one may lack ids)
+                        continue
+                    raw = pl.read_parquet(file, columns=wanted)
+                frame = _as_stored(name, raw, manifest["scope_path"], columns)
+            except ValueError as exc:
+                raise SnapshotError(f"{file}: {exc}") from exc
+            rows = entry.get("rows")
+            if rows is not None and rows != frame.height:
+                raise SnapshotError(f"{file}: manifest says {rows} rows, file has {frame.height}; the snapshot is incomplete")
+            frames[name] = frame
+        prev = manifest.get("previous_run_as_of")
+        return cls(
+            scope_path=manifest["scope_path"],
+            taken_at=utc(manifest["taken_at"]),
+            previous_run_as_of=utc(prev) if prev else None,
+            frames=frames,
+            source=src,
+            schema_version=version,
+        )

@@ -1,0 +1,1 @@
+"""Development helpers: the synthetic store generator and bulk loader (demo, tests, benchmarks)."""

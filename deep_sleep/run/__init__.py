@@ -1,0 +1,1 @@
+"""The run pipeline — plan, validate, apply — and its console renderer.  May import core, store, transforms, validation."""

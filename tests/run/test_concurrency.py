@@ -1,0 +1,228 @@
+"""Nothing lost: live writers during a nightly apply, and a crash at a random moment of it."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from deep_sleep.core.config import ConsolidationConfig
+from deep_sleep.core.scope import Scope
+from deep_sleep.run.stages import apply_stage, consolidate_scope, extract_stage, plan_stage, validate_stage
+from deep_sleep.store.db import Store
+from tests.storeutil import create_database, drop_database, scalar
+
+NOW = datetime(2026, 11, 20, 3, 0, tzinfo=UTC)
+DOMAIN = ("memory_nodes", "memory_edges", "episodic_events")
+
+
+def bulk_scope(store: Store, scope: Scope, nodes: int) -> None:
+    """``nodes`` stale semantic nodes (decay will touch them all), half of them read twice in the
+    last hour (strengthen), a chain of edges, and 150 old episodic events (a summary batch)."""
+    with store.pg() as con:
+        con.execute(
+            """INSERT INTO memory_nodes (id, scope_path, tenant_id, layer, label, properties, importance,
+                                         created_at, updated_at)
+               SELECT md5(%(s)s || g)::uuid, %(s)s, %(t)s, 'semantic', 'topic' || (g %% 97) || ': item ' || g, '{}',
+                      2 + (g %% 7), %(now)s - interval '90 days', %(now)s - interval '60 days' + (g || ' seconds')::interval
+               FROM generate_series(1, %(n)s) g""",
+            {"s": scope.path, "t": scope.tenant_id, "n": nodes, "now": NOW})
+        con.execute(
+            """INSERT INTO memory_access_log (scope_path, tenant_id, node_id, accessed_at)
+               SELECT %(s)s, %(t)s, md5(%(s)s || g)::uuid, %(now)s - interval '1 minute' * k
+               FROM generate_series(1, %(n)s, 2) g, generate_series(1, 2) k""",
+            {"s": scope.path, "t": scope.tenant_id, "n": nodes, "now": NOW})
+        con.execute(
+            """INSERT INTO memory_edges (id, scope_path, tenant_id, source_id, target_id, relation, created_at, updated_at)
+               SELECT md5('e' || %(s)s || g)::uuid, %(s)s, %(t)s, md5(%(s)s || g)::uuid, md5(%(s)s || (g + 1))::uuid,
+                      'RELATED_TO', %(now)s - interval '60 days', %(now)s - interval '60 days'
+               FROM generate_series(1, %(n)s - 1, 3) g""",
+            {"s": scope.path, "t": scope.tenant_id, "n": nodes, "now": NOW})
+        con.execute(
+            """INSERT INTO episodic_events (id, scope_path, tenant_id, session_id, content, created_at)
+               SELECT md5('ev' || %(s)s || g)::uuid, %(s)s, %(t)s, 's' || (g %% 5), 'event number ' || g,
+                      %(now)s - interval '20 days' + (g || ' minutes')::interval
+               FROM generate_series(1, 150) g""",
+            {"s": scope.path, "t": scope.tenant_id, "now": NOW})
+        con.commit()
+        con.execute("ANALYZE")
+
+
+def checksum(store: Store, scope: Scope) -> dict[str, str]:
+    with store.pg() as con:
+        return {t: con.execute(f"SELECT md5(coalesce(string_agg(to_jsonb(x)::text, '|' ORDER BY id), '')) FROM {t} x WHERE scope_path = %s",
+                               (scope.path,)).fetchone()[0] for t in DOMAIN}
+
+
+class Writer(threading.Thread):
+    """A live agent: updates its own share of nodes (label, access_count) and inserts new ones,
+    remembering the last value it committed for each."""
+
+    def __init__(self, dsn: str, scope: Scope, ids: list[str], name: str, stop: threading.Event):
+        super().__init__(daemon=True)
+        self.dsn, self.scope, self.ids, self.tag, self.stop = dsn, scope, ids, name, stop
+        self.last: dict[str, str] = {}
+        self.inserted: list[str] = []
+        self.gone: set[str] = set()
+        self.writes = 0
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        rng = random.Random(self.tag)
+        try:
+            with psycopg.connect(self.dsn, autocommit=True) as con:
+                while not self.stop.is_set():
+                    nid = rng.choice(self.ids)
+                    label = f"live {self.tag} #{self.writes}"
+                    cur = con.execute("UPDATE memory_nodes SET label = %s, access_count = access_count + 1 WHERE id = %s", (label, nid))
+                    if cur.rowcount == 1:
+                        self.last[nid] = label
+                    else:  # consolidation deleted (and archived) the node before this write: nothing to write to
+                        self.last.pop(nid, None)
+                        self.gone.add(nid)
+                    if self.writes % 5 == 0:
+                        new = str(uuid.uuid4())
+                        con.execute("INSERT INTO memory_nodes (id, scope_path, tenant_id, label, updated_at) VALUES (%s, %s, %s, %s, %s)",
+                                    (new, self.scope.path, self.scope.tenant_id, f"live insert {self.tag}", NOW))
+                        self.inserted.append(new)
+                    self.writes += 1
+        except BaseException as exc:  # surfaced by the test
+            self.error = exc
+
+
+def test_live_writers_during_a_large_apply_lose_nothing(store, scope, tmp_path):
+    bulk_scope(store, scope, 30_000)
+    config = ConsolidationConfig()
+    snap_dir = extract_stage(store, scope, NOW, config, tmp_path / "snapshot")
+    diff_dir = plan_stage(snap_dir, config, NOW, tmp_path / "diff", run_id=str(uuid.uuid4()))
+    assert validate_stage(snap_dir, diff_dir, config).status == "planned"
+    with store.pg() as con:
+        ids = [r[0] for r in con.execute("SELECT id::text FROM memory_nodes WHERE scope_path = %s ORDER BY id", (scope.path,))]
+    stop = threading.Event()
+    shares = [ids[i::4] for i in range(4)]  # each writer owns its nodes: the last write per node is known
+    writers = [Writer(store.dsn, scope, share, f"w{i}", stop) for i, share in enumerate(shares)]
+    for w in writers:
+        w.start()
+    time.sleep(0.5)  # live turns land between the snapshot and the apply ...
+    report = apply_stage(store, diff_dir)  # ... and during it
+    time.sleep(0.2)
+    stop.set()
+    for w in writers:
+        w.join(timeout=30)
+        assert w.error is None, w.error
+    assert report.status == "applied"
+    assert sum(w.writes for w in writers) > 100
+    # every live write is present: the last label each writer committed, every inserted node
+    with store.pg() as con:
+        labels = dict(con.execute("SELECT id::text, label FROM memory_nodes WHERE scope_path = %s", (scope.path,)).fetchall())
+    lost = [(nid, label) for w in writers for nid, label in w.last.items() if labels.get(nid) != label]
+    assert lost == []
+    assert all(i in labels for w in writers for i in w.inserted)
+    # a write that found no row hit a node the run had deleted before it: that node is archived by the run
+    gone = sorted({g for w in writers for g in w.gone})
+    assert scalar(store, "SELECT count(*) FROM consolidation_archive WHERE run_id = %s AND row_id = ANY(%s)",
+                  report.run_id, gone) == len(gone)
+    assert report.conflicts > 0
+    assert scalar(store, "SELECT conflicts FROM consolidation_runs WHERE run_id = %s", report.run_id) == report.conflicts
+    # the next run consolidates what the live writers made it skip (the decay of those nodes)
+    skipped_decays = scalar(store, "SELECT count(*) FROM memory_nodes WHERE scope_path = %s AND label LIKE 'live w%%' "
+                                   "AND last_decayed_at IS NULL AND importance > 1 AND importance < 8", scope.path)
+    assert skipped_decays > 0
+    again = consolidate_scope(store, scope, config, as_of=NOW, base_dir=tmp_path / "runs")
+    assert again.status == "applied" and again.conflicts == 0
+    # each was decayed, or (importance < 4, at most one neighbour, a week old) pruned
+    assert again.counters["nodes_decayed"] + again.counters["nodes_pruned"] >= skipped_decays
+    assert scalar(store, "SELECT count(*) FROM memory_nodes WHERE scope_path = %s AND label LIKE 'live w%%' "
+                         "AND last_decayed_at IS NULL AND importance > 1 AND importance < 8", scope.path) == 0
+
+
+KILLED_APPLY = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    from deep_sleep.store.db import Store
+    from deep_sleep.run.stages import apply_stage
+
+    dsn, diff_dir, marker = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+    store = Store(dsn)
+    marker.write_text("starting")
+    apply_stage(store, Path(diff_dir))
+    marker.write_text("done")
+    """
+)
+
+
+def _clone(admin_dsn: str, template: str, name: str) -> Store:
+    return create_database(admin_dsn, name, template=template)
+
+
+@pytest.fixture(scope="module")
+def crash_template(admin_dsn, tmp_path_factory):
+    """A database with one mid-size scope and a planned diff for it, used as a template per trial."""
+    name = f"ds_crash_tpl_{os.getpid()}"
+    store = create_database(admin_dsn, name)
+    scope = Scope.root("org", "crash").child("brand", "b1")
+    bulk_scope(store, scope, 8_000)
+    work = tmp_path_factory.mktemp("crash")
+    config = ConsolidationConfig()
+    snap_dir = extract_stage(store, scope, NOW, config, work / "snapshot")
+    diff_dir = plan_stage(snap_dir, config, NOW, work / "diff", run_id=str(uuid.uuid4()))
+    assert validate_stage(snap_dir, diff_dir, config).status == "planned"
+    before = checksum(store, scope)
+    # the after-state, from an uninterrupted apply on a clone
+    ref = _clone(admin_dsn, name, f"{name}_ref")
+    t = time.perf_counter()
+    apply_stage(ref, diff_dir)
+    seconds = time.perf_counter() - t
+    after = checksum(ref, scope)
+    assert after != before
+    yield {"admin": admin_dsn, "name": name, "scope": scope, "diff_dir": diff_dir, "before": before, "after": after, "seconds": seconds}
+    for db in (name, f"{name}_ref", f"{name}_trial"):
+        drop_database(admin_dsn, db)
+
+
+def test_sigkill_at_random_moments_leaves_before_or_after_and_reruns_converge(crash_template, tmp_path):
+    t = crash_template
+    rng = random.Random(20261129)
+    script = tmp_path / "apply.py"
+    script.write_text(KILLED_APPLY)
+    env = {**os.environ, "PYTHONPATH": str(Path.cwd())}
+    outcomes = {"before": 0, "after": 0}
+    for trial in range(20):
+        store = _clone(t["admin"], t["name"], f"{t['name']}_trial")
+        marker = tmp_path / f"m{trial}"
+        proc = subprocess.Popen([sys.executable, str(script), store.dsn, str(t["diff_dir"]), str(marker)], env=env)
+        deadline = time.monotonic() + 60
+        while not marker.exists():
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.01)
+        time.sleep(rng.uniform(0, 1.3 * t["seconds"]))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        with psycopg.connect(store.dsn) as con:  # wait until Postgres has noticed the dead backend
+            for _ in range(300):
+                busy = con.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                                   "AND pid <> pg_backend_pid()").fetchone()[0]
+                if not busy:
+                    break
+                time.sleep(0.02)
+        state = checksum(store, t["scope"])
+        assert state in (t["before"], t["after"]), f"trial {trial}: the store is neither before nor after"
+        outcomes["before" if state == t["before"] else "after"] += 1
+        applied = scalar(store, "SELECT count(*) FROM consolidation_runs WHERE status = 'applied'")
+        assert applied == (0 if state == t["before"] else 1)
+        if state == t["before"]:  # a rerun converges to the after-state
+            assert apply_stage(store, t["diff_dir"]).status == "applied"
+            assert checksum(store, t["scope"]) == t["after"]
+    assert outcomes["before"] > 0  # most kills land inside the transaction
