@@ -1,4 +1,4 @@
-"""The synthetic store generator and bulk loader (deep_sleep.dev.seed)."""
+"""The synthetic store generator and bulk loader (deep_sleep.dev.seed: spec, generate, load)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import pytest
 
 from deep_sleep.core.scope import Scope
 from deep_sleep.core.tables import EMBEDDING_DIM, TABLES, schema
+from deep_sleep.dev import load as loader
 from deep_sleep.dev import seed
 from deep_sleep.dev.seed import SeedSpec, generate, load, scopes_of, seed_store
 
@@ -300,7 +301,7 @@ def _catalog(store) -> list[tuple]:
 def test_load_round_trip(seed_db, frames, monkeypatch):
     store = seed_db
     before = _catalog(store)
-    monkeypatch.setattr(seed, "REBUILD_MIN_ROWS", 1000)  # exercise the drop/rebuild path on the empty tables
+    monkeypatch.setattr(loader, "REBUILD_MIN_ROWS", 1000)  # exercise the drop/rebuild path on the empty tables
     start = time.perf_counter()
     counts = seed_store(store, SPEC)  # = load(store, generate(SPEC)), and generate is deterministic
     print(f"\nload {sum(counts.values())} rows: {time.perf_counter() - start:.2f}s")
