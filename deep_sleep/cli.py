@@ -91,7 +91,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     out = Path(args.out)
     if args.compare_config:
-        from deep_sleep.jobs.compare import comparison_markdown, print_comparison, replay_stored
+        from deep_sleep.jobs.compare import comparison_markdown, print_comparison
+        from deep_sleep.jobs.replay_range import replay_stored
 
         result = replay_stored(args.snapshot_dir, config, load_config(args.compare_config), as_of=_as_of(args.as_of), out=out)
         (out / "comparison.md").write_text(comparison_markdown(result.comparison))
@@ -108,7 +109,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 def cmd_replay_range(args: argparse.Namespace) -> int:
     """Replay every stored snapshot of a scope taken in [--from, --to]; optionally compare two configs."""
     from deep_sleep.core.config import load_config
-    from deep_sleep.jobs.compare import range_markdown, replay_range
+    from deep_sleep.jobs.replay_range import range_markdown, replay_range
     from deep_sleep.store.db import connect_store
 
     results = replay_range(

@@ -1,7 +1,8 @@
 """The ``deep_sleep_replay`` Prefect flow: replay one stored snapshot, or every stored snapshot of a
 scope over a date range, and optionally compare two configurations — never writing to the store.
 
-Tasks are thin wrappers over :mod:`deep_sleep.jobs.compare`; they pass paths and small summaries.
+Tasks are thin wrappers over :mod:`deep_sleep.jobs.replay_range` and :mod:`deep_sleep.jobs.compare`; they pass
+paths and small summaries.
 The flow's parameters are its only configuration.  With a ``dsn`` the ledger is *read* to replay
 each snapshot at its run's recorded ``as_of`` and check the recorded diff hash.
 """
@@ -19,7 +20,7 @@ from pydantic import BaseModel, Field, model_validator
 
 from deep_sleep.core.config import ConsolidationConfig, load_config
 from deep_sleep.core.scope import Scope
-from deep_sleep.jobs import compare
+from deep_sleep.jobs import compare, replay_range
 from deep_sleep.run.console import markdown_table
 from deep_sleep.store.db import Store, connect_store
 
@@ -56,14 +57,14 @@ class ReplayParameters(BaseModel):
 
 @task(name="find-snapshots", cache_policy=NO_CACHE)
 def find_snapshots_task(runs_dir: str | None, scope: str, start: datetime | None, end: datetime | None) -> list[str]:
-    return [str(s.path) for s in compare.find_snapshots(runs_dir, scope, start, end)]
+    return [str(s.path) for s in replay_range.find_snapshots(runs_dir, scope, start, end)]
 
 
 @task(name="replay", cache_policy=NO_CACHE)
 def replay_task(snapshot_dir: str, config: ConsolidationConfig, compare_config: ConsolidationConfig | None,
                 as_of: datetime | None, store: Store | None, phases: list[str] | None, out: str) -> dict[str, Any]:
-    replay = compare.replay_stored(snapshot_dir, config, compare_config, as_of=as_of, store=store, phases=phases, out=out)
-    summary = compare.replay_summary(replay)
+    replay = replay_range.replay_stored(snapshot_dir, config, compare_config, as_of=as_of, store=store, phases=phases, out=out)
+    summary = replay_range.replay_summary(replay)
     summary["markdown"] = compare.comparison_markdown(replay.comparison) if replay.comparison else ""
     return summary
 
