@@ -14,8 +14,10 @@ from deep_sleep.core.diff import Diff
 from deep_sleep.core.report import ConsolidationReport
 from deep_sleep.core.tables import TABLES
 from deep_sleep.dev.seed import SeedSpec, generate, load
+from deep_sleep.jobs.errors import UndoError
 from deep_sleep.jobs.ledger import get_run, last_runs, runs_markdown
-from deep_sleep.jobs.undo import CHANGED, GONE, KEY_EXISTS, NOT_WRITTEN_UPDATE, UndoError, undo, undo_markdown
+from deep_sleep.jobs.undo import undo, undo_markdown
+from deep_sleep.jobs.undo_sql import CHANGED, GONE, KEY_EXISTS, NOT_WRITTEN_UPDATE
 from deep_sleep.run.apply import record_run
 from deep_sleep.run.stages import apply_stage, consolidate_scope, extract_stage, plan_stage, validate_stage
 from tests.storeutil import dump, edge, insert, node, scalar, small_graph

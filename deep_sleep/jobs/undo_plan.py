@@ -1,0 +1,166 @@
+"""Planning an undo, before anything is written: refuse a run that cannot be undone, read its
+before-images from its files (:func:`prepare`), and list the guarded statements to run, in order
+(:func:`undo_steps`).  Reads only the run's diff and snapshot directories; never the store."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import polars as pl
+
+from deep_sleep.core import tables
+from deep_sleep.core.diff import Diff, TableDiff
+from deep_sleep.core.scope import Scope
+from deep_sleep.core.snapshot import MANIFEST, Snapshot
+from deep_sleep.jobs.errors import UndoError
+from deep_sleep.jobs.ledger import RunRecord
+from deep_sleep.jobs.undo_sql import (
+    AFTER,
+    not_restored_sql,
+    reinsert_deletes_sql,
+    remove_inserts_sql,
+    restore_updates_sql,
+)
+
+KEYS = ("id", "expected_version", "phase")
+
+
+@dataclass(frozen=True)
+class Staged:
+    """What one table needs staged: the run's inserts, and its updated rows' before/after images."""
+
+    inserts: pl.DataFrame | None = None
+    updates: pl.DataFrame | None = None
+    changed: tuple[str, ...] = ()
+    unchanged: tuple[str, ...] = ()
+    missing: tuple[str, ...] = ()  # updated ids the snapshot has no row for
+
+
+def _snapshot_rows(snapshot_dir: Path, table: str, ids: pl.Series) -> pl.DataFrame:
+    """The snapshot's rows of ``table`` with these ids, read without loading the whole table."""
+    manifest = json.loads((snapshot_dir / MANIFEST).read_text())
+    entry = (manifest.get("tables") or {}).get(table)
+    if not entry:
+        return tables.empty(table)
+    frame = pl.scan_parquet(snapshot_dir / (entry.get("file") or f"{table}.parquet")).filter(pl.col("id").is_in(ids.implode())).collect()
+    fill = {"scope_path": manifest["scope_path"], "tenant_id": Scope.parse(manifest["scope_path"]).tenant_id}
+    frame = frame.with_columns(pl.lit(v).alias(k) for k, v in fill.items() if k not in frame.columns)
+    return tables.conform(table, frame).select(c.name for c in tables.TABLES[table])
+
+
+def _stage_updates(table: str, updates: pl.DataFrame, snapshot_dir: Path, scope_path: str) -> Staged:
+    changed = [c for c in updates.columns if c not in KEYS]
+    keys = updates.group_by("id", maintain_order=True).agg(pl.col("expected_version").first())
+    before = _snapshot_rows(snapshot_dir, table, keys.get_column("id"))
+    missing = keys.join(before, on="id", how="anti").get_column("id").to_list()
+    # What the apply wrote: the snapshot row with every phase's changes folded in (as the apply folds them).
+    view = Snapshot.empty(scope_path, datetime.now(UTC)).with_frames({table: before})
+    after = Diff({table: TableDiff(updates=updates)}).fold(view).table(table)
+    unchanged = [c.name for c in tables.TABLES[table] if c.name not in (*changed, "id", "version")]
+    staged = (
+        keys.join(before.drop("version"), on="id", how="inner")
+        .join(after.select("id", *[pl.col(c).alias(c + AFTER) for c in changed]), on="id", how="left")
+    )
+    return Staged(updates=staged, changed=tuple(changed), unchanged=tuple(unchanged), missing=tuple(missing))
+
+
+def prepare(run: RunRecord) -> dict[str, Staged]:
+    """Read the run's diff (and, for updates, its snapshot); refuse when a before-image is out of reach."""
+    changed = run.rows_changed or {}
+    needs_files = any(k.get("updates") or k.get("inserts") for k in changed.values())
+    if not needs_files:
+        return {}
+    where = f"run {run.run_id} ({run.mode}, scope {run.scope})"
+    if not run.diff_uri:
+        raise UndoError(
+            f"{where} changed {_kinds(changed)} but recorded no diff directory (quick naps keep none), so which rows "
+            "it inserted and what the rows it updated held before are unknown; it cannot be undone. Nothing was changed."
+        )
+    if not Path(run.diff_uri).is_dir():
+        raise UndoError(
+            f"{where} changed {_kinds(changed)} but its diff directory {run.diff_uri} is not there; "
+            "the list of rows it inserted and updated lives only there. Nothing was changed. "
+            "Restore the run directory from backup and retry."
+        )
+    diff = Diff.read(run.diff_uri)
+    out: dict[str, Staged] = {}
+    for table, td in diff.tables.items():
+        staged = Staged()
+        if td.inserts.height:
+            present = [c for c in td.inserts.columns if c in tables.columns(table)]
+            staged = Staged(inserts=td.inserts.select(present))
+        if td.updates.height:
+            snap = Path(run.snapshot_uri) if run.snapshot_uri else None
+            if snap is None or not (snap / MANIFEST).is_file():
+                raise UndoError(
+                    f"{where} updated {td.updates.height} row(s) of {table}, but its snapshot "
+                    f"{run.snapshot_uri or '(none recorded)'} is not there: the prior values of updated columns live only "
+                    "there. Nothing was changed. Restore the run directory from backup and retry."
+                )
+            up = _stage_updates(table, td.updates, snap, run.scope_path)
+            staged = Staged(inserts=staged.inserts, updates=up.updates, changed=up.changed,
+                             unchanged=up.unchanged, missing=up.missing)
+        out[table] = staged
+    return out
+
+
+def _kinds(changed: dict[str, dict[str, int]]) -> str:
+    return ", ".join(f"{t} {k}={n}" for t, kinds in sorted(changed.items()) for k, n in kinds.items() if n)
+
+
+def refuse(run: RunRecord) -> None:
+    """Raise when the run cannot be undone."""
+    if run.mode == "undo":
+        raise UndoError(f"run {run.run_id} is itself an undo (of run {run.undo_of}); an undo cannot be undone — "
+                        "re-run consolidation for the scope instead")
+    if run.status == "undone":
+        by = f" by undo run {run.undone_by}" if run.undone_by else ""
+        raise UndoError(f"run {run.run_id} (scope {run.scope}) was already undone{by}; nothing to do")
+    if run.status != "applied":
+        raise UndoError(f"run {run.run_id} (scope {run.scope}) has status {run.status!r}: it applied nothing, so there is "
+                        "nothing to undo")
+
+
+@dataclass(frozen=True)
+class UndoStep:
+    """One guarded statement of an undo: revert one kind of change (``inserts`` removed, ``updates``
+    restored, ``deletes`` re-inserted) in one table, then list the changes it left as they are.
+
+    sql, params: the revert; returns one row, the count of reverted rows.
+    not_restored_sql, not_restored_params: the changes left, with the reason (id, reason, live_version).
+    """
+
+    table: str
+    kind: str
+    sql: str
+    params: tuple
+    not_restored_sql: str
+    not_restored_params: tuple
+
+
+def _node_tables_first(names: Iterable[str]) -> list[str]:
+    return sorted(names, key=lambda t: (t != "memory_nodes", t))
+
+
+def undo_steps(run_id: str, scope_path: str, undo_run_id: str, staged: dict[str, Staged],
+               archived: Iterable[str]) -> tuple[UndoStep, ...]:
+    """The statements that undo run ``run_id``, in order: 1. remove the rows it inserted, 2. restore
+    the values it changed, 3. re-insert the rows it deleted (``archived``: the tables it archived
+    rows of); within each, nodes before edges.  A pure function of its arguments."""
+    steps = []
+    for table in _node_tables_first(t for t, st in staged.items() if st.inserts is not None and st.inserts.height):
+        reason = f"inserted by run {run_id}, removed by its undo"
+        steps.append(UndoStep(table, "inserts", remove_inserts_sql(table, staged[table].inserts.columns),
+                              (scope_path, undo_run_id, reason), not_restored_sql(table, "inserts"), (scope_path,)))
+    for table in _node_tables_first(t for t, st in staged.items() if st.updates is not None and st.updates.height):
+        st = staged[table]
+        steps.append(UndoStep(table, "updates", restore_updates_sql(table, list(st.changed), list(st.unchanged)),
+                              (scope_path,), not_restored_sql(table, "updates"), (scope_path,)))
+    for table in _node_tables_first(archived):
+        steps.append(UndoStep(table, "deletes", reinsert_deletes_sql(table), (scope_path, run_id),
+                              not_restored_sql(table, "deletes"), (scope_path, run_id)))
+    return tuple(steps)

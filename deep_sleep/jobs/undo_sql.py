@@ -1,0 +1,110 @@
+"""The undo's SQL, as pure functions of a table (and the columns a run changed).
+
+Each statement reverts one kind of change in one table, guarded so that a row changed since the
+run is left alone, and marks every reverted row in the temporary table :data:`DONE`;
+:func:`not_restored_sql` then lists the changes left as they are, with the reason.  Parameters
+are positional (``$1`` …), as ADBC takes them.
+"""
+
+from __future__ import annotations
+
+from deep_sleep.core import tables
+
+AFTER = "__after"  # suffix of the staged columns holding what the run wrote
+DONE = "_ds_undo_done"  # temp table: (table_name, kind, id) of every reverted row
+
+GONE = "deleted since the run's snapshot"
+NOT_THERE = "not in the store (the apply skipped it as a conflict, or it was deleted since)"
+CHANGED = "changed since the run"
+NOT_WRITTEN_UPDATE = "not written by this run (a live write came first; the apply skipped it as a conflict)"
+NOT_WRITTEN_INSERT = "not written by this run (the id was already taken when the run applied)"
+NO_BEFORE_IMAGE = "no before-image in the run's snapshot"
+ID_EXISTS = "a row with this id exists again"
+KEY_EXISTS = "a row with the same natural key exists"
+
+
+def stage_name(table: str, kind: str) -> str:
+    return f"_ds_undo_{table}_{kind}"
+
+
+def _lit(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _same(table: str, column: str, staged: str) -> str:
+    return f"t.{column} IS NOT DISTINCT FROM {tables.columns(table)[column].cast_sql('s.' + staged)}"
+
+
+def _mark(table: str, kind: str, ids: str) -> str:
+    return (f" marked AS (INSERT INTO {DONE} (table_name, kind, id) SELECT '{table}', '{kind}', {ids} RETURNING 1)"
+            f" SELECT count(*) AS n FROM marked")
+
+
+def remove_inserts_sql(table: str, present: list[str]) -> str:
+    """Delete the rows the run inserted that are unchanged (version 1, the inserted values) and archive
+    them under the undo's run id.  Parameters: $1 scope_path, $2 undo run id, $3 archive reason."""
+    guards = " AND ".join(["t.version = 1", *(_same(table, c, c) for c in present if c not in ("id", "version"))])
+    return (
+        f"WITH gone AS (DELETE FROM {table} t USING {stage_name(table, 'inserts')} s"
+        f" WHERE t.id = s.id::uuid AND t.scope_path = $1 AND {guards} RETURNING t.*),"
+        f" archived AS (INSERT INTO consolidation_archive (run_id, table_name, row_id, op, reason, row)"
+        f" SELECT $2::uuid, '{table}', gone.id::text, 'undo', $3, to_jsonb(gone) FROM gone RETURNING row_id),"
+        + _mark(table, "inserts", "row_id FROM archived")
+    )
+
+
+def restore_updates_sql(table: str, changed: list[str], unchanged: list[str]) -> str:
+    """Put the snapshot's values of ``changed`` back on rows the run updated and nobody touched since:
+    version = snapshot + 1, ``changed`` hold what the run wrote, ``unchanged`` hold the snapshot's
+    values.  Parameters: $1 scope_path."""
+    cols = tables.columns(table)
+    sets = ", ".join(f"{c} = {cols[c].cast_sql('s.' + c)}" for c in changed)
+    guards = " AND ".join(["t.version = s.expected_version + 1", *(_same(table, c, c + AFTER) for c in changed),
+                           *(_same(table, c, c) for c in unchanged)])
+    return (
+        f"WITH done AS (UPDATE {table} t SET {sets} FROM {stage_name(table, 'updates')} s"
+        f" WHERE t.id = s.id::uuid AND t.scope_path = $1 AND {guards} RETURNING t.id),"
+        + _mark(table, "updates", "id::text FROM done")
+    )
+
+
+def reinsert_deletes_sql(table: str) -> str:
+    """Re-insert the run's archived rows of ``table`` whose id and natural keys are free.
+    Parameters: $1 scope_path, $2 the undone run id."""
+    return (
+        f"WITH src AS (SELECT a.row FROM consolidation_archive a WHERE a.run_id = $2::uuid"
+        f" AND a.table_name = '{table}' AND a.op = 'delete' AND a.row->>'scope_path' = $1),"
+        f" ins AS (INSERT INTO {table} OVERRIDING SYSTEM VALUE SELECT r.* FROM src,"
+        f" LATERAL jsonb_populate_record(NULL::{table}, src.row) r"
+        f" WHERE NOT EXISTS (SELECT 1 FROM {table} x WHERE x.id = r.id) ON CONFLICT DO NOTHING RETURNING id),"
+        + _mark(table, "deletes", "id::text FROM ins")
+    )
+
+
+def not_restored_sql(table: str, kind: str) -> str:
+    """The changes of ``kind`` in ``table`` left as they are, with the reason.  $1 scope_path[, $2 run id]."""
+    skipped = f"NOT EXISTS (SELECT 1 FROM {DONE} d WHERE d.table_name = '{table}' AND d.kind = '{kind}' AND d.id = {{id}})"
+    if kind == "deletes":
+        return (
+            f"SELECT a.row_id AS id, CASE WHEN x.id IS NOT NULL THEN {_lit(ID_EXISTS)} ELSE {_lit(KEY_EXISTS)} END AS reason,"
+            f" x.version AS live_version FROM consolidation_archive a LEFT JOIN {table} x ON x.id = (a.row->>'id')::uuid"
+            f" WHERE a.run_id = $2::uuid AND a.table_name = '{table}' AND a.op = 'delete' AND a.row->>'scope_path' = $1"
+            f" AND {skipped.format(id='a.row_id')} ORDER BY a.row_id"
+        )
+    expected = "s.expected_version + 1" if kind == "updates" else "1"
+    not_written = NOT_WRITTEN_UPDATE if kind == "updates" else NOT_WRITTEN_INSERT
+    gone = GONE if kind == "updates" else NOT_THERE
+    return (
+        f"SELECT s.id, CASE WHEN t.id IS NULL THEN {_lit(gone)} WHEN t.version <> {expected} THEN {_lit(CHANGED)}"
+        f" ELSE {_lit(not_written)} END AS reason, t.version AS live_version"
+        f" FROM {stage_name(table, kind)} s LEFT JOIN {table} t ON t.id = s.id::uuid AND t.scope_path = $1"
+        f" WHERE {skipped.format(id='s.id')} ORDER BY s.id"
+    )
+
+
+UNDONE_SQL = "UPDATE consolidation_runs SET status = 'undone' WHERE run_id = $1::uuid AND status = 'applied'"
+UNDO_LEDGER_SQL = (
+    "INSERT INTO consolidation_runs (run_id, scope_path, mode, as_of, started_at, finished_at, status,"
+    " rows_changed, conflicts, undo_of, not_restored)"
+    " VALUES ($1::uuid, $2, 'undo', $3, $3, now(), 'applied', $4::jsonb, $5, $6::uuid, $7::jsonb)"
+)
