@@ -417,11 +417,31 @@ def test_live_writers_never_wait_longer_than_the_lock_timeout(db):
     assert counts(db.dsn, "SELECT count(*) FROM {t} WHERE scope_path IS NULL") == dict.fromkeys(TABLES, 0)
 
 
+def _release_after_one_lock_timeout(dsn: str, holder: psycopg.Connection, table: str, wait_s: float = 120.0) -> None:
+    """Roll ``holder`` back once another session has waited for a lock on ``table`` and stopped waiting."""
+    waiting = f"SELECT count(*) FROM pg_locks WHERE relation = '{table}'::regclass AND NOT granted"
+    deadline = time.monotonic() + wait_s
+    try:
+        with psycopg.connect(dsn, autocommit=True) as watcher:
+            seen = False
+            while time.monotonic() < deadline:
+                n = watcher.execute(waiting).fetchone()[0]
+                if n and not seen:
+                    seen = True
+                elif seen and not n:
+                    return
+                time.sleep(0.002)
+    finally:
+        holder.rollback()
+
+
 def test_a_batch_that_cannot_get_its_locks_is_retried_not_failed(db):
     """A session holding a table lock (think ALTER TABLE) blocks the batch: lock_timeout, backoff, retry."""
     holder = psycopg.connect(db.dsn)
     holder.execute("LOCK TABLE memory_access_log IN SHARE MODE")  # conflicts with the UPDATE's ROW EXCLUSIVE
-    release = threading.Timer(1.0, holder.rollback)
+    # Release only after one batch has queued behind the lock and given up (its lock request gone
+    # while the lock is still held: a lock timeout), so a retry happened however slow the machine.
+    release = threading.Thread(target=_release_after_one_lock_timeout, args=(db.dsn, holder, "memory_access_log"))
     release.start()
     try:
         with rich_progress() as show:  # the CLI's progress bar, fed by the same callback
