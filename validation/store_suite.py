@@ -8,58 +8,9 @@ kept with the run."  :func:`run_store_suite` is that suite::
     >>> res.success, res.json_path, res.data_docs_path                                  # doctest: +SKIP
     (True, '.../store_suite/results.json', '.../store_suite/data_docs/index.html')
 
-What is checked (every check is one expectation over a whole table, never per scope):
-
-================================  ===========================  ==================================
-check                             tables                       expectation
-================================  ===========================  ==================================
-``importance_in_range``           ``memory_nodes``             ``ExpectColumnValuesToBeBetween``
-                                                               1..10 (PostgreSQL sorts NaN above
-                                                               every number, so NaN fails it too)
-``importance_finite``             ``memory_nodes``             SQL: importance is NaN or ±Infinity
-``weight_non_negative``           ``memory_edges``             ``ExpectColumnValuesToBeBetween``
-                                                               min 0
-``weight_finite``                 ``memory_edges``             SQL: weight is NaN or ±Infinity
-                                                               (``NaN >= 0`` is *true* in
-                                                               PostgreSQL: the range check alone
-                                                               would let it through)
-``no_dangling_edges``             ``memory_edges``             SQL: source or target missing from
-                                                               ``memory_nodes``, or in another
-                                                               scope than the edge
-``version_positive``              every table with            ``ExpectColumnValuesToBeBetween``
-                                  ``version``                  min 1
-``rows_scoped``                   every table with            SQL: neither ``scope_path`` nor
-                                  ``scope_path``               (legacy) ``tenant_id`` set
-``scope_path_consistent``         every table with            SQL: a ``scope_path`` that is not
-                                  ``scope_path``               non-empty ``kind\\x1fid`` pairs, or
-                                                               whose root id is not the row's
-                                                               ``tenant_id``
-``no_active_consolidation_skill`` ``procedural_skills``        SQL: ``source = 'consolidation'``
-                                                               and ``status = 'active'``
-``label_not_empty``               ``memory_nodes``             SQL: label null, empty or blank
-``properties_is_object``,         tables with a jsonb          SQL: ``jsonb_typeof`` is not
-``metadata_is_object``            ``properties`` / ``metadata`` ``'object'``
-================================  ===========================  ==================================
-
-Tables and columns are discovered from ``information_schema`` at run time, so a table added by a
-later migration gets the generic checks (scope, version) without touching this file.
-
-Semantics decided here (SPEC is silent):
-
-* *Scoped* means a usable owner: ``scope_path`` non-null and non-empty, or — legacy rows — a
-  non-empty ``tenant_id``.  An empty string counts as missing.
-* The scope of a legacy row (``scope_path`` NULL) is ``tenant\\x1f<tenant_id>`` (SPEC §1); the
-  dangling-edge check compares these *effective* scopes, so a legacy edge must point at legacy
-  nodes of the same tenant, and an edge and its nodes half-way through the scope backfill still
-  match.
-* A blank label (only whitespace) is as empty as ``''``.
-* Examples: at most 5 offending rows per expectation, each a dict whose ``id`` is the row's key
-  (``id``; else the single-column primary key; else the composite key joined by ``/``; else
-  the row as JSON, cut at 200 characters) plus the offending values (``scope_path`` raw, with
-  its ``\x1f`` separators; a ``problem`` column where a check has several reasons).  For SQL
-  checks the rows come ordered by key, so the examples are deterministic.  ``unexpected_count``
-  is always the full count.
-* A check that cannot run (SQL error, missing column) fails with ``error`` set; it never passes.
+What is checked, and the semantics decided for it, is in :mod:`deep_sleep.validation.store_checks`
+(the checks as values, from the catalog); this module runs them with great-expectations and keeps
+the results.
 
 How it runs with great-expectations 1.24 (see also README and the report in the PR):
 
@@ -105,16 +56,14 @@ from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 
+from deep_sleep.validation.store_checks import StoreCheck, checks_for, discover
+
 __all__ = ["SuiteResult", "run_store_suite", "sqlalchemy_url"]
 
 log = logging.getLogger(__name__)
 
 MAX_EXAMPLES = 5
 DOCS_SITE = "deep_sleep_store"
-_SEP_SQL = "chr(31)"  # the scope separator \x1f, spelled in SQL
-# Every SQL check reads its table as `r`: GX substitutes {batch} with an aliased subquery whose
-# alias is its own business, so we wrap it once more under a name we control.
-_ROWS = "(SELECT * FROM {batch}) AS r"
 
 
 @dataclass(frozen=True)
@@ -136,207 +85,6 @@ class SuiteResult:
     @property
     def failures(self) -> list[dict]:
         return [r for r in self.results if not r["success"]]
-
-
-# ---------------------------------------------------------------------------------------------
-# What to check: discovered from the catalog, independent of GX.
-
-
-@dataclass(frozen=True)
-class _Table:
-    name: str
-    columns: dict[str, str]  # name -> information_schema data_type
-    pk: tuple[str, ...]
-
-    def has(self, *cols: str) -> bool:
-        return all(c in self.columns for c in cols)
-
-    @property
-    def key_column(self) -> str | None:
-        """A single real column identifying a row (for GX's unexpected_index_column_names)."""
-        if "id" in self.columns:
-            return "id"
-        return self.pk[0] if len(self.pk) == 1 else None
-
-    @property
-    def key_sql(self) -> str:
-        """An SQL expression giving a row's key as text (aliased ``id`` in the examples)."""
-        if self.key_column:
-            return f"r.{_q(self.key_column)}::text"
-        if self.pk:
-            return "concat_ws('/', " + ", ".join(f"r.{_q(c)}::text" for c in self.pk) + ")"
-        return "left(row_to_json(r)::text, 200)"  # no key at all: the row itself names it
-
-
-@dataclass(frozen=True)
-class _Check:
-    name: str
-    table: str
-    description: str
-    column: str | None = None
-    between: tuple[float | None, float | None] | None = None  # built-in column range check
-    sql: str | None = None  # UnexpectedRowsExpectation query (uses {batch})
-
-    @property
-    def kind(self) -> str:
-        return "column" if self.between is not None else "sql"
-
-    def as_sql(self, t: _Table) -> _Check:
-        """The same range check as an SQL check (for a table without a single key column)."""
-        lo, hi = self.between  # type: ignore[misc]
-        col = _q(self.column)  # type: ignore[arg-type]
-        ok = " AND ".join(p for p in (f"{col} >= {lo}" if lo is not None else "",
-                                       f"{col} <= {hi}" if hi is not None else "") if p)
-        return _Check(self.name, self.table, self.description, column=self.column,
-                      sql=f"SELECT {t.key_sql} AS id, {col}::text AS {col} FROM {_ROWS} "
-                          f"WHERE {col} IS NOT NULL AND NOT ({ok}) ORDER BY 1")
-
-
-def _q(ident: str) -> str:
-    return '"' + ident.replace('"', '""') + '"'
-
-
-def _discover(dsn: str) -> dict[str, _Table]:
-    """Base tables of the current schema with their columns and primary keys (one round trip)."""
-    sql = """
-        SELECT c.table_name, c.column_name, c.data_type,
-               coalesce((SELECT array_agg(a.attname::text ORDER BY array_position(i.indkey, a.attnum))
-                           FROM pg_index i
-                           JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey)
-                          WHERE i.indisprimary
-                            AND i.indrelid = (quote_ident(c.table_schema) || '.' || quote_ident(c.table_name))::regclass),
-                        '{}') AS pk
-          FROM information_schema.columns c
-          JOIN information_schema.tables t USING (table_schema, table_name)
-         WHERE c.table_schema = current_schema() AND t.table_type = 'BASE TABLE'
-         ORDER BY c.table_name, c.ordinal_position
-    """
-    tables: dict[str, dict] = {}
-    with psycopg.connect(dsn, autocommit=True) as con:
-        for table, column, dtype, pk in con.execute(sql):
-            entry = tables.setdefault(table, {"columns": {}, "pk": tuple(pk)})
-            entry["columns"][column] = dtype
-    return {name: _Table(name, t["columns"], t["pk"]) for name, t in tables.items()}
-
-
-def _checks(tables: dict[str, _Table]) -> list[_Check]:
-    """Every check that applies to the discovered schema, in a stable order."""
-    out: list[_Check] = []
-    nodes, edges = tables.get("memory_nodes"), tables.get("memory_edges")
-
-    def finite(t: _Table, col: str) -> _Check:
-        return _Check(
-            f"{col}_finite", t.name, f"{t.name}.{col} is a finite number (not NaN, not ±Infinity)", column=col,
-            sql=f"SELECT {t.key_sql} AS id, {_q(col)}::text AS {_q(col)} FROM {_ROWS} "
-                f"WHERE {_q(col)} IN ('NaN'::float8, 'Infinity'::float8, '-Infinity'::float8) ORDER BY 1",
-        )
-
-    if nodes and nodes.has("importance"):
-        out.append(_Check("importance_in_range", nodes.name, "memory_nodes.importance is within [1, 10] (NaN fails)",
-                          column="importance", between=(1.0, 10.0)))
-        out.append(finite(nodes, "importance"))
-    if nodes and nodes.has("label"):
-        out.append(_Check(
-            "label_not_empty", nodes.name, "memory_nodes.label is not null, empty or blank", column="label",
-            sql=f"SELECT {nodes.key_sql} AS id, scope_path, label FROM {_ROWS} "
-                "WHERE label IS NULL OR label = '' "
-                # blank = only ASCII whitespace; ascii() (first character) spares btrim on most rows
-                "OR (ascii(label) IN (9, 10, 11, 12, 13, 32) AND btrim(label, E' \\t\\n\\r\\f\\x0b') = '') "
-                "ORDER BY 1",
-        ))
-    if edges and edges.has("weight"):
-        out.append(_Check("weight_non_negative", edges.name, "memory_edges.weight is ≥ 0",
-                          column="weight", between=(0.0, None)))
-        out.append(finite(edges, "weight"))
-    if nodes and edges and edges.has("source_id", "target_id") and nodes.has("id"):
-        out.append(_Check(
-            "no_dangling_edges", edges.name,
-            "every edge's source and target exist in memory_nodes, in the edge's own scope "
-            "(legacy rows: scope tenant\\x1f<tenant_id>)",
-            sql=_dangling_sql(edges, nodes),
-        ))
-    if (skills := tables.get("procedural_skills")) and skills.has("source", "status"):
-        out.append(_Check(
-            "no_active_consolidation_skill", skills.name,
-            "no procedural skill created by consolidation is active (drafts are never auto-activated)",
-            sql=f"SELECT {skills.key_sql} AS id, scope_path, name, status, source FROM {_ROWS} "
-                "WHERE source = 'consolidation' AND status = 'active' ORDER BY 1",
-        ))
-    for t in sorted(tables.values(), key=lambda t: t.name):
-        for col in ("properties", "metadata"):
-            if t.columns.get(col) == "jsonb":
-                out.append(_Check(
-                    f"{col}_is_object", t.name, f"{t.name}.{col} is a JSON object", column=col,
-                    sql=f"SELECT {t.key_sql} AS id, jsonb_typeof({_q(col)}) AS json_type, "
-                        f"left({_q(col)}::text, 200) AS {_q(col)} FROM {_ROWS} "
-                        f"WHERE jsonb_typeof({_q(col)}) IS DISTINCT FROM 'object' ORDER BY 1",
-                ))
-        if t.has("scope_path"):
-            out.extend(_scope_checks(t))
-        if t.has("version") and t.columns["version"] in ("bigint", "integer", "smallint", "numeric"):
-            out.append(_Check("version_positive", t.name, f"{t.name}.version is ≥ 1",
-                              column="version", between=(1, None)))
-    return out
-
-
-def _effective_scope(alias: str, has_tenant: bool) -> str:
-    if not has_tenant:
-        return f"{alias}.scope_path"
-    return f"coalesce({alias}.scope_path, 'tenant' || {_SEP_SQL} || {alias}.tenant_id)"
-
-
-def _dangling_sql(edges: _Table, nodes: _Table) -> str:
-    e_scope = _effective_scope("e", edges.has("tenant_id"))
-    s_scope = _effective_scope("s", nodes.has("tenant_id"))
-    t_scope = _effective_scope("t", nodes.has("tenant_id"))
-    return f"""SELECT e.id::text AS id, e.scope_path, e.source_id::text AS source_id, e.target_id::text AS target_id,
-       concat_ws('; ',
-         CASE WHEN s.id IS NULL THEN 'source missing'
-              WHEN {s_scope} IS DISTINCT FROM {e_scope} THEN 'source in scope ' || coalesce({s_scope}, 'NULL') END,
-         CASE WHEN t.id IS NULL THEN 'target missing'
-              WHEN {t_scope} IS DISTINCT FROM {e_scope} THEN 'target in scope ' || coalesce({t_scope}, 'NULL') END
-       ) AS problem
-  FROM {{batch}} e
-  LEFT JOIN memory_nodes s ON s.id = e.source_id
-  LEFT JOIN memory_nodes t ON t.id = e.target_id
- WHERE s.id IS NULL OR t.id IS NULL
-    OR {s_scope} IS DISTINCT FROM {e_scope}
-    OR {t_scope} IS DISTINCT FROM {e_scope}
- ORDER BY 1"""
-
-
-def _scope_checks(t: _Table) -> list[_Check]:
-    has_tenant = t.has("tenant_id")
-    unscoped = "coalesce(scope_path, '') = ''"
-    if has_tenant:
-        unscoped += " AND coalesce(tenant_id, '') = ''"
-    tenant_cols = ", tenant_id" if has_tenant else ""
-    checks = [_Check(
-        "rows_scoped", t.name,
-        f"every {t.name} row has a scope_path" + (" or (legacy) a tenant_id" if has_tenant else ""),
-        sql=f"SELECT {t.key_sql} AS id, scope_path{tenant_cols} FROM {_ROWS} WHERE {unscoped} ORDER BY 1",
-    )]
-    # Well formed: non-empty kind/id pairs joined by \x1f, i.e. an odd number of separators, none
-    # leading, trailing or doubled.  Plain byte-string functions: string_to_array or a regex per
-    # row made this the slowest check (3x and 6x slower at 100k rows).
-    sep = _SEP_SQL
-    malformed = (f"((octet_length(scope_path) - octet_length(replace(scope_path, {sep}, ''))) % 2 = 0"
-                 f" OR strpos({sep} || scope_path || {sep}, {sep} || {sep}) > 0)")
-    problem = f"CASE WHEN {malformed} THEN 'malformed scope_path'"
-    where = f"scope_path <> '' AND ({malformed}"
-    if has_tenant:
-        root_id = f"split_part(scope_path, {_SEP_SQL}, 2)"
-        problem += f" WHEN tenant_id IS DISTINCT FROM {root_id} THEN 'tenant_id is not the scope root id ' || {root_id}"
-        where += f" OR tenant_id IS DISTINCT FROM {root_id}"
-    problem += " END"
-    where += ")"
-    checks.append(_Check(
-        "scope_path_consistent", t.name,
-        f"every {t.name}.scope_path is kind\\x1fid pairs" + (" whose root id is the row's tenant_id" if has_tenant else ""),
-        sql=f"SELECT {t.key_sql} AS id, scope_path{tenant_cols}, "
-            f"{problem} AS problem FROM {_ROWS} WHERE {where} ORDER BY 1",
-    ))
-    return checks
 
 
 # ---------------------------------------------------------------------------------------------
@@ -424,7 +172,7 @@ def _context(gx, docs_dir: Path | None):
     return gx.get_context(mode="ephemeral", project_config=config)
 
 
-def _expectation(gx, check: _Check):
+def _expectation(gx, check: StoreCheck):
     meta = {"ds_check": check.name, "ds_table": check.table}
     if check.kind == "column":
         lo, hi = check.between  # type: ignore[misc]
@@ -452,7 +200,7 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
-def _row(check: _Check, key_column: str | None, evr) -> dict:
+def _row(check: StoreCheck, key_column: str | None, evr) -> dict:
     """One result dict from a GX ExpectationValidationResult."""
     res = evr.result or {}
     error = None
@@ -491,7 +239,7 @@ def _row(check: _Check, key_column: str | None, evr) -> dict:
     }
 
 
-def _error_row(check: _Check, exc: BaseException) -> dict:
+def _error_row(check: StoreCheck, exc: BaseException) -> dict:
     return {
         "expectation": check.name, "table": check.table, "column": check.column, "success": False,
         "unexpected_count": None, "examples": [],
@@ -533,10 +281,10 @@ def run_store_suite(dsn: str, out_dir: Path, run_id: str | None = None, *, data_
     timings: dict[str, float] = {}
 
     try:
-        tables = _discover(dsn)
+        tables = discover(dsn)
     except psycopg.Error as exc:
         raise StoreError(f"store suite: cannot read the catalog at {_redact(dsn)}: {exc}") from exc
-    checks = _checks(tables)
+    checks = checks_for(tables)
     timings["discover"] = time.perf_counter() - t0
 
     t = time.perf_counter()
@@ -555,7 +303,7 @@ def run_store_suite(dsn: str, out_dir: Path, run_id: str | None = None, *, data_
             kwargs={"connect_args": {"application_name": "deep_sleep_store_suite"}},
         )
         gx_run_id = RunIdentifier(run_name=run_id, run_time=started)
-        by_table: dict[str, list[_Check]] = {}
+        by_table: dict[str, list[StoreCheck]] = {}
         for c in checks:
             by_table.setdefault(c.table, []).append(c)
         timings["setup"] = time.perf_counter() - t
