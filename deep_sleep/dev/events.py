@@ -6,7 +6,19 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from deep_sleep.dev.arrays import _DAY, _US, _cat, ScopeCtx, _emb_series, _h64, _pick, _ts, _unit_vectors, _when, _zipf_p
+from deep_sleep.dev.arrays import (
+    _DAY,
+    _US,
+    ScopeCtx,
+    _cat,
+    _emb_series,
+    _h64,
+    _pick,
+    _ts,
+    _unit_vectors,
+    _when,
+    _zipf_p,
+)
 from deep_sleep.dev.spec import ACTIONS, MARKERS, PREFIXES, WORDS
 
 
