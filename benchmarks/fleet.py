@@ -1,0 +1,191 @@
+"""A fleet night: many small scopes, against the raw cost of moving the same rows (issue 12).
+
+    python -m benchmarks.fleet --scopes 100000 --nodes 100      # seeds once, then measures
+    python -m benchmarks.fleet --scopes 2000 --sample 200        # a quick look
+
+Seeds a fresh database ``deep_sleep_fleet`` on the embedded server (``.deep_sleep/bench-pgdata``;
+``--reuse`` keeps a fleet of the same spec from an earlier run) with :func:`deep_sleep.dev.fleet.seed_fleet`,
+then measures
+
+- the raw baseline: every fleet row COPYed out to Arrow (ADBC ``fetch_arrow_table``, binary COPY)
+  and back in (``adbc_ingest`` into temporary tables), table by table;
+- the per-scope path (today's nightly without Prefect's own overhead: extract → plan → validate →
+  apply for one scope at a time, in a plain loop) on a sample of ``--sample`` scopes, per stage;
+  its seconds per scope extrapolated to the fleet is the night the per-scope design would take;
+
+and writes the figures into ``bench-results.json`` under ``fleet`` (other keys are kept).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sys
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+
+
+def _p(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def _peak_rss_mb() -> float:
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+
+def seed(admin_dsn: str, spec, reuse: bool):
+    """The fleet's store: reused when ``reuse`` and its recorded spec matches, else freshly seeded."""
+    from deep_sleep.dev.fleet import generate_fleet
+    from deep_sleep.dev.seed import load
+    from deep_sleep.store.db import create_database
+
+    name = "deep_sleep_fleet"
+    tag = json.dumps({"scopes": spec.scopes, "nodes": spec.nodes, "templates": spec.templates, "seed": spec.seed})
+    if reuse:
+        store = create_database(admin_dsn, name, replace=False)  # migrated, rows kept
+        with store.pg() as con:
+            row = con.execute("SELECT obj_description('memory_nodes'::regclass)").fetchone()
+        if row and row[0] and json.loads(row[0]).get("fleet") == json.loads(tag):
+            _p(f"reusing fleet {tag}")
+            return store, json.loads(row[0])["now"]
+        _p("no fleet of this spec to reuse; seeding")
+    store = create_database(admin_dsn, name)
+    t = time.perf_counter()
+    counts: dict[str, int] = {}
+    from deep_sleep.core.tables import TABLES
+
+    for table in TABLES:  # one table at a time: bounded memory, one bulk load (index rebuild) per table
+        t1 = time.perf_counter()
+        frame = generate_fleet(spec, tables=(table,))[table]
+        t2 = time.perf_counter()
+        counts.update(load(store, {table: frame}))
+        _p(f"  {table}: {frame.height:,} rows, generated {t2 - t1:.1f}s, loaded {time.perf_counter() - t2:.1f}s")
+        del frame
+    with store.pg(autocommit=True) as con:
+        con.execute("VACUUM ANALYZE")
+        meta = json.dumps({"fleet": json.loads(tag), "now": spec.now.isoformat()})
+        con.execute(f"COMMENT ON TABLE memory_nodes IS '{meta}'")
+    _p(f"seeded {spec.scopes:,} scopes, {sum(counts.values()):,} rows in {time.perf_counter() - t:.1f}s")
+    return store, spec.now.isoformat()
+
+
+def copy_baseline(store) -> dict:
+    """Seconds to COPY every fleet row of the extracted columns out to Arrow and back in."""
+    from deep_sleep.core import tables
+
+    out_s = in_s = 0.0
+    rows = {}
+    with store.adbc() as con:
+        cur = con.cursor()
+        for table in tables.TABLES:
+            cols = ", ".join(c.select_sql for c in tables.TABLES[table])
+            t = time.perf_counter()
+            cur.execute(f"SELECT {cols} FROM {table}")
+            data = cur.fetch_arrow_table()
+            out_s += time.perf_counter() - t
+            rows[table] = data.num_rows
+            if data.num_rows:
+                keep = [f.name for f in data.schema if "opaque" not in str(f.type)]
+                t = time.perf_counter()
+                cur.adbc_ingest(f"_bench_{table}", data.select(keep), mode="create", temporary=True)
+                in_s += time.perf_counter() - t
+                cur.execute(f"DROP TABLE _bench_{table}")
+            del data
+        con.rollback()
+    return {"copy_out": round(out_s, 2), "copy_in": round(in_s, 2), "copy_total": round(out_s + in_s, 2), "rows": rows}
+
+
+def per_scope_path(store, scopes: list[str], as_of: datetime, work: Path) -> dict:
+    """Today's per-scope stages in a plain loop over ``scopes``; seconds per stage and per scope."""
+    from deep_sleep.core.config import ConsolidationConfig
+    from deep_sleep.run.stages import apply_stage, extract_stage, plan_stage, validate_stage
+
+    config = ConsolidationConfig()
+    stages = dict.fromkeys(("extract", "transform", "validate", "apply"), 0.0)
+    statuses: dict[str, int] = {}
+    t0 = time.perf_counter()
+    for i, scope in enumerate(scopes):
+        run_id = str(uuid.uuid4())
+        base = work / f"s{i}" / run_id
+        t = time.perf_counter()
+        snap = extract_stage(store, scope, as_of, config, base / "snapshot")
+        stages["extract"] += time.perf_counter() - t
+        t = time.perf_counter()
+        diff = plan_stage(snap, config, as_of, base / "diff", run_id=run_id)
+        stages["transform"] += time.perf_counter() - t
+        t = time.perf_counter()
+        report = validate_stage(snap, diff)
+        stages["validate"] += time.perf_counter() - t
+        if report.status != "failed":
+            t = time.perf_counter()
+            report = apply_stage(store, diff)
+            stages["apply"] += time.perf_counter() - t
+        statuses[report.status] = statuses.get(report.status, 0) + 1
+        if (i + 1) % 100 == 0:
+            _p(f"  per-scope path: {i + 1}/{len(scopes)} scopes, {(time.perf_counter() - t0) / (i + 1) * 1000:.0f} ms/scope")
+    total = time.perf_counter() - t0
+    n = len(scopes)
+    return {
+        "scopes": n,
+        "seconds": round(total, 2),
+        "ms_per_scope": round(total / n * 1000, 1),
+        "ms_per_scope_by_stage": {k: round(v / n * 1000, 1) for k, v in stages.items()},
+        "statuses": statuses,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--scopes", type=int, default=100_000)
+    ap.add_argument("--nodes", type=int, default=100, help="nodes per scope")
+    ap.add_argument("--templates", type=int, default=16, help="distinct generated scopes the fleet copies")
+    ap.add_argument("--sample", type=int, default=1000, help="scopes run through the per-scope path")
+    ap.add_argument("--reuse", action="store_true", help="keep a seeded fleet of the same spec")
+    ap.add_argument("--out", default="bench-results.json")
+    ap.add_argument("--work", default="bench-data/fleet")
+    args = ap.parse_args(argv)
+
+    from deep_sleep.dev.fleet import FleetSpec, fleet_scope
+    from deep_sleep.store.db import embedded_dsn
+
+    admin = os.environ.get("DEEP_SLEEP_BENCH_DSN") or embedded_dsn(
+        data_dir=os.path.join(".deep_sleep", "bench-pgdata"), database="postgres")
+    spec = FleetSpec(scopes=args.scopes, nodes=args.nodes, templates=args.templates)
+    store, now = seed(admin, spec, args.reuse)
+    as_of = datetime.fromisoformat(now)
+
+    _p("COPY baseline (every row out and back in)")
+    copy = copy_baseline(store)
+    _p(f"  COPY out {copy['copy_out']}s + in {copy['copy_in']}s = {copy['copy_total']}s for {sum(copy['rows'].values()):,} rows")
+
+    step = max(1, args.scopes // max(1, args.sample))
+    sample = [fleet_scope(i).path for i in range(0, args.scopes, step)][: args.sample]
+    _p(f"per-scope path on {len(sample)} of {args.scopes:,} scopes")
+    old = per_scope_path(store, sample, as_of, Path(args.work))
+    old["extrapolated_fleet_seconds"] = round(old["ms_per_scope"] / 1000 * args.scopes, 1)
+    _p(f"  {old['ms_per_scope']} ms/scope ({old['ms_per_scope_by_stage']}) → {old['extrapolated_fleet_seconds']:,}s "
+       f"for the fleet")
+
+    result = {
+        "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "scopes": args.scopes, "nodes_per_scope": args.nodes, "templates": args.templates,
+        "rows": copy["rows"],
+        "copy_seconds": {k: v for k, v in copy.items() if k != "rows"},
+        "per_scope_path": old,
+        "peak_rss_mb": _peak_rss_mb(),
+    }
+    out = Path(args.out)
+    doc = json.loads(out.read_text()) if out.exists() else {}
+    doc["fleet"] = result
+    out.write_text(json.dumps(doc, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+    print(f"written to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
