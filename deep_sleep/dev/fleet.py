@@ -113,7 +113,8 @@ def _replicate(spec: FleetSpec, table: str, templates: list[dict[str, pl.DataFra
         rows = np.tile(np.arange(t.height, dtype=np.int64), len(mine))
         owner = np.repeat(mine, t.height)
         copy = t.gather(rows)
-        cols = [paths.gather(owner).alias("scope_path"), tenants.gather(owner).alias("tenant_id")]
+        cols = [paths.gather(owner).alias("scope_path"), tenants.gather(owner).alias("tenant_id"),
+                pl.Series("_owner", owner)]
         if "id" in t.columns and TABLES[table][0].kind == "uuid":
             cols.append(_uuids(spec.seed, table, owner, rows).alias("id"))
         for ref in _NODE_REFS.get(table, ()):
@@ -124,7 +125,8 @@ def _replicate(spec: FleetSpec, table: str, templates: list[dict[str, pl.DataFra
         parts.append(copy.with_columns(cols))
     if not parts:
         return templates[0][table].clear()
-    return pl.concat(parts, how="vertical", rechunk=True)
+    # in scope order (zero-padded paths: index order is path order), each scope's rows as its template's
+    return pl.concat(parts, how="vertical").sort("_owner", maintain_order=True).drop("_owner")
 
 
 def generate_fleet(spec: FleetSpec, scopes: range | None = None,
