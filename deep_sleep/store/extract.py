@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from deep_sleep.core import tables
 from deep_sleep.core.scope import Scope
-from deep_sleep.core.snapshot import Snapshot, utc
+from deep_sleep.core.snapshot import Snapshot, iso, utc
 from deep_sleep.store.db import Store
 
 NAP_FLOOR_SQL = (
@@ -102,3 +102,65 @@ def extract(store: Store, scope: Scope | str, log_since: datetime | None = None)
         previous_run_as_of=utc(previous) if previous else None,
         frames=frames,
     )
+
+
+# -- shards: many scopes in one transaction ----------------------------------------------------
+
+SHARD_LEDGER_SQL = (
+    "SELECT scope_path, max(as_of) FILTER (WHERE mode = 'nightly') AS previous, "
+    "max(as_of) FILTER (WHERE mode = 'quick_nap') AS nap "
+    "FROM consolidation_runs WHERE scope_path = ANY($1::text[]) AND status = 'applied' GROUP BY scope_path"
+)
+
+
+def shard_select_sql(table: str) -> str:
+    """The shard extract query of one table (pure; $1 the scopes as a text[] literal, and for the
+    access log $2 each scope's lower bound as a timestamptz[] literal, null for none)."""
+    cols = ", ".join(c.select_sql for c in tables.TABLES[table])
+    if table == "memory_access_log":
+        return (f"SELECT {cols} FROM {table} JOIN unnest($1::text[], $2::timestamptz[]) AS _s(_path, _since) "
+                f"ON scope_path = _s._path WHERE _s._since IS NULL OR accessed_at > _s._since")
+    return f"SELECT {cols} FROM {table} WHERE scope_path = ANY($1::text[])"
+
+
+def pg_array(values: list[str | None]) -> str:
+    """A PostgreSQL array literal of text values (``NULL`` for None), for one bound parameter."""
+    def one(v: str | None) -> str:
+        return "NULL" if v is None else '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return "{" + ",".join(one(v) for v in values) + "}"
+
+
+def extract_shard(store: Store, scopes: list[Scope | str], log_since: datetime | None = None):
+    """Read many scopes consistently: one ``REPEATABLE READ`` transaction, each table read once.
+
+    Per scope, the previous applied nightly run's ``as_of`` and the access-log floor (its latest
+    applied quick nap, or ``log_since``) come from one ledger query, exactly as :func:`extract`
+    takes them for one scope.  Returns a :class:`~deep_sleep.core.shard.Shard` (rows sorted by scope)."""
+    from deep_sleep.core.shard import Shard
+
+    paths = sorted({Scope.coerce(s).path for s in scopes}, key=str.encode)
+    if not paths:
+        raise ValueError("extract_shard: no scopes given")
+    literal = pg_array(paths)
+    with store.adbc() as con:
+        cur = con.cursor()
+        try:
+            cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            cur.execute("SELECT now() AS taken_at")
+            taken_at = cur.fetch_arrow_table().column(0)[0].as_py()
+            cur.execute(SHARD_LEDGER_SQL, parameters=(literal,))
+            ledger = {r["scope_path"]: r for r in cur.fetch_arrow_table().to_pylist()}
+            previous = {p: (utc(ledger[p]["previous"]) if p in ledger and ledger[p]["previous"] else None) for p in paths}
+            since = []
+            for p in paths:
+                floors = [utc(t) for t in (log_since, ledger.get(p, {}).get("nap")) if t is not None]
+                since.append(iso(max(floors)) if floors else None)
+            frames = {}
+            for table in tables.TABLES:
+                params = (literal, pg_array(since)) if table == "memory_access_log" else (literal,)
+                cur.execute(shard_select_sql(table), parameters=params)
+                frames[table] = _to_polars(table, cur.fetch_arrow_table())
+        finally:
+            con.rollback()
+            cur.close()
+    return Shard.from_frames(previous, utc(taken_at), frames)

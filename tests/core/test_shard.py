@@ -1,0 +1,104 @@
+"""The shard value: slices equal single-scope snapshots, the directory round-trips, errors name the file."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+
+import polars as pl
+import pytest
+
+from deep_sleep.core import tables
+from deep_sleep.core.errors import ScopeError, SnapshotError
+from deep_sleep.core.shard import Shard
+from deep_sleep.core.snapshot import Snapshot
+from deep_sleep.dev.fleet import FleetSpec, generate_fleet
+
+T = datetime(2026, 11, 30, 3, 0, tzinfo=UTC)
+PREV = datetime(2026, 11, 29, 3, 0, tzinfo=UTC)
+
+
+def _snapshots(n: int = 5) -> list[Snapshot]:
+    frames = generate_fleet(FleetSpec(scopes=n, nodes=30, templates=2, now=T))
+    out = []
+    for i, path in enumerate(sorted(frames["memory_nodes"]["scope_path"].unique())):
+        mine = {t: tables.conform(t, f.filter(pl.col("scope_path") == path)) for t, f in frames.items() if f.height}
+        out.append(Snapshot(path, T, PREV if i % 2 else None, mine))
+    return out
+
+
+def _same(a: Snapshot, b: Snapshot) -> None:
+    assert (a.scope_path, a.taken_at, a.previous_run_as_of) == (b.scope_path, b.taken_at, b.previous_run_as_of)
+    for name in set(a.frames) | set(b.frames):
+        assert a.table(name).equals(b.table(name)), name
+
+
+def test_scopes_slice_back_to_the_snapshots_they_came_from():
+    snaps = _snapshots()
+    shuffled = list(reversed(snaps))
+    shard = Shard.from_snapshots(shuffled)
+    assert shard.scope_paths == tuple(sorted(s.scope_path for s in snaps))
+    for snap in snaps:
+        _same(shard.scope(snap.scope_path), snap)
+        assert shard.row_counts(snap.scope_path) == snap.row_counts()
+    assert sum(shard.row_counts(s)["memory_edges"] for s in shard.scope_paths) == shard.table("memory_edges").height
+
+
+def test_rows_in_any_order_are_grouped_by_scope_keeping_their_order():
+    snaps = _snapshots(4)
+    mixed = pl.concat([s.table("memory_nodes") for s in snaps]).sample(fraction=1.0, shuffle=True, seed=3)
+    shard = Shard.from_frames({s.scope_path: s.previous_run_as_of for s in snaps}, T, {"memory_nodes": mixed})
+    for s in snaps:
+        got = shard.rows_of("memory_nodes", s.scope_path)
+        assert got.equals(mixed.filter(pl.col("scope_path") == s.scope_path))
+
+
+def test_prefix_scopes_never_mix(tmp_path):
+    a = Snapshot("org\x1fac", T, None, {"memory_nodes": _snapshots(1)[0].table("memory_nodes").with_columns(
+        pl.lit("org\x1fac").alias("scope_path"), pl.lit("ac").alias("tenant_id"))})
+    b = Snapshot("org\x1facme", T, PREV, {"memory_nodes": _snapshots(1)[0].table("memory_nodes").head(3).with_columns(
+        pl.lit("org\x1facme").alias("scope_path"), pl.lit("acme").alias("tenant_id"))})
+    shard = Shard.read(Shard.from_snapshots([b, a]).write(tmp_path / "s"))
+    _same(shard.scope("org\x1fac"), Snapshot("org\x1fac", T, None, {"memory_nodes": a.table("memory_nodes")}))
+    assert shard.rows_of("memory_nodes", "org\x1facme").height == 3
+    assert shard.previous_run_as_of["org\x1facme"] == PREV
+    with pytest.raises(ScopeError, match="not in this shard"):
+        shard.scope("org\x1facm")
+
+
+def test_directory_round_trip_and_manifest(tmp_path):
+    snaps = _snapshots()
+    shard = Shard.from_snapshots(snaps)
+    out = shard.write(tmp_path / "shard")
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert [e["scope_path"] for e in manifest["scopes"]] == list(shard.scope_paths)
+    assert "scope_path" not in manifest  # several scopes: not a single-scope manifest
+    for e, s in zip(manifest["scopes"], sorted(snaps, key=lambda s: s.scope_path)):
+        assert e["rows"] == s.row_counts()
+        assert (e["previous_run_as_of"] is None) == (s.previous_run_as_of is None)
+    back = Shard.read(out)
+    for s in snaps:
+        _same(back.scope(s.scope_path), s)
+
+
+def test_single_scope_snapshots_are_shards_of_one(tmp_path):
+    snap = _snapshots(1)[0]
+    snap.write(tmp_path / "single")
+    shard = Shard.read(tmp_path / "single")
+    assert shard.scope_paths == (snap.scope_path,)
+    _same(shard.scope(snap.scope_path), Snapshot.read(tmp_path / "single"))
+    one = Shard.of(snap).write(tmp_path / "one")
+    assert Snapshot.read(one).scope_path == snap.scope_path  # a shard of one writes a valid single-scope manifest
+
+
+def test_bad_shard_manifests_name_the_problem(tmp_path):
+    out = Shard.from_snapshots(_snapshots(2)).write(tmp_path / "s")
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["scopes"][1]["scope_path"] = "org\x1f"
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(SnapshotError, match=r"scopes\[1\]"):
+        Shard.read(out)
+    manifest["scopes"] = []
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(SnapshotError, match="non-empty list"):
+        Shard.read(out)
