@@ -61,6 +61,14 @@ def _ids(seed: int, key: str, tag: str, count: int) -> pl.Series:
     with np.errstate(over="ignore"):
         hi = _mix64(idx * np.uint64(0x9E3779B97F4A7C15) + np.uint64(base_hi))
         lo = _mix64((idx ^ np.uint64(base_lo)) * np.uint64(0xD1B54A32D192ED03) + np.uint64(0x632BE59BD9B4E019))
+    return _uuid_text(hi, lo)
+
+
+def _uuid_text(hi: np.ndarray, lo: np.ndarray) -> pl.Series:
+    """UUID text (version 8, RFC variant) of 128-bit values given as two uint64 words, no Python loop.
+
+    The version and variant bits overwrite 4 bits of ``hi`` and the top 2 bits of ``lo``."""
+    count = len(hi)
     hi = (hi & np.uint64(_M64 ^ 0xF000)) | np.uint64(0x8000)  # version 8 (custom)
     lo = (lo & np.uint64(0x3FFFFFFFFFFFFFFF)) | np.uint64(0x8000000000000000)  # RFC variant
     raw = np.empty((count, 2), dtype=">u8")

@@ -27,7 +27,8 @@ import polars as pl
 
 from deep_sleep.core.scope import Scope
 from deep_sleep.core.tables import TABLES
-from deep_sleep.dev.seed import _HEX, SeedSpec, _fixed_strings, _h64, _mix64, generate, load
+from deep_sleep.dev.arrays import _h64, _mix64, _uuid_text
+from deep_sleep.dev.seed import SeedSpec, generate, load
 
 log = logging.getLogger(__name__)
 
@@ -82,17 +83,7 @@ def _uuids(seed: int, table: str, scope: np.ndarray, row: np.ndarray) -> pl.Seri
     key = (s << np.uint64(24)) | r
     with np.errstate(over="ignore"):
         hi = _mix64(key ^ np.uint64(_h64(seed, "fleet", table)))
-    hi = (hi & np.uint64(((1 << 64) - 1) ^ 0xF000)) | np.uint64(0x8000)  # version 8 (custom)
-    lo = key | np.uint64(0x8000000000000000)  # RFC variant 10
-    count = len(s)
-    raw = np.empty((count, 2), dtype=">u8")
-    raw[:, 0], raw[:, 1] = hi, lo
-    hexs = _HEX[raw.view(np.uint8).reshape(count, 16)].view(np.uint8)
-    out = np.empty((count, 36), dtype=np.uint8)
-    out[:, [8, 13, 18, 23]] = ord("-")
-    out[:, 0:8], out[:, 9:13], out[:, 14:18] = hexs[:, 0:8], hexs[:, 8:12], hexs[:, 12:16]
-    out[:, 19:23], out[:, 24:36] = hexs[:, 16:20], hexs[:, 20:32]
-    return _fixed_strings(out, "id")
+    return _uuid_text(hi, key)  # key < 2^62: the variant bits take nothing of it
 
 
 def _templates(spec: FleetSpec) -> list[dict[str, pl.DataFrame]]:
