@@ -38,17 +38,18 @@ from urllib.parse import quote
 
 import polars as pl
 
-from deep_sleep.core.config import ConsolidationConfig
 from deep_sleep.core.diff import KINDS, Diff
 from deep_sleep.core.errors import SnapshotError
 from deep_sleep.core.files import write_atomic
-from deep_sleep.core.report import COUNTERS, ConsolidationReport
+from deep_sleep.core.report import ConsolidationReport
 from deep_sleep.core.scope import Scope
 from deep_sleep.core.snapshot import MANIFEST, Snapshot, iso, utc
 from deep_sleep.run import stages
 from deep_sleep.run.console import markdown_table
 from deep_sleep.run.plan import plan
 from deep_sleep.store.db import Store
+from deep_sleep.transforms import COUNTERS
+from deep_sleep.transforms.config import ConsolidationConfig
 from deep_sleep.validation import validate_diff
 
 KEY = ("phase", "id")

@@ -10,7 +10,6 @@ import polars as pl
 import psycopg
 import pytest
 
-from deep_sleep.core.config import ConsolidationConfig, load_config
 from deep_sleep.core.diff import Diff
 from deep_sleep.core.snapshot import Snapshot
 from deep_sleep.jobs.compare import (
@@ -26,6 +25,7 @@ from deep_sleep.jobs.compare import (
 )
 from deep_sleep.jobs.ledger import last_runs, runs_markdown
 from deep_sleep.run.stages import consolidate_scope
+from deep_sleep.transforms.config import ConsolidationConfig, load_config
 from tests.storeutil import small_graph
 
 NOW = datetime(2026, 11, 20, 3, 0, tzinfo=UTC)

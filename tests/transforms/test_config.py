@@ -1,0 +1,158 @@
+"""A phase owns its config and counters: the configuration model and the report's counters are built
+from the roster, so adding a phase is adding a module and a line.
+
+The toy phase below is written as a module of its own (into ``tmp_path``) and added to a roster by
+one line; nothing in ``deep_sleep.core.config`` or ``deep_sleep.core.report`` knows it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from deep_sleep.core.config import PhaseConfig, load
+from deep_sleep.core.errors import ConfigError
+from deep_sleep.core.report import ConsolidationReport
+from deep_sleep.transforms import COUNTERS, ROSTER, Phase, counter_names, new_report
+from deep_sleep.transforms.config import ConsolidationConfig, config_model, load_config
+
+TOY_MODULE = '''
+"""Phase T — toy: counts the semantic nodes (a phase written for the test)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from deep_sleep.core.config import PhaseConfig
+from deep_sleep.core.snapshot import Snapshot
+from deep_sleep.transforms._common import PhaseResult
+
+
+class ToyConfig(PhaseConfig):
+    depth: int = Field(3, ge=1)
+    width: float = 0.5
+
+
+COUNTERS: tuple[str, ...] = ("toys_counted", "edges_created")
+
+
+def toy(snapshot: Snapshot, config: ToyConfig) -> PhaseResult:
+    return PhaseResult(counters={"toys_counted": snapshot.table("memory_nodes").height})
+'''
+
+
+@pytest.fixture
+def toy(tmp_path: Path):
+    """The toy phase's module, imported from its own file."""
+    path = tmp_path / "toy.py"
+    path.write_text(TOY_MODULE)
+    spec = importlib.util.spec_from_file_location("deep_sleep_test_toy_phase", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    yield module
+    del sys.modules[spec.name]
+
+
+@pytest.fixture
+def toy_roster(toy) -> tuple[Phase, ...]:
+    return (*ROSTER, Phase("T", toy.toy, toy.ToyConfig, toy.COUNTERS))  # the one line
+
+
+def test_the_roster_names_each_phases_config_and_counters():
+    for phase in ROSTER:
+        assert issubclass(phase.config, PhaseConfig) and phase.config.__module__ == phase.fn.__module__, phase.name
+        assert phase.counters and phase.counters == sys.modules[phase.fn.__module__].COUNTERS, phase.name
+    assert ConsolidationConfig.phase_sections() == [p.name for p in ROSTER]
+    for phase in ROSTER:
+        assert type(ConsolidationConfig().phase(phase.name)) is phase.config
+
+
+def test_every_default_of_spec_3_is_kept():
+    assert ConsolidationConfig().model_dump() == {
+        "lookback_hours": 24.0, "quick_nap_interval": 10,
+        "gating": {"min_interval_hours": 24, "min_sessions": 20},
+        "strengthen": {"enabled": True, "min_accesses": 2, "increment": 0.5, "cap": 10.0},
+        "cooccurrence": {"enabled": True, "window_seconds": 900.0, "max_neighbours": 5},
+        "tag_risk": {"enabled": True, "markers": ("risk", "danger", "failure", "loss", "negative", "decline", "warning",
+                                                  "critical", "error", "threat")},
+        "pending_edges": {"enabled": True},
+        "supersession": {"enabled": True, "functional_relations": ("is", "lives_in", "works_at", "prefers", "role")},
+        "prune_orphans": {"enabled": True, "importance_factor": 0.4, "min_age_days": 7, "max_degree": 1},
+        "meta_nodes": {"enabled": True, "min_group": 3, "max_members": 10},
+        "soul_corrections": {"enabled": True, "canonical_keys": ("name", "role", "personality", "language")},
+        "working_ttl": {"enabled": True},
+        "decay_importance": {"enabled": True, "stale_days": 30, "step": 0.5, "floor": 1.0, "min_interval_hours": 24,
+                             "exempt_importance": 8.0},
+        "episodic_summary": {"enabled": True, "threshold": 100, "batch_size": 50, "max_batches": 1},
+        "synthetic_links": {"enabled": True, "lookback_days": 7, "min_cooccurrences": 2, "weight": 0.1,
+                            "max_sources": 20, "max_pairs": 50},
+        "procedural_promotion": {"enabled": True, "lookback_days": 30, "min_occurrences": 3, "max_per_run": 5,
+                                 "duplicate_cosine": 0.65},
+        "label_recalls": {"enabled": True, "min_label": 0.5},
+        "train_reranker": {"enabled": True, "learning_rate": 0.05, "explicit_weight": 2.0},
+        "drift": {"enabled": True, "max_step": 0.05},
+    }
+
+
+def test_the_counters_are_spec_3s_in_roster_order():
+    assert COUNTERS == (
+        "nodes_strengthened", "edges_created", "edges_reinforced", "risk_nodes_tagged", "facts_superseded",
+        "nodes_pruned", "meta_nodes_created", "meta_nodes_updated", "soul_updates", "soul_rejected",
+        "working_ttl_pruned", "nodes_decayed", "episodes_summarized", "synthetic_edges_created",
+        "draft_skills_promoted", "recalls_labelled", "reranker_steps", "identity_drifts",
+    )
+    assert new_report("org\x1facme", "2026-01-02T00:00:00Z").counters == dict.fromkeys(COUNTERS, 0)
+
+
+def test_a_new_phase_gets_its_config_section_from_toml_env_and_overrides(toy, toy_roster, tmp_path, monkeypatch):
+    Model = config_model(toy_roster)
+    assert Model.phase_sections() == [p.name for p in toy_roster]
+    assert Model().phase("toy") == toy.ToyConfig() and Model().toy.depth == 3
+    assert Model().strengthen == ConsolidationConfig().strengthen  # the other sections are the roster's
+
+    toml = tmp_path / "deep-sleep.toml"
+    toml.write_text("lookback_hours = 12\n\n[toy]\ndepth = 4\nwidth = 1.5\nenabled = false\n")
+    monkeypatch.setenv("DEEP_SLEEP_TOY__WIDTH", "7.25")
+    got = load(Model, toml)
+    assert (got.lookback_hours, got.toy.depth, got.toy.width, got.toy.enabled) == (12, 4, 7.25, False)  # env > TOML
+    got = load(Model, toml, overrides={"toy": {"depth": 9, "width": 0.25}})
+    assert (got.toy.depth, got.toy.width, got.toy.enabled) == (9, 0.25, False)  # overrides > env > TOML
+
+    with pytest.raises(ConfigError, match=r"toy\.depth: Input should be greater than or equal to 1"):
+        load(Model, overrides={"toy": {"depth": 0}})
+    with pytest.raises(ConfigError, match=r"toy\.colour: Extra inputs are not permitted"):
+        load(Model, overrides={"toy": {"colour": "red"}})
+    # the roster's configuration does not know the toy phase: its section is refused there
+    with pytest.raises(ConfigError, match=r"\(from .*deep-sleep\.toml\): toy: Extra inputs are not permitted"):
+        load_config(toml)
+
+
+def test_a_report_for_a_new_roster_has_its_counters(toy, toy_roster):
+    assert counter_names(toy_roster) == (*COUNTERS, "toys_counted")  # edges_created is counted once
+    report = new_report("org\x1facme", "2026-01-02T00:00:00Z", phases=toy_roster)
+    assert report.counters == {**dict.fromkeys(COUNTERS, 0), "toys_counted": 0}
+    again = ConsolidationReport.from_dict(json.loads(report.to_json()))
+    assert again == report and again.to_json() == report.to_json()
+
+
+def test_a_roster_entry_is_checked(toy):
+    with pytest.raises(TypeError, match="config must be a PhaseConfig subclass"):
+        Phase("T", toy.toy, dict, toy.COUNTERS)
+    with pytest.raises(TypeError, match="counters must be a tuple of names"):
+        Phase("T", toy.toy, toy.ToyConfig, "toys_counted")
+    twice = Phase("T", toy.toy, toy.ToyConfig, toy.COUNTERS)
+    with pytest.raises(ConfigError, match="toy appear more than once"):
+        config_model((twice, twice))
+
+
+def test_env_reaches_the_roster_configuration(monkeypatch):
+    monkeypatch.setenv("DEEP_SLEEP_STRENGTHEN__INCREMENT", "0.75")
+    monkeypatch.setenv("DEEP_SLEEP_GATING__MIN_SESSIONS", "3")
+    got = load_config(overrides={"strengthen": {"cap": 5.0}})
+    assert (got.strengthen.increment, got.strengthen.cap, got.gating.min_sessions) == (0.75, 5.0, 3)
