@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import sys
 import textwrap
 from pathlib import Path
@@ -156,3 +157,32 @@ def test_env_reaches_the_roster_configuration(monkeypatch):
     monkeypatch.setenv("DEEP_SLEEP_GATING__MIN_SESSIONS", "3")
     got = load_config(overrides={"strengthen": {"cap": 5.0}})
     assert (got.strengthen.increment, got.strengthen.cap, got.gating.min_sessions) == (0.75, 5.0, 3)
+
+
+def _readme_table() -> dict[str, str]:
+    """README's Configuration table: section → the text of its knobs cell."""
+    text = (Path(__file__).parents[2] / "README.md").read_text()
+    table = text[text.index("| section | knobs (defaults) |"):].split("\n\n")[0]
+    rows = {}
+    for line in table.splitlines()[2:]:
+        sections, knobs = (cell.strip() for cell in line.strip("|").split("|"))
+        for section in re.findall(r"`(\w+)`", sections) or [sections]:
+            rows[section] = knobs
+    return rows
+
+
+def test_the_readme_configuration_table_lists_every_section_knob_and_default():
+    rows = _readme_table()
+    defaults = ConsolidationConfig().model_dump()
+    top = {k: v for k, v in defaults.items() if not isinstance(v, dict)}
+    sections = {"top level": top, **{k: v for k, v in defaults.items() if isinstance(v, dict)}}
+    assert set(rows) == set(sections)
+    for section, knobs in sections.items():
+        for knob, value in knobs.items():
+            if knob == "enabled":
+                continue
+            found = re.search(rf"`{knob}` ([^,`(]+(?:, [a-z_]+)*)", rows[section])
+            assert found, f"README's Configuration table does not list {section}.{knob}"
+            shown = found.group(1).strip()
+            expected = ", ".join(value) if isinstance(value, tuple) else value
+            assert (shown == expected) if isinstance(expected, str) else (float(shown) == expected), (section, knob, shown)
