@@ -1,74 +1,29 @@
-"""A phase owns its config and counters: the configuration model and the report's counters are built
-from the roster, so adding a phase is adding a module and a line.
+"""A phase owns its config: the configuration model is built from the roster, so a new phase's
+section exists (TOML, environment, overrides) once its module and roster line do.
 
-The toy phase below is written as a module of its own (into ``tmp_path``) and added to a roster by
-one line; nothing in ``deep_sleep.core.config`` or ``deep_sleep.core.report`` knows it.
+The toy phase (``tests/transforms/toy_phase.py``) is added to a roster by one line; nothing in
+``deep_sleep.core.config`` knows it.  Its counters: ``test_roster.py``.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import json
 import re
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
 from deep_sleep.core.config import PhaseConfig, load
 from deep_sleep.core.errors import ConfigError
-from deep_sleep.core.report import ConsolidationReport
-from deep_sleep.transforms import COUNTERS, ROSTER, Phase, counter_names, new_report
+from deep_sleep.transforms import ROSTER, Phase
 from deep_sleep.transforms.config import ConsolidationConfig, config_model, load_config
+from tests.transforms import toy_phase
 
-TOY_MODULE = '''
-"""Phase T — toy: counts the semantic nodes (a phase written for the test)."""
-
-from __future__ import annotations
-
-from pydantic import Field
-
-from deep_sleep.core.config import PhaseConfig
-from deep_sleep.core.snapshot import Snapshot
-from deep_sleep.transforms._common import PhaseResult
+TOY_ROSTER: tuple[Phase, ...] = (*ROSTER, Phase("T", toy_phase.toy, toy_phase.ToyConfig, toy_phase.COUNTERS))  # the line
 
 
-class ToyConfig(PhaseConfig):
-    depth: int = Field(3, ge=1)
-    width: float = 0.5
-
-
-COUNTERS: tuple[str, ...] = ("toys_counted", "edges_created")
-
-
-def toy(snapshot: Snapshot, config: ToyConfig) -> PhaseResult:
-    return PhaseResult(counters={"toys_counted": snapshot.table("memory_nodes").height})
-'''
-
-
-@pytest.fixture
-def toy(tmp_path: Path):
-    """The toy phase's module, imported from its own file."""
-    path = tmp_path / "toy.py"
-    path.write_text(TOY_MODULE)
-    spec = importlib.util.spec_from_file_location("deep_sleep_test_toy_phase", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    yield module
-    del sys.modules[spec.name]
-
-
-@pytest.fixture
-def toy_roster(toy) -> tuple[Phase, ...]:
-    return (*ROSTER, Phase("T", toy.toy, toy.ToyConfig, toy.COUNTERS))  # the one line
-
-
-def test_the_roster_names_each_phases_config_and_counters():
+def test_each_phase_section_is_the_config_its_module_declares():
     for phase in ROSTER:
         assert issubclass(phase.config, PhaseConfig) and phase.config.__module__ == phase.fn.__module__, phase.name
-        assert phase.counters and phase.counters == sys.modules[phase.fn.__module__].COUNTERS, phase.name
     assert ConsolidationConfig.phase_sections() == [p.name for p in ROSTER]
     for phase in ROSTER:
         assert type(ConsolidationConfig().phase(phase.name)) is phase.config
@@ -101,20 +56,10 @@ def test_every_default_of_spec_3_is_kept():
     }
 
 
-def test_the_counters_are_spec_3s_in_roster_order():
-    assert COUNTERS == (
-        "nodes_strengthened", "edges_created", "edges_reinforced", "risk_nodes_tagged", "facts_superseded",
-        "nodes_pruned", "meta_nodes_created", "meta_nodes_updated", "soul_updates", "soul_rejected",
-        "working_ttl_pruned", "nodes_decayed", "episodes_summarized", "synthetic_edges_created",
-        "draft_skills_promoted", "recalls_labelled", "reranker_steps", "identity_drifts",
-    )
-    assert new_report("org\x1facme", "2026-01-02T00:00:00Z").counters == dict.fromkeys(COUNTERS, 0)
-
-
-def test_a_new_phase_gets_its_config_section_from_toml_env_and_overrides(toy, toy_roster, tmp_path, monkeypatch):
-    Model = config_model(toy_roster)
-    assert Model.phase_sections() == [p.name for p in toy_roster]
-    assert Model().phase("toy") == toy.ToyConfig() and Model().toy.depth == 3
+def test_a_new_phase_gets_its_config_section_from_toml_env_and_overrides(tmp_path, monkeypatch):
+    Model = config_model(TOY_ROSTER)
+    assert Model.phase_sections() == [p.name for p in TOY_ROSTER]
+    assert Model().phase("toy") == toy_phase.ToyConfig() and Model().toy.depth == 3
     assert Model().strengthen == ConsolidationConfig().strengthen  # the other sections are the roster's
 
     toml = tmp_path / "deep-sleep.toml"
@@ -134,22 +79,10 @@ def test_a_new_phase_gets_its_config_section_from_toml_env_and_overrides(toy, to
         load_config(toml)
 
 
-def test_a_report_for_a_new_roster_has_its_counters(toy, toy_roster):
-    assert counter_names(toy_roster) == (*COUNTERS, "toys_counted")  # edges_created is counted once
-    report = new_report("org\x1facme", "2026-01-02T00:00:00Z", phases=toy_roster)
-    assert report.counters == {**dict.fromkeys(COUNTERS, 0), "toys_counted": 0}
-    again = ConsolidationReport.from_dict(json.loads(report.to_json()))
-    assert again == report and again.to_json() == report.to_json()
-
-
-def test_a_roster_entry_is_checked(toy):
-    with pytest.raises(TypeError, match="config must be a PhaseConfig subclass"):
-        Phase("T", toy.toy, dict, toy.COUNTERS)
-    with pytest.raises(TypeError, match="counters must be a tuple of names"):
-        Phase("T", toy.toy, toy.ToyConfig, "toys_counted")
-    twice = Phase("T", toy.toy, toy.ToyConfig, toy.COUNTERS)
+def test_a_phase_name_twice_is_refused():
+    twice = Phase("T", toy_phase.toy, toy_phase.ToyConfig, toy_phase.COUNTERS)
     with pytest.raises(ConfigError, match="toy appear more than once"):
-        config_model((twice, twice))
+        config_model((*ROSTER, twice, twice))
 
 
 def test_env_reaches_the_roster_configuration(monkeypatch):
