@@ -101,7 +101,7 @@ def copy_baseline(store) -> dict:
 
 def per_scope_path(store, scopes: list[str], as_of: datetime, work: Path) -> dict:
     """Today's per-scope stages in a plain loop over ``scopes``; seconds per stage and per scope."""
-    from deep_sleep.core.config import ConsolidationConfig
+    from deep_sleep.transforms.config import ConsolidationConfig
     from deep_sleep.run.stages import apply_stage, extract_stage, plan_stage, validate_stage
 
     config = ConsolidationConfig()

@@ -94,7 +94,7 @@ def _uses_hnsw(con: psycopg.Connection, scope, query: str) -> bool:
 
 
 def run(store, scope_path: str, turns: int, seed: int = 5) -> dict:
-    from deep_sleep.core.config import ConsolidationConfig
+    from deep_sleep.transforms.config import ConsolidationConfig
     from deep_sleep.core.scope import Scope
     from deep_sleep.dev.seed import WORDS
     from deep_sleep.online.turn import quick_nap, recall, record_turn

@@ -72,7 +72,7 @@ def copy_baseline(store, scope_path: str) -> dict[str, float]:
 def bench_scale(admin_dsn: str, scale: int, work: Path) -> dict:
     from deep_sleep.transforms import phase_names
 
-    from deep_sleep.core.config import ConsolidationConfig
+    from deep_sleep.transforms.config import ConsolidationConfig
     from deep_sleep.core.report import ConsolidationReport
     from deep_sleep.dev.seed import SeedSpec, generate, load, scopes_of
     from deep_sleep.run.stages import apply_stage, extract_stage, plan_stage, validate_stage

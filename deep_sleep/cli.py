@@ -84,7 +84,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     With ``--compare-config`` the snapshot is replayed under both configurations and compared.
     """
-    from deep_sleep.core.config import load_config
+    from deep_sleep.transforms.config import load_config
     from deep_sleep.run.console import report_markdown
     from deep_sleep.run.stages import plan_stage, validate_stage
 
@@ -108,8 +108,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 def cmd_replay_range(args: argparse.Namespace) -> int:
     """Replay every stored snapshot of a scope taken in [--from, --to]; optionally compare two configs."""
-    from deep_sleep.core.config import load_config
     from deep_sleep.jobs.replay_range import range_markdown, replay_range
+    from deep_sleep.transforms.config import load_config
     from deep_sleep.store.db import connect_store
 
     results = replay_range(

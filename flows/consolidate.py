@@ -18,7 +18,6 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel, Field
 
-from deep_sleep.core.config import ConsolidationConfig, load_config
 from deep_sleep.core.errors import ValidationFailed
 from deep_sleep.core.report import ConsolidationReport
 from deep_sleep.core.scope import Scope
@@ -26,6 +25,7 @@ from deep_sleep.core.snapshot import utc
 from deep_sleep.run import stages
 from deep_sleep.run.console import report_markdown
 from deep_sleep.store.db import Store, connect_store
+from deep_sleep.transforms.config import ConsolidationConfig, load_config
 
 
 class DeepSleepParameters(BaseModel):

@@ -31,13 +31,13 @@ from prefect.futures import as_completed
 from prefect.task_runners import ThreadPoolTaskRunner
 from pydantic import BaseModel, Field
 
-from deep_sleep.core.config import ConsolidationConfig, load_config
 from deep_sleep.core.report import ConsolidationReport
 from deep_sleep.core.scope import Scope
 from deep_sleep.core.snapshot import utc
 from deep_sleep.jobs.gating import due_scopes
 from deep_sleep.run import stages
 from deep_sleep.store.db import Store, connect_store
+from deep_sleep.transforms.config import ConsolidationConfig, load_config
 
 APPLY_TAG = "deep-sleep-apply"
 TRANSIENT_SQLSTATES = ("40001", "40P01", "55P03", "57P01", "08000", "08003", "08006")  # serialization, deadlock, lock timeout, shutdown, connection

@@ -18,11 +18,11 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel, Field, model_validator
 
-from deep_sleep.core.config import ConsolidationConfig, load_config
 from deep_sleep.core.scope import Scope
 from deep_sleep.jobs import compare, replay_range
 from deep_sleep.run.console import markdown_table
 from deep_sleep.store.db import Store, connect_store
+from deep_sleep.transforms.config import ConsolidationConfig, load_config
 
 
 class ReplayParameters(BaseModel):

@@ -20,11 +20,11 @@ from pathlib import Path
 import duckdb
 import polars as pl
 
-from deep_sleep.core.config import ConsolidationConfig
 from deep_sleep.core.snapshot import Snapshot, utc
 from deep_sleep.dev.seed import SeedSpec, generate, scopes_of
 from deep_sleep.jobs.compare import compare_configs
 from deep_sleep.run.plan import plan
+from deep_sleep.transforms.config import ConsolidationConfig
 
 parser = argparse.ArgumentParser()
 parser.add_argument("snapshot_dir", nargs="?")

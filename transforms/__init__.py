@@ -1,42 +1,66 @@
 """The consolidation phases: one module per phase, one pure function per module, one ordered roster.
 
-Adding a phase is adding a module and a line to ``ROSTER``.  Each phase function takes any of
-the arguments the runner offers, by name — ``snapshot`` (with earlier phases' diffs folded in),
-``config`` (its own section of :class:`~deep_sleep.core.config.ConsolidationConfig`), ``as_of``,
-``lookback_hours``, ``scope_path``, ``settings`` (the whole configuration), ``embedder`` — and returns a :class:`~deep_sleep.transforms._common.PhaseResult`.
+Adding a phase is adding a module and a line to ``ROSTER``.  The module declares the phase's knobs
+(a :class:`~deep_sleep.core.config.PhaseConfig` subclass, its section of
+:class:`~deep_sleep.transforms.config.ConsolidationConfig`), the ``COUNTERS`` it reports, and the
+function; the roster line names all three.  The configuration model and the report's counters are
+built from the roster (:func:`~deep_sleep.transforms.config.config_model`, :func:`counter_names`).
+
+Each phase function takes any of the arguments the runner offers, by name — ``snapshot`` (with
+earlier phases' diffs folded in), ``config`` (its own section), ``as_of``, ``lookback_hours``,
+``scope_path``, ``settings`` (the whole configuration), ``extracted``, ``embedder`` — and returns a
+:class:`~deep_sleep.transforms._common.PhaseResult`.
+
+    >>> [c for c in ROSTER[0].counters], ROSTER[0].config().min_accesses
+    (['nodes_strengthened'], 2)
+    >>> new_report("org\\x1facme", "2026-01-02T00:00:00Z").counters["identity_drifts"]
+    0
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
+from deep_sleep.core.config import PhaseConfig
+from deep_sleep.core.report import ConsolidationReport
+from deep_sleep.transforms import (
+    cooccurrence,
+    decay_importance,
+    drift,
+    episodic_summary,
+    label_recalls,
+    meta_nodes,
+    pending_edges,
+    procedural_promotion,
+    prune_orphans,
+    soul_corrections,
+    strengthen,
+    supersession,
+    synthetic_links,
+    tag_risk,
+    train_reranker,
+    working_ttl,
+)
 from deep_sleep.transforms._common import PhaseResult
-from deep_sleep.transforms.cooccurrence import cooccurrence
-from deep_sleep.transforms.decay_importance import decay_importance
-from deep_sleep.transforms.drift import drift
-from deep_sleep.transforms.episodic_summary import episodic_summary
-from deep_sleep.transforms.label_recalls import label_recalls
-from deep_sleep.transforms.meta_nodes import meta_nodes
-from deep_sleep.transforms.pending_edges import pending_edges
-from deep_sleep.transforms.procedural_promotion import procedural_promotion
-from deep_sleep.transforms.prune_orphans import prune_orphans
-from deep_sleep.transforms.soul_corrections import soul_corrections
-from deep_sleep.transforms.strengthen import strengthen
-from deep_sleep.transforms.supersession import supersession
-from deep_sleep.transforms.synthetic_links import synthetic_links
-from deep_sleep.transforms.tag_risk import tag_risk
-from deep_sleep.transforms.train_reranker import train_reranker
-from deep_sleep.transforms.working_ttl import working_ttl
 
 
 @dataclass(frozen=True)
 class Phase:
-    """A roster entry: the SPEC number, the function (named after the phase), its counters."""
+    """A roster entry: the SPEC number, the function (named after the phase), its config model (the
+    phase's section of the configuration, named after the phase too) and the counters it reports."""
 
     number: str
     fn: Callable[..., PhaseResult]
+    config: type[PhaseConfig]
     counters: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.config, type) and issubclass(self.config, PhaseConfig)):
+            raise TypeError(f"phase {self.name}: config must be a PhaseConfig subclass, not {self.config!r}")
+        if isinstance(self.counters, str) or not all(isinstance(c, str) and c for c in self.counters):
+            raise TypeError(f"phase {self.name}: counters must be a tuple of names, not {self.counters!r}")
 
     @property
     def name(self) -> str:
@@ -45,22 +69,23 @@ class Phase:
 
 # SPEC §3 order.
 ROSTER: tuple[Phase, ...] = (
-    Phase("1", strengthen, ("nodes_strengthened",)),
-    Phase("1.5", cooccurrence, ("edges_created", "edges_reinforced")),
-    Phase("2", tag_risk, ("risk_nodes_tagged",)),
-    Phase("2.5", pending_edges, ("edges_created",)),
-    Phase("D1", supersession, ("facts_superseded",)),
-    Phase("3", prune_orphans, ("nodes_pruned",)),
-    Phase("4", meta_nodes, ("meta_nodes_created", "meta_nodes_updated")),
-    Phase("5", soul_corrections, ("soul_updates", "soul_rejected")),
-    Phase("8", working_ttl, ("working_ttl_pruned",)),
-    Phase("9", decay_importance, ("nodes_decayed",)),
-    Phase("10", episodic_summary, ("episodes_summarized",)),
-    Phase("11", synthetic_links, ("synthetic_edges_created",)),
-    Phase("12", procedural_promotion, ("draft_skills_promoted",)),
-    Phase("D2", label_recalls, ("recalls_labelled",)),
-    Phase("D3", train_reranker, ("reranker_steps",)),
-    Phase("D4", drift, ("identity_drifts",)),
+    Phase("1", strengthen.strengthen, strengthen.StrengthenConfig, strengthen.COUNTERS),
+    Phase("1.5", cooccurrence.cooccurrence, cooccurrence.CooccurrenceConfig, cooccurrence.COUNTERS),
+    Phase("2", tag_risk.tag_risk, tag_risk.TagRiskConfig, tag_risk.COUNTERS),
+    Phase("2.5", pending_edges.pending_edges, pending_edges.PendingEdgesConfig, pending_edges.COUNTERS),
+    Phase("D1", supersession.supersession, supersession.SupersessionConfig, supersession.COUNTERS),
+    Phase("3", prune_orphans.prune_orphans, prune_orphans.PruneOrphansConfig, prune_orphans.COUNTERS),
+    Phase("4", meta_nodes.meta_nodes, meta_nodes.MetaNodesConfig, meta_nodes.COUNTERS),
+    Phase("5", soul_corrections.soul_corrections, soul_corrections.SoulCorrectionsConfig, soul_corrections.COUNTERS),
+    Phase("8", working_ttl.working_ttl, working_ttl.WorkingTtlConfig, working_ttl.COUNTERS),
+    Phase("9", decay_importance.decay_importance, decay_importance.DecayImportanceConfig, decay_importance.COUNTERS),
+    Phase("10", episodic_summary.episodic_summary, episodic_summary.EpisodicSummaryConfig, episodic_summary.COUNTERS),
+    Phase("11", synthetic_links.synthetic_links, synthetic_links.SyntheticLinksConfig, synthetic_links.COUNTERS),
+    Phase("12", procedural_promotion.procedural_promotion, procedural_promotion.ProceduralPromotionConfig,
+          procedural_promotion.COUNTERS),
+    Phase("D2", label_recalls.label_recalls, label_recalls.LabelRecallsConfig, label_recalls.COUNTERS),
+    Phase("D3", train_reranker.train_reranker, train_reranker.TrainRerankerConfig, train_reranker.COUNTERS),
+    Phase("D4", drift.drift, drift.DriftConfig, drift.COUNTERS),
 )
 
 QUICK_NAP: tuple[str, ...] = ("strengthen", "soul_corrections", "episodic_summary")
@@ -81,4 +106,19 @@ def phase_names() -> list[str]:
     return [p.name for p in ROSTER]
 
 
-__all__ = ["ROSTER", "QUICK_NAP", "Phase", "PhaseResult", "roster", "phase_names"]
+def counter_names(phases: Iterable[Phase] | None = None) -> tuple[str, ...]:
+    """Every counter of ``phases`` (default: the roster), once each, in roster order — SPEC §3's counters."""
+    return tuple(dict.fromkeys(c for p in (ROSTER if phases is None else phases) for c in p.counters))
+
+
+#: Every counter a run reports, in roster order (the keys of a report's ``counters``).
+COUNTERS: tuple[str, ...] = counter_names()
+
+
+def new_report(scope_path: str, as_of: str, *, phases: Iterable[Phase] | None = None, **fields: Any) -> ConsolidationReport:
+    """A report for ``phases`` (default: the roster): every counter of theirs at 0, ``fields`` as given."""
+    return ConsolidationReport.zeroed(counter_names(phases), scope_path=scope_path, as_of=as_of, **fields)
+
+
+__all__ = ["ROSTER", "QUICK_NAP", "COUNTERS", "Phase", "PhaseResult", "roster", "phase_names", "counter_names",
+           "new_report"]

@@ -7,14 +7,25 @@ from datetime import datetime
 
 import numpy as np
 import polars as pl
+from pydantic import Field
 from deep_sleep.transforms._common import PhaseResult, created_ids, in_window, window_start
 
 from deep_sleep.core import tables
-from deep_sleep.core.config import CooccurrenceConfig
+from deep_sleep.core.config import PhaseConfig
 from deep_sleep.core.diff import Diff
 from deep_sleep.core.lookup import text_order
 from deep_sleep.core.scope import Scope
 from deep_sleep.core.snapshot import Snapshot
+
+
+class CooccurrenceConfig(PhaseConfig):
+    window_seconds: float = Field(900.0, ge=0)
+    max_neighbours: int = Field(5, ge=0)
+
+
+#: The counters this phase reports (SPEC §3).
+COUNTERS: tuple[str, ...] = ("edges_created", "edges_reinforced")
+
 
 RELATION = "CO_OCCURRED"
 

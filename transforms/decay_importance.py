@@ -5,11 +5,24 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 import polars as pl
+from pydantic import Field
 from deep_sleep.transforms._common import PhaseResult, is_protected
 
-from deep_sleep.core.config import DecayImportanceConfig
+from deep_sleep.core.config import PhaseConfig
 from deep_sleep.core.diff import Diff
 from deep_sleep.core.snapshot import Snapshot
+
+
+class DecayImportanceConfig(PhaseConfig):
+    stale_days: float = Field(30, ge=0)
+    step: float = Field(0.5, gt=0)
+    floor: float = Field(1.0, ge=1.0)
+    min_interval_hours: float = Field(24, ge=0)
+    exempt_importance: float = Field(8.0, le=10.0)
+
+
+#: The counters this phase reports (SPEC §3).
+COUNTERS: tuple[str, ...] = ("nodes_decayed",)
 
 
 def decay_importance(snapshot: Snapshot, config: DecayImportanceConfig, as_of: datetime) -> PhaseResult:

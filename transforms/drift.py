@@ -21,12 +21,22 @@ from __future__ import annotations
 from datetime import datetime
 
 import polars as pl
+from pydantic import Field
 from deep_sleep.transforms._common import PhaseResult, created_ids, in_window, skip, window_start
 from deep_sleep.transforms.label_recalls import JSON_KEY, WORD
 
-from deep_sleep.core.config import DriftConfig
+from deep_sleep.core.config import PhaseConfig
 from deep_sleep.core.diff import Diff
 from deep_sleep.core.snapshot import Snapshot
+
+
+class DriftConfig(PhaseConfig):
+    max_step: float = Field(0.05, ge=0, le=1)
+
+
+#: The counters this phase reports (SPEC §3).
+COUNTERS: tuple[str, ...] = ("identity_drifts",)
+
 
 PHASE = "drift"
 PREFIX = "trait:"

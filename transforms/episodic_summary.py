@@ -5,11 +5,23 @@ from __future__ import annotations
 from datetime import datetime
 
 import polars as pl
+from pydantic import Field
 from deep_sleep.transforms._common import PhaseResult, created_ids, merge_json, skip
 
-from deep_sleep.core.config import EpisodicSummaryConfig
+from deep_sleep.core.config import PhaseConfig
 from deep_sleep.core.diff import Diff
 from deep_sleep.core.snapshot import Snapshot
+
+
+class EpisodicSummaryConfig(PhaseConfig):
+    threshold: int = Field(100, ge=1)
+    batch_size: int = Field(50, ge=1)
+    max_batches: int = Field(1, ge=1)
+
+
+#: The counters this phase reports (SPEC §3).
+COUNTERS: tuple[str, ...] = ("episodes_summarized",)
+
 
 PHASE = "episodic_summary"
 LABEL = "META:episodic_summary"

@@ -18,11 +18,21 @@ import re
 from datetime import datetime, timedelta
 
 import polars as pl
+from pydantic import Field
 from deep_sleep.transforms._common import PhaseResult, skip
 
-from deep_sleep.core.config import LabelRecallsConfig
+from deep_sleep.core.config import PhaseConfig
 from deep_sleep.core.diff import Diff
 from deep_sleep.core.snapshot import Snapshot
+
+
+class LabelRecallsConfig(PhaseConfig):
+    min_label: float = Field(0.5, ge=0, le=1)
+
+
+#: The counters this phase reports (SPEC §3).
+COUNTERS: tuple[str, ...] = ("recalls_labelled",)
+
 
 PHASE = "label_recalls"
 IMPLICIT = "implicit"

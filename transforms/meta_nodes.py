@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 
 import polars as pl
+from pydantic import Field
 from deep_sleep.transforms._common import (
     PhaseResult,
     created_ids,
@@ -15,9 +16,19 @@ from deep_sleep.transforms._common import (
     resolve_labels,
 )
 
-from deep_sleep.core.config import MetaNodesConfig
+from deep_sleep.core.config import PhaseConfig
 from deep_sleep.core.diff import Diff
 from deep_sleep.core.snapshot import Snapshot
+
+
+class MetaNodesConfig(PhaseConfig):
+    min_group: int = Field(3, ge=2)
+    max_members: int = Field(10, ge=1)
+
+
+#: The counters this phase reports (SPEC §3).
+COUNTERS: tuple[str, ...] = ("meta_nodes_created", "meta_nodes_updated")
+
 
 PHASE = "meta_nodes"
 RELATION = "CLUSTERS"

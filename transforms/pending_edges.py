@@ -3,15 +3,28 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 import polars as pl
 from deep_sleep.transforms._common import PhaseResult, created_id, created_ids, resolve_labels, skip
 
 from deep_sleep.core import tables
-from deep_sleep.core.config import ConsolidationConfig, PendingEdgesConfig
+from deep_sleep.core.config import PhaseConfig
 from deep_sleep.core.diff import Diff
 from deep_sleep.core.scope import Scope
 from deep_sleep.core.snapshot import Snapshot, iso
+
+if TYPE_CHECKING:  # assembled from the roster, which imports this module
+    from deep_sleep.transforms.config import ConsolidationConfig
+
+
+class PendingEdgesConfig(PhaseConfig):
+    """No knobs but ``enabled``."""
+
+
+#: The counters this phase reports (SPEC §3).
+COUNTERS: tuple[str, ...] = ("edges_created",)
+
 
 OUTCOMES = ("created", "duplicate", "exists", "self_loop", "unresolved_source", "unresolved_target", "neighbour_cap")
 CO_OCCURRED = "CO_OCCURRED"

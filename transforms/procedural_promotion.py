@@ -21,13 +21,26 @@ from datetime import datetime, timedelta
 
 import numpy as np
 import polars as pl
+from pydantic import Field
 from deep_sleep.transforms._common import PhaseResult, created_ids, in_window, skip
 
-from deep_sleep.core.config import ProceduralPromotionConfig
+from deep_sleep.core.config import PhaseConfig
 from deep_sleep.core.diff import Diff
 from deep_sleep.core.embedding import EmbeddingProvider
 from deep_sleep.core.snapshot import Snapshot
 from deep_sleep.core.tables import EMBEDDING_DIM
+
+
+class ProceduralPromotionConfig(PhaseConfig):
+    lookback_days: float = Field(30, ge=0)
+    min_occurrences: int = Field(3, ge=1)
+    max_per_run: int = Field(5, ge=0)
+    duplicate_cosine: float = Field(0.65, ge=0, le=1)
+
+
+#: The counters this phase reports (SPEC §3).
+COUNTERS: tuple[str, ...] = ("draft_skills_promoted",)
+
 
 PHASE = "procedural_promotion"
 

@@ -6,11 +6,23 @@ from datetime import datetime, timedelta
 
 import numpy as np
 import polars as pl
+from pydantic import Field
 from deep_sleep.transforms._common import PhaseResult, is_protected, json_number
 
-from deep_sleep.core.config import PruneOrphansConfig
+from deep_sleep.core.config import PhaseConfig
 from deep_sleep.core.diff import Diff
 from deep_sleep.core.snapshot import Snapshot
+
+
+class PruneOrphansConfig(PhaseConfig):
+    importance_factor: float = Field(0.4, ge=0, le=1)  # prune below factor × 10
+    min_age_days: float = Field(7, ge=0)
+    max_degree: int = Field(1, ge=0)
+
+
+#: The counters this phase reports (SPEC §3).
+COUNTERS: tuple[str, ...] = ("nodes_pruned",)
+
 
 PHASE = "prune_orphans"
 TTL_REASON = "semantic ttl expired"

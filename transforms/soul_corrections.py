@@ -7,9 +7,18 @@ from datetime import datetime
 import polars as pl
 from deep_sleep.transforms._common import PhaseResult, created_ids, in_window, window_start
 
-from deep_sleep.core.config import SoulCorrectionsConfig
+from deep_sleep.core.config import PhaseConfig
 from deep_sleep.core.diff import Diff
 from deep_sleep.core.snapshot import Snapshot
+
+
+class SoulCorrectionsConfig(PhaseConfig):
+    canonical_keys: tuple[str, ...] = ("name", "role", "personality", "language")
+
+
+#: The counters this phase reports (SPEC §3).
+COUNTERS: tuple[str, ...] = ("soul_updates", "soul_rejected")
+
 
 PHASE = "soul_corrections"
 EDITOR = "user_manual_edit"

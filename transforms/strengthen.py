@@ -5,11 +5,22 @@ from __future__ import annotations
 from datetime import datetime
 
 import polars as pl
+from pydantic import Field
 from deep_sleep.transforms._common import PhaseResult, in_window, window_start
 
-from deep_sleep.core.config import StrengthenConfig
+from deep_sleep.core.config import PhaseConfig
 from deep_sleep.core.diff import Diff
 from deep_sleep.core.snapshot import Snapshot
+
+
+class StrengthenConfig(PhaseConfig):
+    min_accesses: int = Field(2, ge=1)
+    increment: float = Field(0.5, gt=0)
+    cap: float = Field(10.0, le=10.0)
+
+
+#: The counters this phase reports (SPEC §3).
+COUNTERS: tuple[str, ...] = ("nodes_strengthened",)
 
 
 def strengthen(snapshot: Snapshot, config: StrengthenConfig, as_of: datetime, lookback_hours: float) -> PhaseResult:

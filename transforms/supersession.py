@@ -8,9 +8,17 @@ import numpy as np
 import polars as pl
 from deep_sleep.transforms._common import PhaseResult, merge_json
 
-from deep_sleep.core.config import SupersessionConfig
+from deep_sleep.core.config import PhaseConfig
 from deep_sleep.core.diff import Diff
 from deep_sleep.core.snapshot import Snapshot
+
+
+class SupersessionConfig(PhaseConfig):
+    functional_relations: tuple[str, ...] = ("is", "lives_in", "works_at", "prefers", "role")
+
+
+#: The counters this phase reports (SPEC §3).
+COUNTERS: tuple[str, ...] = ("facts_superseded",)
 
 
 def supersession(snapshot: Snapshot, config: SupersessionConfig, as_of: datetime) -> PhaseResult:

@@ -5,11 +5,25 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 import polars as pl
+from pydantic import Field
 from deep_sleep.transforms._common import PhaseResult, created_ids, in_window, resolve_labels, skip
 
-from deep_sleep.core.config import SyntheticLinksConfig
+from deep_sleep.core.config import PhaseConfig
 from deep_sleep.core.diff import Diff
 from deep_sleep.core.snapshot import Snapshot
+
+
+class SyntheticLinksConfig(PhaseConfig):
+    lookback_days: float = Field(7, ge=0)
+    min_cooccurrences: int = Field(2, ge=0)  # pairs seen together in MORE than this many events
+    weight: float = Field(0.1, ge=0)
+    max_sources: int = Field(20, ge=1)
+    max_pairs: int = Field(50, ge=0)
+
+
+#: The counters this phase reports (SPEC §3).
+COUNTERS: tuple[str, ...] = ("synthetic_edges_created",)
+
 
 PHASE = "synthetic_links"
 RELATION = "SYNTHETIC_LINK"

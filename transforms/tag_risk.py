@@ -9,9 +9,20 @@ from datetime import datetime
 import polars as pl
 from deep_sleep.transforms._common import PhaseResult, in_window, merge_json, window_start
 
-from deep_sleep.core.config import TagRiskConfig
+from deep_sleep.core.config import PhaseConfig
 from deep_sleep.core.diff import Diff
 from deep_sleep.core.snapshot import Snapshot, iso
+
+
+class TagRiskConfig(PhaseConfig):
+    markers: tuple[str, ...] = (
+        "risk", "danger", "failure", "loss", "negative", "decline", "warning", "critical", "error", "threat",
+    )
+
+
+#: The counters this phase reports (SPEC §3).
+COUNTERS: tuple[str, ...] = ("risk_nodes_tagged",)
+
 
 # A word start is the start of the text or any character that is not a letter, mark or digit.
 _WORD_START = r"(?:^|[^\p{L}\p{M}\p{N}])"

@@ -25,11 +25,22 @@ from datetime import datetime
 
 import numpy as np
 import polars as pl
+from pydantic import Field
 from deep_sleep.transforms._common import PhaseResult, created_id, skip
 
-from deep_sleep.core.config import TrainRerankerConfig
+from deep_sleep.core.config import PhaseConfig
 from deep_sleep.core.diff import Diff
 from deep_sleep.core.snapshot import Snapshot
+
+
+class TrainRerankerConfig(PhaseConfig):
+    learning_rate: float = Field(0.05, gt=0)
+    explicit_weight: float = Field(2.0, gt=0)
+
+
+#: The counters this phase reports (SPEC §3).
+COUNTERS: tuple[str, ...] = ("reranker_steps",)
+
 
 PHASE = "train_reranker"
 N_FEATURES = 12

@@ -7,8 +7,16 @@ from datetime import datetime
 import polars as pl
 from deep_sleep.transforms._common import PhaseResult, delete_nodes, json_number
 
-from deep_sleep.core.config import WorkingTtlConfig
+from deep_sleep.core.config import PhaseConfig
 from deep_sleep.core.snapshot import Snapshot
+
+
+class WorkingTtlConfig(PhaseConfig):
+    """No knobs but ``enabled``."""
+
+
+#: The counters this phase reports (SPEC §3).
+COUNTERS: tuple[str, ...] = ("working_ttl_pruned",)
 
 
 def working_ttl(snapshot: Snapshot, config: WorkingTtlConfig, as_of: datetime) -> PhaseResult:

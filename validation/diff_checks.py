@@ -27,10 +27,10 @@ from functools import lru_cache
 import pandera.polars as pa
 import polars as pl
 from deep_sleep.transforms._common import PROTECTED_PREFIXES
+from deep_sleep.transforms.config import ConsolidationConfig
 from pandera.errors import SchemaErrors
 
 from deep_sleep.core import lookup, tables
-from deep_sleep.core.config import ConsolidationConfig
 from deep_sleep.core.diff import Diff
 from deep_sleep.core.scope import Scope
 from deep_sleep.core.snapshot import Snapshot

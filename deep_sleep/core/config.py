@@ -1,117 +1,44 @@
-"""Configuration: every knob of SPEC §3 with its default.
+"""Configuration machinery: the knobs that belong to no phase, the base of every phase's knobs, and
+the loader.
+
+Each phase declares its own knobs next to its function (``class StrengthenConfig(PhaseConfig)`` in
+``transforms/strengthen.py``); the whole configuration of a run, ``ConsolidationConfig``, is
+assembled from the roster one layer up (:mod:`deep_sleep.transforms.config`) with
+:func:`assemble` — this layer cannot know the phases.
 
 Sources, later wins: defaults < TOML file (``--config FILE`` or ``DEEP_SLEEP_CONFIG``) <
 environment (``DEEP_SLEEP_<SECTION>__<KNOB>``, e.g. ``DEEP_SLEEP_STRENGTHEN__INCREMENT=0.75``)
 < explicit overrides (a flow parameter or keyword arguments).
 
-    >>> ConsolidationConfig().strengthen.min_accesses
-    2
-    >>> load_config(overrides={"strengthen": {"increment": 1.0}}).strengthen.increment
-    1.0
+    >>> class ToyConfig(PhaseConfig):
+    ...     depth: int = 3
+    >>> Toy = assemble({"toy": ToyConfig})
+    >>> Toy().toy.depth, Toy().lookback_hours
+    (3, 24.0)
+    >>> load(Toy, overrides={"toy": {"depth": 5}}).toy.depth
+    5
 """
 
 from __future__ import annotations
 
 import os
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from deep_sleep.core.errors import ConfigError
 
 
-class _Knobs(BaseModel):
+class PhaseConfig(BaseModel):
+    """The knobs of one phase: a phase module subclasses this next to its function.  Every phase
+    can be turned off (``enabled``); unknown knobs are refused."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
     enabled: bool = True
-
-
-class StrengthenConfig(_Knobs):
-    min_accesses: int = Field(2, ge=1)
-    increment: float = Field(0.5, gt=0)
-    cap: float = Field(10.0, le=10.0)
-
-
-class CooccurrenceConfig(_Knobs):
-    window_seconds: float = Field(900.0, ge=0)
-    max_neighbours: int = Field(5, ge=0)
-
-
-class TagRiskConfig(_Knobs):
-    markers: tuple[str, ...] = (
-        "risk", "danger", "failure", "loss", "negative", "decline", "warning", "critical", "error", "threat",
-    )
-
-
-class PendingEdgesConfig(_Knobs):
-    pass
-
-
-class SupersessionConfig(_Knobs):
-    functional_relations: tuple[str, ...] = ("is", "lives_in", "works_at", "prefers", "role")
-
-
-class PruneOrphansConfig(_Knobs):
-    importance_factor: float = Field(0.4, ge=0, le=1)  # prune below factor × 10
-    min_age_days: float = Field(7, ge=0)
-    max_degree: int = Field(1, ge=0)
-
-
-class MetaNodesConfig(_Knobs):
-    min_group: int = Field(3, ge=2)
-    max_members: int = Field(10, ge=1)
-
-
-class SoulCorrectionsConfig(_Knobs):
-    canonical_keys: tuple[str, ...] = ("name", "role", "personality", "language")
-
-
-class WorkingTtlConfig(_Knobs):
-    pass
-
-
-class DecayImportanceConfig(_Knobs):
-    stale_days: float = Field(30, ge=0)
-    step: float = Field(0.5, gt=0)
-    floor: float = Field(1.0, ge=1.0)
-    min_interval_hours: float = Field(24, ge=0)
-    exempt_importance: float = Field(8.0, le=10.0)
-
-
-class EpisodicSummaryConfig(_Knobs):
-    threshold: int = Field(100, ge=1)
-    batch_size: int = Field(50, ge=1)
-    max_batches: int = Field(1, ge=1)
-
-
-class SyntheticLinksConfig(_Knobs):
-    lookback_days: float = Field(7, ge=0)
-    min_cooccurrences: int = Field(2, ge=0)  # pairs seen together in MORE than this many events
-    weight: float = Field(0.1, ge=0)
-    max_sources: int = Field(20, ge=1)
-    max_pairs: int = Field(50, ge=0)
-
-
-class ProceduralPromotionConfig(_Knobs):
-    lookback_days: float = Field(30, ge=0)
-    min_occurrences: int = Field(3, ge=1)
-    max_per_run: int = Field(5, ge=0)
-    duplicate_cosine: float = Field(0.65, ge=0, le=1)
-
-
-class LabelRecallsConfig(_Knobs):
-    min_label: float = Field(0.5, ge=0, le=1)
-
-
-class TrainRerankerConfig(_Knobs):
-    learning_rate: float = Field(0.05, gt=0)
-    explicit_weight: float = Field(2.0, gt=0)
-
-
-class DriftConfig(_Knobs):
-    max_step: float = Field(0.05, ge=0, le=1)
 
 
 class GatingConfig(BaseModel):
@@ -120,8 +47,9 @@ class GatingConfig(BaseModel):
     min_sessions: int = Field(20, ge=1)
 
 
-class ConsolidationConfig(BaseSettings):
-    """The whole configuration of a run.  Frozen: build a new one to change it."""
+class BaseConsolidationConfig(BaseSettings):
+    """The knobs of a run that belong to no phase; :func:`assemble` adds one section per phase.
+    Frozen: build a new one to change it."""
 
     model_config = SettingsConfigDict(
         env_prefix="DEEP_SLEEP_", env_nested_delimiter="__", extra="forbid", frozen=True
@@ -131,31 +59,44 @@ class ConsolidationConfig(BaseSettings):
     quick_nap_interval: int = Field(10, ge=1)
     gating: GatingConfig = GatingConfig()
 
-    strengthen: StrengthenConfig = StrengthenConfig()
-    cooccurrence: CooccurrenceConfig = CooccurrenceConfig()
-    tag_risk: TagRiskConfig = TagRiskConfig()
-    pending_edges: PendingEdgesConfig = PendingEdgesConfig()
-    supersession: SupersessionConfig = SupersessionConfig()
-    prune_orphans: PruneOrphansConfig = PruneOrphansConfig()
-    meta_nodes: MetaNodesConfig = MetaNodesConfig()
-    soul_corrections: SoulCorrectionsConfig = SoulCorrectionsConfig()
-    working_ttl: WorkingTtlConfig = WorkingTtlConfig()
-    decay_importance: DecayImportanceConfig = DecayImportanceConfig()
-    episodic_summary: EpisodicSummaryConfig = EpisodicSummaryConfig()
-    synthetic_links: SyntheticLinksConfig = SyntheticLinksConfig()
-    procedural_promotion: ProceduralPromotionConfig = ProceduralPromotionConfig()
-    label_recalls: LabelRecallsConfig = LabelRecallsConfig()
-    train_reranker: TrainRerankerConfig = TrainRerankerConfig()
-    drift: DriftConfig = DriftConfig()
-
     @classmethod
     def settings_customise_sources(
         cls, settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         return (init_settings, env_settings)  # explicit values beat the environment
 
-    def phase(self, name: str) -> BaseModel:
-        return getattr(self, name)
+    def phase(self, name: str) -> PhaseConfig:
+        """The section of phase ``name``."""
+        section = getattr(self, name, None)
+        if not isinstance(section, PhaseConfig):
+            raise ConfigError(f"the configuration has no section for phase {name!r}; "
+                              f"phase sections are: {', '.join(self.phase_sections())}")
+        return section
+
+    @classmethod
+    def phase_sections(cls) -> list[str]:
+        """The names of the phase sections, in roster order."""
+        return [name for name, f in cls.model_fields.items()
+                if isinstance(f.annotation, type) and issubclass(f.annotation, PhaseConfig)]
+
+
+C = TypeVar("C", bound=BaseConsolidationConfig)
+
+
+def assemble(sections: Mapping[str, type[PhaseConfig]], *, name: str = "ConsolidationConfig",
+             module: str | None = None, doc: str | None = None) -> type[BaseConsolidationConfig]:
+    """The configuration model with one section per phase (``sections``: phase name → its
+    :class:`PhaseConfig` subclass, in roster order), each defaulting to its knobs' defaults, after
+    the non-phase knobs of :class:`BaseConsolidationConfig`."""
+    top = set(BaseConsolidationConfig.model_fields)
+    for section, model in sections.items():
+        if section in top:
+            raise ConfigError(f"phase {section!r} would hide the top-level knob {section!r}; rename the phase")
+        if not (isinstance(model, type) and issubclass(model, PhaseConfig)):
+            raise ConfigError(f"the config of phase {section!r} is {model!r}, not a PhaseConfig subclass")
+    fields: dict[str, Any] = {section: (model, model()) for section, model in sections.items()}
+    return create_model(name, __base__=BaseConsolidationConfig, __module__=module or __name__,
+                        __doc__=doc or BaseConsolidationConfig.__doc__, **fields)
 
 
 def _merge(base: dict, over: dict) -> dict:
@@ -165,8 +106,8 @@ def _merge(base: dict, over: dict) -> dict:
     return out
 
 
-def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> ConsolidationConfig:
-    """Defaults < TOML file < environment < ``overrides``.  Errors name the bad knob."""
+def load(model: type[C], path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> C:
+    """``model`` from defaults < TOML file < environment < ``overrides``.  Errors name the bad knob."""
     path = path or os.environ.get("DEEP_SLEEP_CONFIG")
     values: dict[str, Any] = {}
     if path:
@@ -178,9 +119,9 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {p} is not valid TOML: {exc}") from exc
     try:
-        env_only = ConsolidationConfig().model_dump(exclude_defaults=True)
+        env_only = model().model_dump(exclude_defaults=True)
         merged = _merge(_merge(values, env_only), overrides or {})
-        return ConsolidationConfig(**merged)
+        return model(**merged)
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         src = f" (from {path})" if path else ""

@@ -1,8 +1,14 @@
-"""The ``ConsolidationReport`` (SPEC §2 step 5, §8 ``report.json``)."""
+"""The ``ConsolidationReport`` (SPEC §2 step 5, §8 ``report.json``).
+
+The counter names are the phases' (each phase module declares its ``COUNTERS``): this layer cannot
+know them, so a report for the roster is built one layer up (:func:`deep_sleep.transforms.new_report`,
+or :meth:`ConsolidationReport.zeroed` with :data:`deep_sleep.transforms.COUNTERS`).
+"""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -10,34 +16,14 @@ from typing import Any
 from deep_sleep.core.errors import DiffError
 from deep_sleep.core.files import write_atomic
 
-COUNTERS = (
-    "nodes_strengthened",
-    "edges_created",
-    "edges_reinforced",
-    "risk_nodes_tagged",
-    "facts_superseded",
-    "nodes_pruned",
-    "meta_nodes_created",
-    "meta_nodes_updated",
-    "soul_updates",
-    "soul_rejected",
-    "working_ttl_pruned",
-    "nodes_decayed",
-    "episodes_summarized",
-    "synthetic_edges_created",
-    "draft_skills_promoted",
-    "recalls_labelled",
-    "reranker_steps",
-    "identity_drifts",
-)
-
 
 @dataclass(frozen=True)
 class ConsolidationReport:
     """What one run of one scope did (or, for a replay or a failed validation, would have done).
 
     scope_path, as_of: the run's scope and logical time (ISO 8601, UTC).
-    counters: every counter of SPEC §3, summed over phases.
+    counters: every counter of the roster (SPEC §3), summed over phases; a report built for the roster
+        (:meth:`zeroed`) has each of them, 0 when nothing moved.
     counters_by_phase: phase → its non-zero counters.
     phases_run: phases that ran, in order, even if they found nothing.
     phases_skipped: phase → reason ("disabled by config", "missing input: …", "gated: …").
@@ -57,7 +43,7 @@ class ConsolidationReport:
 
     scope_path: str
     as_of: str
-    counters: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))
+    counters: dict[str, int] = field(default_factory=dict)
     counters_by_phase: dict[str, dict[str, int]] = field(default_factory=dict)
     phases_run: list[str] = field(default_factory=list)
     phases_skipped: dict[str, str] = field(default_factory=dict)
@@ -73,6 +59,11 @@ class ConsolidationReport:
     run_id: str | None = None
     snapshot_uri: str | None = None
     diff_uri: str | None = None
+
+    @classmethod
+    def zeroed(cls, counters: Iterable[str], **fields: Any) -> ConsolidationReport:
+        """A report whose ``counters`` has each of ``counters`` at 0 (``fields`` as for the constructor)."""
+        return cls(counters=dict.fromkeys(counters, 0), **fields)
 
     def with_(self, **changes: Any) -> ConsolidationReport:
         return replace(self, **changes)

@@ -32,13 +32,14 @@ from typing import Any
 
 import polars as pl
 
-from deep_sleep.core.config import ConsolidationConfig
 from deep_sleep.core.diff import KINDS, Diff
 from deep_sleep.core.files import write_atomic
-from deep_sleep.core.report import COUNTERS, ConsolidationReport
+from deep_sleep.core.report import ConsolidationReport
 from deep_sleep.core.snapshot import Snapshot
 from deep_sleep.run.console import markdown_table
 from deep_sleep.run.plan import plan
+from deep_sleep.transforms import COUNTERS
+from deep_sleep.transforms.config import ConsolidationConfig
 
 KEY = ("phase", "id")
 ROWS_SCHEMA = {"table": pl.String(), "kind": pl.String(), "phase": pl.String(), "id": pl.String(), "side": pl.String(),

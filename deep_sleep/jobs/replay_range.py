@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from deep_sleep.core.config import ConsolidationConfig
+from deep_sleep.transforms.config import ConsolidationConfig
 from deep_sleep.core.diff import Diff
 from deep_sleep.core.errors import SnapshotError
 from deep_sleep.core.files import write_atomic

@@ -79,12 +79,13 @@ import polars as pl
 import psycopg
 
 from deep_sleep.core import tables
-from deep_sleep.core.config import ConsolidationConfig
 from deep_sleep.core.embedding import EmbeddingProvider, default_embedder, well_formed
 from deep_sleep.core.report import ConsolidationReport
 from deep_sleep.core.scope import SEP, Scope
 from deep_sleep.core.snapshot import Snapshot, utc
 from deep_sleep.store.db import Store
+from deep_sleep.transforms import new_report
+from deep_sleep.transforms.config import ConsolidationConfig
 from deep_sleep.transforms.label_recalls import query_words
 from deep_sleep.transforms.train_reranker import N_FEATURES, adjustment
 
@@ -274,7 +275,7 @@ def _store_of(target: Store | psycopg.Connection) -> Store:
 
 @lru_cache(maxsize=1)
 def _default_config() -> ConsolidationConfig:
-    from deep_sleep.core.config import load_config
+    from deep_sleep.transforms.config import load_config
 
     return load_config()
 
@@ -716,7 +717,7 @@ def record_turn(
             report = quick_nap(store_or_conn, scope, config=config, as_of=now)
         except Exception as exc:  # the turn is stored; a failed nap is retried by the next one
             log.exception("quick nap of %s after turn %d failed", scope, turn)
-            report = ConsolidationReport(scope_path=path, as_of=now.isoformat(), status="failed", errors=[f"quick nap failed: {exc}"])
+            report = new_report(path, now.isoformat(), status="failed", errors=[f"quick nap failed: {exc}"])
         receipt = replace(receipt, quick_nap=report)
     return receipt
 

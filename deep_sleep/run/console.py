@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from deep_sleep.core.report import COUNTERS, ConsolidationReport
+from deep_sleep.core.report import ConsolidationReport
 from deep_sleep.core.scope import Scope
+from deep_sleep.transforms import COUNTERS
 
 
 def _scope(report: ConsolidationReport) -> str:

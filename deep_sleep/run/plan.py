@@ -21,11 +21,11 @@ from pathlib import Path
 
 import polars as pl
 
-from deep_sleep.core.config import ConsolidationConfig
 from deep_sleep.core.diff import Diff
-from deep_sleep.core.report import COUNTERS, ConsolidationReport
+from deep_sleep.core.report import ConsolidationReport
 from deep_sleep.core.snapshot import Snapshot, iso, utc
-from deep_sleep.transforms import Phase, PhaseResult, roster
+from deep_sleep.transforms import COUNTERS, Phase, PhaseResult, roster
+from deep_sleep.transforms.config import ConsolidationConfig
 from deep_sleep.validation.quarantine import QUARANTINE_SCHEMA, quarantine, summarise
 
 
@@ -98,8 +98,9 @@ def _run_phases(snapshot: Snapshot, config: ConsolidationConfig, as_of: datetime
         if result.notes:
             out.notes[phase.name] = list(result.notes)
         for name, value in result.counters.items():
-            if name not in out.counters:
-                raise ValueError(f"phase {phase.name} reported unknown counter {name!r}")
+            if name not in phase.counters:  # a phase reports only the counters its roster entry declares
+                raise ValueError(f"phase {phase.name} reported counter {name!r}, which its module does not "
+                                 f"declare (its COUNTERS are {', '.join(phase.counters)})")
             out.counters[name] += int(value)
         out.by_phase[phase.name] = {k: int(v) for k, v in result.counters.items() if v}
         if result.diff.has_changes:

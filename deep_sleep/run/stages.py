@@ -23,7 +23,6 @@ from urllib.parse import quote
 
 import polars as pl
 
-from deep_sleep.core.config import ConsolidationConfig
 from deep_sleep.core.diff import Diff
 from deep_sleep.core.report import ConsolidationReport
 from deep_sleep.core.scope import Scope
@@ -33,6 +32,7 @@ from deep_sleep.run.apply import apply_diff, record_run
 from deep_sleep.run.plan import plan
 from deep_sleep.store.db import Store
 from deep_sleep.store.extract import extract
+from deep_sleep.transforms.config import ConsolidationConfig
 from deep_sleep.validation import SNAPSHOT_COLUMNS, validate_diff
 
 QUARANTINE_FILE = "quarantine.parquet"

@@ -373,7 +373,7 @@ def diffs(draw):
 def test_validate_diff_with_and_without_the_precheck_agree(case):
     from deep_sleep.validation import validate_diff
 
-    from deep_sleep.core.config import ConsolidationConfig
+    from deep_sleep.transforms.config import ConsolidationConfig
 
     diff, snap = case
     config = ConsolidationConfig(cooccurrence={"max_neighbours": 2}, episodic_summary={"batch_size": 2, "max_batches": 1})

@@ -9,7 +9,6 @@ from datetime import UTC, datetime, timedelta
 import polars as pl
 import pytest
 
-from deep_sleep.core.config import ConsolidationConfig
 from deep_sleep.core.diff import Diff
 from deep_sleep.core.report import ConsolidationReport
 from deep_sleep.core.tables import TABLES
@@ -20,6 +19,7 @@ from deep_sleep.jobs.undo import undo, undo_markdown
 from deep_sleep.jobs.undo_sql import CHANGED, GONE, KEY_EXISTS, NOT_WRITTEN_UPDATE
 from deep_sleep.run.apply import record_run
 from deep_sleep.run.stages import apply_stage, consolidate_scope, extract_stage, plan_stage, validate_stage
+from deep_sleep.transforms.config import ConsolidationConfig
 from tests.storeutil import dump, edge, insert, node, scalar, small_graph
 
 NOW = datetime(2026, 11, 20, 3, 0, tzinfo=UTC)

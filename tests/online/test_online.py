@@ -291,7 +291,7 @@ def test_quick_nap_fires_on_the_10th_turn_and_its_window_starts_at_the_previous_
 
     # the targeted snapshot holds only what phases 1, 5, 10 read
     with psycopg.connect(store.dsn) as con:
-        from deep_sleep.core.config import ConsolidationConfig
+        from deep_sleep.transforms.config import ConsolidationConfig
 
         snap = nap_snapshot(con, scope, NOW + timedelta(minutes=25), ConsolidationConfig())
     assert snap.previous_run_as_of == NOW + timedelta(minutes=20)
@@ -304,9 +304,8 @@ def test_summary_candidates_are_the_ids_phase_10_writes(count, threshold, batch,
     """The targeted extract fetches existing summary nodes by the ids phase 10 would write: the
     same rule as the phase, checked against the phase itself (same-instant events tie on id)."""
     import polars as pl
-    from deep_sleep.transforms.episodic_summary import episodic_summary
+    from deep_sleep.transforms.episodic_summary import EpisodicSummaryConfig, episodic_summary
 
-    from deep_sleep.core.config import EpisodicSummaryConfig
     from deep_sleep.core.snapshot import Snapshot
     from deep_sleep.core.tables import conform
     from deep_sleep.online.turn import summary_candidates
@@ -338,7 +337,7 @@ def test_quick_nap_on_a_connection_and_a_live_write_conflict(store, scope):
     snapshot and its apply keeps the live value and is counted as a conflict."""
     from deep_sleep.transforms import QUICK_NAP
 
-    from deep_sleep.core.config import ConsolidationConfig
+    from deep_sleep.transforms.config import ConsolidationConfig
     from deep_sleep.online.turn import _store_of
     from deep_sleep.run.apply import apply_diff
     from deep_sleep.run.plan import plan

@@ -14,13 +14,13 @@ from datetime import UTC, datetime, timedelta
 
 import polars as pl
 from deep_sleep.transforms._common import window_start
+from deep_sleep.transforms.config import ConsolidationConfig
 from deep_sleep.transforms.pending_edges import OUTCOMES
 from deep_sleep.validation import validate_diff
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from deep_sleep.core import tables
-from deep_sleep.core.config import ConsolidationConfig
 from deep_sleep.core.snapshot import Snapshot
 from deep_sleep.run.plan import plan
 

@@ -15,12 +15,12 @@ from datetime import UTC, datetime, timedelta
 
 import polars as pl
 from deep_sleep.transforms._common import created_id
+from deep_sleep.transforms.config import ConsolidationConfig
 from deep_sleep.validation import validate_diff
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from deep_sleep.core import tables
-from deep_sleep.core.config import ConsolidationConfig
 from deep_sleep.core.snapshot import Snapshot
 from deep_sleep.run.plan import plan
 

@@ -7,9 +7,9 @@ from datetime import UTC, datetime, timedelta
 
 import polars as pl
 import pytest
+from deep_sleep.transforms.config import ConsolidationConfig
 from deep_sleep.validation import SNAPSHOT_COLUMNS, validate_diff
 
-from deep_sleep.core.config import ConsolidationConfig
 from deep_sleep.core.diff import Diff, TableDiff
 from deep_sleep.core.report import ConsolidationReport
 from deep_sleep.core.snapshot import Snapshot

@@ -8,9 +8,9 @@ from datetime import UTC, datetime, timedelta
 
 import polars as pl
 import pytest
+from deep_sleep.transforms.config import ConsolidationConfig
 from deep_sleep.validation.quarantine import REASONS, quarantine
 
-from deep_sleep.core.config import ConsolidationConfig
 from deep_sleep.core.snapshot import Snapshot
 from deep_sleep.run import plan as plan_module
 from deep_sleep.run.plan import plan
