@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-import deep_sleep
 from deep_sleep import LAYERS
 
 RANK = {name: i for i, name in enumerate(LAYERS)}

@@ -4,7 +4,7 @@ type or chunking; any change of a value, a null or a boundary between values →
 from __future__ import annotations
 
 import hashlib
-from datetime import UTC, datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import polars as pl
 from hypothesis import given, settings
