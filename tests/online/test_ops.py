@@ -7,6 +7,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from deep_sleep.core.errors import DeepSleepError, InputError
 from deep_sleep.online.errors import OpRejected
@@ -203,3 +205,49 @@ def test_a_rejected_op_reports_no_redactions_and_an_accepted_one_reports_all_of_
 def test_rejections_are_errors_of_ours_and_name_the_op():
     assert issubclass(OpRejected, DeepSleepError) and issubclass(OpRejected, InputError)
     assert [op_name(x) for x in ({"op": "thinking"}, {"op": 3}, {"label": "x"}, ["op"], None)] == ["thinking", "?", "?", "?", "?"]
+
+
+_JSONISH = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8) | st.datetimes(),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8) | st.integers(), inner, max_size=3),
+    max_leaves=12,
+)
+_KEYS = st.sampled_from(("name", "api_key", "apiKey", "X-Api-Key", "token", "max_tokens", "author", "nested", "k")) | st.text(max_size=8)
+_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_KEYS, inner, max_size=3),
+    max_leaves=12,
+)
+_REQUIRED = {"upsert_node": {"label": "user: Ada"}, "create_event": {"content": "c"}, "set_trigger": {"condition": "c", "action": "a"},
+             "register_skill": {"name": "n"}, "thinking": {"text": "t"}, "read_node": {"id": "6f9619ff-8b86-d011-b42d-00c04fc964ff"}}
+_FIELDS = ("label", "properties", "importance", "layer", "content", "metadata", "session_id", "condition", "action",
+           "due_at", "name", "description", "steps", "status", "text", "id")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(sorted(_REQUIRED)),
+       st.dictionaries(st.sampled_from(("properties", "metadata")), st.dictionaries(_KEYS, _VALUES, max_size=4), max_size=2),
+       st.lists(_VALUES, max_size=3) | st.none(),
+       st.dictionaries(st.sampled_from(_FIELDS), _JSONISH, max_size=2))
+def test_any_op_is_checked_or_rejected_by_a_reason_and_no_credential_survives(name, objects, steps, noise):
+    """Whatever comes in, a checked op or OpRejected (never another exception); a checked op holds
+    no credential-looking key with its value, at any depth, and says where it redacted."""
+    try:
+        op, redacted = check_op(0, {"op": name, **_REQUIRED[name], **objects, "steps": steps, **noise})
+    except OpRejected as exc:
+        assert str(exc)
+        return
+    assert op.op == name and op.layer in type(op).WRITES
+    for value in (getattr(op, f, None) for f in ("properties", "metadata", "steps")):
+        assert not [k for k, v in _items(value) if is_credential_key(k) and v != "[REDACTED]"]
+    assert all(p.startswith("ops[0].") for p in redacted)
+
+
+def _items(value):
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield k, v
+            yield from _items(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _items(v)
