@@ -51,7 +51,7 @@ import math
 import re
 import uuid
 from datetime import datetime
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator, TypeAdapter, ValidationError, ValidationInfo, field_validator, model_validator
 
@@ -230,7 +230,11 @@ NodeId = Annotated[str, PlainValidator(_check_node_id)]
 
 class _Op(BaseModel):
     """What every op shares: a size limit and a ``layer`` (checked first, in that order).  After
-    checking, ``layer`` is the layer the op writes (the one it named, else its first)."""
+    checking, ``layer`` is the layer the op writes (the one it named, else its first).
+
+    Every field defaults to None and defaults are validated, so an absent field reaches its
+    validator too, which rejects it by name when it is required (``field 'label' is missing``);
+    a checked op holds no None in a required field."""
 
     model_config = ConfigDict(frozen=True, extra="ignore", validate_default=True)
     WRITES: ClassVar[tuple[str, ...]]
@@ -264,8 +268,8 @@ class UpsertNode(_Op):
     WRITES = ("semantic", "working")
     op: Literal["upsert_node"] = "upsert_node"
     importance: Importance = None
-    label: Label = None  # type: ignore[assignment]  # None only until checked: the validator requires it
-    properties: JsonObject = None  # type: ignore[assignment]
+    label: Label = None
+    properties: JsonObject = None
 
 
 class CreateEvent(_Op):
@@ -273,8 +277,8 @@ class CreateEvent(_Op):
 
     WRITES = ("episodic",)
     op: Literal["create_event"] = "create_event"
-    content: Text = None  # type: ignore[assignment]
-    metadata: JsonObject = None  # type: ignore[assignment]
+    content: Text = None
+    metadata: JsonObject = None
     session_id: OptionalLabel = None
 
 
@@ -284,8 +288,8 @@ class SetTrigger(_Op):
     WRITES = ("prospective",)
     op: Literal["set_trigger"] = "set_trigger"
     due_at: Timestamp = None
-    condition: Text = None  # type: ignore[assignment]
-    action: Text = None  # type: ignore[assignment]
+    condition: Text = None
+    action: Text = None
 
 
 class RegisterSkill(_Op):
@@ -293,10 +297,11 @@ class RegisterSkill(_Op):
 
     WRITES = ("procedural",)
     op: Literal["register_skill"] = "register_skill"
+    #: the status asked for, when it is not ``draft`` (it is not used: it becomes a note on the receipt)
     status: Annotated[str | None, PlainValidator(lambda v: v if isinstance(v, str) and v != "draft" else None)] = None
-    name: Label = None  # type: ignore[assignment]
-    description: OptionalText = None  # type: ignore[assignment]
-    steps: JsonList = None  # type: ignore[assignment]
+    name: Label = None
+    description: OptionalText = None
+    steps: JsonList = None
 
 
 class Thinking(_Op):
@@ -304,7 +309,7 @@ class Thinking(_Op):
 
     WRITES = ("working",)
     op: Literal["thinking"] = "thinking"
-    text: Text = None  # type: ignore[assignment]
+    text: Text = None
 
 
 class ReadNode(_Op):
@@ -312,11 +317,13 @@ class ReadNode(_Op):
 
     WRITES = ("semantic", "working")
     op: Literal["read_node"] = "read_node"
-    id: NodeId = None  # type: ignore[assignment]
+    id: NodeId = None
 
 
-Op = Annotated[UpsertNode | CreateEvent | SetTrigger | RegisterSkill | Thinking | ReadNode, Field(discriminator="op")]
-OPS = ("upsert_node", "create_event", "set_trigger", "register_skill", "thinking", "read_node")
+_MODELS = (UpsertNode, CreateEvent, SetTrigger, RegisterSkill, Thinking, ReadNode)
+#: A checked operation: the model its ``op`` names.
+Op = Annotated[Union[_MODELS], Field(discriminator="op")]  # noqa: UP007 (a tuple of types needs Union[...])
+OPS = tuple(m.model_fields["op"].default for m in _MODELS)
 _OP = TypeAdapter(Op)
 
 
