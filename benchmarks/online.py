@@ -81,13 +81,14 @@ def _seed(store, nodes: int, now: datetime) -> str:
 
 def _uses_hnsw(con: psycopg.Connection, scope, query: str) -> bool:
     from deep_sleep.core.embedding import default_embedder
-    from deep_sleep.online.turn import _candidates_sql, _vector
+    from deep_sleep.online.pg import vector_text
+    from deep_sleep.online.recall import candidates_sql
 
-    q = _vector(default_embedder().embed([query])[0])
+    q = vector_text(default_embedder().embed([query])[0])
     with con.transaction():
         con.execute("SELECT set_config('hnsw.iterative_scan', 'relaxed_order', true), set_config('hnsw.ef_search', '40', true)")
         plan = con.execute(
-            "EXPLAIN " + _candidates_sql(scope.levels[0][0] == "tenant"),
+            "EXPLAIN " + candidates_sql(scope.levels[0][0] == "tenant"),
             {"q": q, "paths": scope.ancestor_paths(), "tenant": scope.tenant_id, "n_seed": 20, "n_top": 5, "fan": 8, "deg": 100},
         ).fetchall()
     return any("memory_nodes_embedding_hnsw" in row[0] for row in plan)
@@ -97,7 +98,7 @@ def run(store, scope_path: str, turns: int, seed: int = 5) -> dict:
     from deep_sleep.transforms.config import ConsolidationConfig
     from deep_sleep.core.scope import Scope
     from deep_sleep.dev.seed import WORDS
-    from deep_sleep.online.turn import quick_nap, recall, record_turn
+    from deep_sleep.online import quick_nap, recall, record_turn
 
     rng = random.Random(seed)
     scope = Scope.parse(scope_path)

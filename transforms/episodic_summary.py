@@ -6,7 +6,7 @@ from datetime import datetime
 
 import polars as pl
 from pydantic import Field
-from deep_sleep.transforms._common import PhaseResult, created_ids, merge_json, skip
+from deep_sleep.transforms._common import PhaseResult, created_id, merge_json, skip
 
 from deep_sleep.core.config import PhaseConfig
 from deep_sleep.core.diff import Diff
@@ -43,6 +43,31 @@ def _iso_text(column: str) -> pl.Expr:
     )
 
 
+def summary_batches(count: int, config: EpisodicSummaryConfig) -> list[range]:
+    """The phase's batching rule, for a scope holding ``count`` episodic events: the positions of
+    the events each summary node takes, in the scope's events ordered oldest first by
+    ``(created_at, id)``.  While more than ``threshold`` events remain, batches of ``batch_size``
+    from the oldest, at most ``max_batches``: ``min(max_batches, ⌈(count − threshold) /
+    batch_size⌉)`` of them (the last one shorter only when ``count`` runs out first, which takes a
+    threshold below the batch size).  Pure; the quick nap's targeted snapshot uses it too.
+
+    >>> summary_batches(130, EpisodicSummaryConfig(threshold=100, batch_size=50, max_batches=2))
+    [range(0, 50)]
+    >>> summary_batches(30, EpisodicSummaryConfig(threshold=10, batch_size=50, max_batches=2))
+    [range(0, 30)]
+    """
+    excess = count - config.threshold
+    if excess <= 0:
+        return []
+    size = config.batch_size
+    return [range(b * size, min((b + 1) * size, count)) for b in range(min(config.max_batches, -(-excess // size)))]
+
+
+def summary_node_id(scope_path: str, first_event_id: str, last_event_id: str) -> str:
+    """The id of a batch's summary node: the UUIDv5 of the batch's first and last event ids."""
+    return created_id(scope_path, PHASE, f"{first_event_id}|{last_event_id}")
+
+
 def episodic_summary(snapshot: Snapshot, config: EpisodicSummaryConfig, as_of: datetime) -> PhaseResult:
     """While the scope holds more than ``threshold`` episodic events, and for at most
     ``max_batches`` batches per run, the oldest ``batch_size`` events (by ``created_at``, ties by
@@ -62,10 +87,9 @@ def episodic_summary(snapshot: Snapshot, config: EpisodicSummaryConfig, as_of: d
     events = snapshot.table("episodic_events")
     if not events.height:
         return skip("missing input: no episodic events")
-    excess = events.height - config.threshold
-    if excess <= 0:
+    batches = len(summary_batches(events.height, config))
+    if not batches:
         return PhaseResult(counters={"episodes_summarized": 0})
-    batches = min(config.max_batches, -(-excess // config.batch_size))
     take = batches * config.batch_size
     scope = snapshot.scope
     created = events.get_column("created_at")
@@ -95,10 +119,11 @@ def episodic_summary(snapshot: Snapshot, config: EpisodicSummaryConfig, as_of: d
             .then(pl.col("summary").str.slice(0, SUMMARY_MAX_CHARS - len(TRUNCATED_NOTE)) + pl.lit(TRUNCATED_NOTE))
             .otherwise(pl.col("summary"))
             .alias("summary"),
-            (pl.col("source_ids").list.first() + "|" + pl.col("source_ids").list.last()).alias("_key"),
         )
     )
-    summaries = summaries.with_columns(created_ids(scope.path, PHASE, summaries.get_column("_key")).alias("id"))
+    bounds = summaries.select(pl.col("source_ids").list.first().alias("first"), pl.col("source_ids").list.last().alias("last"))
+    ids = [summary_node_id(scope.path, first, last) for first, last in bounds.iter_rows()]  # at most max_batches
+    summaries = summaries.with_columns(pl.Series("id", ids, dtype=pl.String))
     patch = pl.struct(
         "summary",
         pl.col("source_count").cast(pl.Int64),

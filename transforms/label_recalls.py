@@ -1,6 +1,6 @@
 """Phase D2 — label_recalls: implicit training labels for recalls nobody gave feedback on (SPEC §3).
 
-A recall (one ``recall_events`` row per returned hit, written by :func:`deep_sleep.online.turn.recall`)
+A recall (one ``recall_events`` row per returned hit, written by :func:`deep_sleep.online.recall.recall`)
 is *used* if the conversation comes back to it: a word of its query shows up again in working
 memory or in an episodic event created after the recall.
 

@@ -1,7 +1,8 @@
 """Phase D3 — train_reranker: one optimizer step of the scope's recall reranker (SPEC §3, §5).
 
-The model (the one :func:`deep_sleep.online.turn.recall` scores with) is linear over the 12 features
-a recall logs, and its output is an *adjustment* of the hit's base score, clipped to ±``CAP``:
+The model (the one :func:`deep_sleep.online.recall.recall` scores with) is linear over the 12 features
+a recall logs (named and computed in :mod:`deep_sleep.online.reranker`), and its output is an
+*adjustment* of the hit's base score, clipped to ±``CAP``:
 
     adjustment(x) = clip(w · x + b, −CAP, +CAP)          score = base + adjustment(x)
 

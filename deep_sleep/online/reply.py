@@ -17,7 +17,8 @@ under ``operations`` / ``ops`` / ``graph_operations`` / ``memory_operations``, o
 per-kind lists (``nodes`` → ``upsert_node``, ``events`` → ``create_event``, ``triggers`` →
 ``set_trigger``, ``skills`` → ``register_skill``, ``thoughts`` → ``thinking``).  An operation
 naming itself with ``type`` or ``operation`` instead of ``op`` is renamed.  Nothing here
-validates an operation: :func:`deep_sleep.online.turn.record_turn` does, and rejects bad ones by name.
+validates an operation: :func:`deep_sleep.online.turn.record_turn` does (the models of
+:mod:`deep_sleep.online.ops`), and rejects bad ones by name.
 A tagged block (1, 2) whose JSON cannot be read is still stripped from the reply; the error says why.
 
     >>> r = parse_reply('Noted!\\n<MEMORY_EXTRACT>[{"op": "upsert_node", "label": "user: Ada"}]</MEMORY_EXTRACT>')
