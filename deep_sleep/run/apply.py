@@ -106,6 +106,15 @@ def record_run(store: Store, report: ConsolidationReport, mode: str, started_at:
         cur.execute(LEDGER_SQL, parameters=ledger_params(report, mode, started_at, status))
 
 
+def planned_statements(diff: Diff, scope_path: str, run_id: str,
+                       quarantined: pl.DataFrame | None = None) -> tuple[Statement, ...]:
+    """The statements :func:`apply_diff` runs for ``diff`` (``replay --explain`` prints them)."""
+    # The thresholds are read at call time (tests set SMALL_STAGE_ROWS on this module to force the
+    # staged path); the environment is read here, not by the pure builder.
+    return statements(diff, scope_path, run_id, quarantined=quarantined, small_rows=SMALL_STAGE_ROWS,
+                      big_rows=BIG_DIFF_ROWS, work_mem=os.environ.get("DEEP_SLEEP_APPLY_WORK_MEM"))
+
+
 def apply_diff(
     store: Store,
     diff: Diff,
@@ -133,10 +142,7 @@ def apply_diff(
     conflicts = 0
     seconds: dict[str, float] = {}
     clock = time.perf_counter()
-    # The thresholds are read here at call time (tests set SMALL_STAGE_ROWS on this module to force
-    # the staged path); the environment is read here, not by the pure builder.
-    todo = statements(diff, report.scope_path, report.run_id, quarantined=quarantined, small_rows=SMALL_STAGE_ROWS,
-                      big_rows=BIG_DIFF_ROWS, work_mem=os.environ.get("DEEP_SLEEP_APPLY_WORK_MEM"))
+    todo = planned_statements(diff, report.scope_path, report.run_id, quarantined)
     tail: float | None = None
     with store.transaction() as cur:
         for s in todo:

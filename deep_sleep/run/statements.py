@@ -53,12 +53,12 @@ SMALL_STAGE_ROWS = 2_000  # up to this many rows a staged table travels as one J
 BIG_DIFF_ROWS = 10_000  # below this the default work_mem does (and a quick nap saves the round trip)
 DEFAULT_WORK_MEM = "256MB"
 
-#: How a statement's rows reach Postgres.
+#: How a statement's rows reach Postgres (``{staged}``: the temporary table).
 SOURCES = {
     "inline_json": "inline JSON parameter",
-    "json_temp_table": "JSON parameter into a temporary table",
-    "adbc_copy": "ADBC COPY of an Arrow table into a temporary table",
-    "staged_table": "a temporary table staged above",
+    "json_temp_table": "JSON parameter into temporary table {staged}",
+    "adbc_copy": "ADBC COPY of an Arrow table into temporary table {staged}",
+    "staged_table": "read from temporary table {staged} (staged above)",
     "": "no rows",
 }
 WRITES = ("delete", "update", "insert")  # the steps whose one-count result is the rows applied
@@ -96,8 +96,9 @@ class Rows:
     def __repr__(self) -> str:
         return f"Rows({self.frame.height} × {', '.join(self.frame.columns)})"
 
-    def describe(self) -> str:
-        return f"JSON array of {self.frame.height} row(s): {', '.join(self.frame.columns)}"
+    def describe(self, as_arrow: bool = False) -> str:
+        what = "Arrow table" if as_arrow else "JSON array"
+        return f"{what} of {self.frame.height} row(s): {', '.join(self.frame.columns)}"
 
 
 @dataclass(frozen=True)
@@ -317,10 +318,8 @@ def statements(
     return tuple(out)
 
 
-def _param(value: object) -> str:
-    if isinstance(value, Rows):
-        return value.describe()
-    return repr(value)
+def _param(value: object, as_arrow: bool) -> str:
+    return value.describe(as_arrow) if isinstance(value, Rows) else repr(value)
 
 
 def explain(stmts: Iterable[Statement]) -> str:
@@ -331,12 +330,12 @@ def explain(stmts: Iterable[Statement]) -> str:
         what = ".".join(x for x in (s.table, s.kind) if x)
         head = f"-- {i}. {s.step}" + (f" {what}" if what else "")
         if s.source:
-            head += f": {s.rows} row(s), {SOURCES[s.source]}" + (f" {s.staged}" if s.staged else "")
+            head += f": {s.rows} row(s), {SOURCES[s.source].format(staged=s.staged)}"
         lines = [head]
         if s.step == "ledger":
             lines.append("-- params: $1…$17 bound from the run's report after the writes (rows_changed, conflicts)")
         elif s.params:
-            lines += [f"-- ${n} = {_param(p)}" for n, p in enumerate(s.params, 1)]
+            lines += [f"-- ${n} = {_param(p, s.sql is None)}" for n, p in enumerate(s.params, 1)]
         if s.sql is None:
             lines.append(f"-- (no SQL: ADBC ingest of $1 into TEMPORARY TABLE {s.staged})")
         else:
