@@ -36,8 +36,9 @@ def _id(*key: object) -> str:
     return str(uuid.uuid5(uuid.NAMESPACE_URL, "/".join(map(str, key))))
 
 
-def _ids(table: str, n: int, start: int = 0) -> list[str]:
-    return [_id(table, i) for i in range(start, start + n)]
+def _ids(table: str, n: int, start: int = 0, scope: str = SCOPE) -> list[str]:
+    """Ids fixed per scope (the golden files) and distinct between scopes (tests on the store)."""
+    return [_id(scope, table, i) for i in range(start, start + n)]
 
 
 def _updates(table: str, ids: list[str], **values: list) -> pl.DataFrame:
@@ -50,19 +51,20 @@ def _deletes(ids: list[str]) -> pl.DataFrame:
     return pl.DataFrame({"id": ids, "version": [1] * len(ids)})
 
 
-def _inserts(table: str, ids: list[str], **values) -> pl.DataFrame:
+def _inserts(table: str, ids: list[str], scope: str = SCOPE, **values) -> pl.DataFrame:
     """Whole new rows: every column of the table, ``values`` over the defaults below."""
     n = len(ids)
-    base = {"id": ids, "scope_path": [SCOPE] * n, "tenant_id": ["golden"] * n, "created_at": [AT] * n,
+    base = {"id": ids, "scope_path": [scope] * n, "tenant_id": ["golden"] * n, "created_at": [AT] * n,
             "updated_at": [AT] * n, "version": [1] * n}
     cols = tables.columns(table)
     data = {c: values.get(c, base.get(c, [None] * n)) for c in cols}
     return pl.DataFrame(data, schema={c: cols[c].dtype for c in cols})
 
 
-def small_diff() -> Diff:
-    """A quick nap's size: every kind over nodes, edges, events, soul and pending connections."""
-    nodes, edges = _ids("node", 4), _ids("edge", 3)
+def small_diff(scope: str = SCOPE) -> Diff:
+    """A quick nap's size: every kind over nodes, edges, events, soul and pending connections.
+    (``tests/run/test_apply.py`` seeds the rows it names and applies it to the store.)"""
+    nodes, edges = _ids("node", 4, scope=scope), _ids("edge", 3, scope=scope)
     return Diff.combine([
         Diff.of("memory_nodes", "working_ttl", deletes=_deletes(nodes[:1]), reason="working memory expired"),
         Diff.of("memory_edges", "working_ttl", deletes=_deletes(edges[:1]), reason="node expired"),
@@ -70,17 +72,18 @@ def small_diff() -> Diff:
         Diff.of("memory_nodes", "decay_importance",
                 updates=_updates("memory_nodes", nodes[2:4], importance=[5.4, 4.2], last_decayed_at=[AT, AT])),
         Diff.of("memory_edges", "cooccurrence", inserts=_inserts(
-            "memory_edges", edges[1:], source_id=nodes[1:3], target_id=nodes[2:4], relation=["CO_OCCURS"] * 2,
+            "memory_edges", edges[1:], scope, source_id=nodes[1:3], target_id=nodes[2:4], relation=["CO_OCCURS"] * 2,
             weight=[1.0, 2.0], properties=["{}"] * 2)),
-        Diff.of("episodic_events", "episodic_summary",
-                updates=_updates("episodic_events", _ids("event", 2), metadata=['{"summarised": true}'] * 2)),
+        Diff.of("episodic_events", "episodic_summary", updates=_updates(
+            "episodic_events", _ids("event", 2, scope=scope), metadata=['{"summarised": true}'] * 2)),
         Diff.of("soul_profiles", "soul_corrections", inserts=_inserts(
-            "soul_profiles", _ids("soul", 1), key=["tone"], value=["brief"])),
+            "soul_profiles", _ids("soul", 1, scope=scope), scope, key=["tone"], value=["brief"])),
         Diff.of("soul_profiles", "soul_corrections",
-                updates=_updates("soul_profiles", _ids("soul", 1, start=1), value=["formal"])),
+                updates=_updates("soul_profiles", _ids("soul", 1, start=1, scope=scope), value=["formal"])),
         Diff.of("pending_connections", "pending_edges", updates=_updates(
-            "pending_connections", _ids("pending", 2), consumed_by_run=[RUN_ID] * 2, outcome=["created", "rejected"])),
-        Diff.of("pending_connections", "pending_edges", deletes=_deletes(_ids("pending", 1, start=2)),
+            "pending_connections", _ids("pending", 2, scope=scope), consumed_by_run=[RUN_ID] * 2,
+            outcome=["created", "rejected"])),
+        Diff.of("pending_connections", "pending_edges", deletes=_deletes(_ids("pending", 1, start=2, scope=scope)),
                 reason="stale pending connection"),
     ])
 
