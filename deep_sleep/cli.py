@@ -82,12 +82,17 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
 def cmd_replay(args: argparse.Namespace) -> int:
     """Transform and validate a stored snapshot; write the diff and report.  Touches no database.
 
-    With ``--compare-config`` the snapshot is replayed under both configurations and compared.
+    With ``--compare-config`` the snapshot is replayed under both configurations and compared;
+    with ``--explain`` the statements an apply of the diff would run are printed too.
     """
     from deep_sleep.transforms.config import load_config
     from deep_sleep.run.console import report_markdown
     from deep_sleep.run.stages import plan_stage, validate_stage
 
+    if args.explain and args.compare_config:
+        from deep_sleep.core.errors import InputError
+
+        raise InputError("replay: --explain prints the statements of one diff; leave out --compare-config to use it")
     config = load_config(args.config)
     out = Path(args.out)
     if args.compare_config:
@@ -103,7 +108,28 @@ def cmd_replay(args: argparse.Namespace) -> int:
     report = validate_stage(Path(args.snapshot_dir), out, config)
     print(report_markdown(report))
     print(f"\ndiff written to {out} (hash {report.diff_hash})")
+    if args.explain:
+        _explain(out, report)
     return 1 if report.status == "failed" else 0
+
+
+def _explain(diff_dir: Path, report) -> None:
+    """Print the statements an apply of the diff directory would run (no database)."""
+    import polars as pl
+
+    from deep_sleep.core.diff import Diff
+    from deep_sleep.run.apply import planned_statements
+    from deep_sleep.run.stages import QUARANTINE_FILE
+    from deep_sleep.run.statements import explain
+
+    if report.status == "failed":
+        print("\n-- validation failed: an apply would only record the run as failed; no statements run")
+        return
+    qfile = diff_dir / QUARANTINE_FILE
+    todo = planned_statements(Diff.read(diff_dir), report.scope_path, report.run_id or "<run id of the apply>",
+                              pl.read_parquet(qfile) if qfile.exists() else None)
+    print(f"\n-- the apply would run {len(todo)} statement(s) in one transaction:\n")
+    print(explain(todo), end="")
 
 
 def cmd_replay_range(args: argparse.Namespace) -> int:
@@ -284,6 +310,7 @@ def build_parser() -> argparse.ArgumentParser:
     y.add_argument("--out", required=True)
     y.add_argument("--config", default=None)
     y.add_argument("--compare-config", default=None, help="replay again under this config and compare (per phase)")
+    y.add_argument("--explain", action="store_true", help="also print the statements an apply of the diff would run")
     y.set_defaults(func=cmd_replay)
 
     rr = sub.add_parser("replay-range", help="replay the stored snapshots of a scope over a date range (no writes)")

@@ -232,3 +232,45 @@ def test_small_frames_stage_through_json_exactly_as_adbc_ingests_them(store):
         cur.execute("SELECT count(*) FROM _by_json")
         assert cur.fetch_arrow_table().column(0)[0].as_py() == 2
         cur.execute("DROP TABLE _by_json, _by_copy")
+
+
+@pytest.mark.parametrize("small_rows", [2_000, 0], ids=["inline-json", "staging-tables"])
+def test_the_golden_small_diff_lands_in_every_table_through_both_data_sources(store, scope, monkeypatch, small_rows):
+    """The statements of ``tests/run/golden_sql/small_inline.sql`` (nodes, edges, events, soul and
+    pending connections; updates, inserts, deletes) run on the store, inline and staged alike."""
+    import deep_sleep.run.apply
+    from deep_sleep.run.apply import apply_diff
+    from tests.run.test_statements import RUN_ID, _ids, small_diff
+    from tests.storeutil import insert
+
+    monkeypatch.setattr(deep_sleep.run.apply, "SMALL_STAGE_ROWS", small_rows)
+    ids = lambda table, n, start=0: _ids(table, n, start, scope=scope.path)  # noqa: E731
+    base = {"scope_path": scope.path, "tenant_id": scope.tenant_id}
+    nodes = ids("node", 4)
+    insert(store, "memory_nodes", [{**base, "id": n, "label": f"project: {i}", "layer": "working" if i == 0 else "semantic"}
+                                   for i, n in enumerate(nodes)])
+    insert(store, "memory_edges", [{**base, "id": ids("edge", 1)[0], "source_id": nodes[1], "target_id": nodes[0],
+                                    "relation": "RELATED_TO"}])
+    insert(store, "episodic_events", [{**base, "id": e, "content": "said something"} for e in ids("event", 2)])
+    insert(store, "soul_profiles", [{**base, "id": ids("soul", 1, 1)[0], "key": "register", "value": "casual"}])
+    insert(store, "pending_connections", [{**base, "id": p, "source_label": "a", "target_label": "b", "relation": "RELATED_TO"}
+                                          for p in ids("pending", 3)])
+    report = ConsolidationReport(scope_path=scope.path, as_of="2026-11-20T03:00:00Z", run_id=str(uuid.uuid4()))
+    result = apply_diff(store, small_diff(scope.path), report)
+    assert result.conflicts == 0
+    assert result.applied == {
+        "memory_nodes": {"deletes": 1, "updates": 3}, "memory_edges": {"deletes": 1, "inserts": 2},
+        "pending_connections": {"deletes": 1, "updates": 2}, "episodic_events": {"updates": 2},
+        "soul_profiles": {"updates": 1, "inserts": 1}}
+    q = "SELECT jsonb_agg(jsonb_build_array({}) ORDER BY {}) FROM {} WHERE scope_path = %s"
+    assert scalar(store, q.format("id, importance, last_decayed_at IS NOT NULL", "id", "memory_nodes"), scope.path) == sorted(
+        [[nodes[1], 5.5, False], [nodes[2], 5.4, True], [nodes[3], 4.2, True]])
+    assert scalar(store, q.format("source_id, target_id, relation", "source_id", "memory_edges"), scope.path) == [
+        list(p) for p in sorted([(nodes[1], nodes[2], "CO_OCCURS"), (nodes[2], nodes[3], "CO_OCCURS")])]
+    assert scalar(store, q.format("metadata", "id", "episodic_events"), scope.path) == [[{"summarised": True}]] * 2
+    assert scalar(store, q.format("key, value", "key", "soul_profiles"), scope.path) == [["register", "formal"], ["tone", "brief"]]
+    assert scalar(store, q.format("consumed_by_run, outcome", "outcome", "pending_connections"), scope.path) == [
+        [RUN_ID, "created"], [RUN_ID, "rejected"]]
+    assert scalar(store, "SELECT array_agg(table_name ORDER BY table_name) FROM consolidation_archive WHERE run_id = %s",
+                  report.run_id) == ["memory_edges", "memory_nodes", "pending_connections"]
+    assert scalar(store, "SELECT status FROM consolidation_runs WHERE run_id = %s", report.run_id) == "applied"

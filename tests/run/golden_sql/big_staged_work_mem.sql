@@ -1,0 +1,49 @@
+-- golden case big_staged_work_mem: tests/run/test_statements.py (regenerate: DEEP_SLEEP_REGEN_GOLDEN=1)
+
+-- 1. discard_temp
+DISCARD TEMP;
+
+-- 2. work_mem
+SET LOCAL work_mem = '1GB';
+
+-- 3. lock
+-- $1 = 'org\x1fgolden\x1fbrand\x1fb1'
+SELECT pg_advisory_xact_lock(hashtextextended($1, 0));
+
+-- 4. stage episodic_events.inserts: 3 row(s), JSON parameter into temporary table _ds_episodic_events_inserts
+-- $1 = JSON array of 3 row(s): id, scope_path, tenant_id, session_id, content, metadata, created_at, version
+CREATE TEMP TABLE _ds_episodic_events_inserts AS SELECT * FROM (SELECT * FROM jsonb_to_recordset($1::jsonb) AS x("id" text, "scope_path" text, "tenant_id" text, "session_id" text, "content" text, "metadata" text, "created_at" timestamptz, "version" bigint)) s;
+
+-- 5. stage memory_edges.deletes: 5 row(s), JSON parameter into temporary table _ds_memory_edges_deletes
+-- $1 = JSON array of 5 row(s): id, expected_version, reason
+CREATE TEMP TABLE _ds_memory_edges_deletes AS SELECT * FROM (SELECT * FROM jsonb_to_recordset($1::jsonb) AS x("id" text, "expected_version" bigint, "reason" text)) s;
+
+-- 6. stage memory_nodes.updates: 10000 row(s), ADBC COPY of an Arrow table into temporary table _ds_memory_nodes_updates
+-- $1 = Arrow table of 10000 row(s): id, expected_version, importance, last_decayed_at
+-- (no SQL: ADBC ingest of $1 into TEMPORARY TABLE _ds_memory_nodes_updates)
+
+-- 7. stage memory_nodes.deletes: 5 row(s), JSON parameter into temporary table _ds_memory_nodes_deletes
+-- $1 = JSON array of 5 row(s): id, expected_version, reason
+CREATE TEMP TABLE _ds_memory_nodes_deletes AS SELECT * FROM (SELECT * FROM jsonb_to_recordset($1::jsonb) AS x("id" text, "expected_version" bigint, "reason" text)) s;
+
+-- 8. delete memory_nodes.deletes: 5 row(s), read from temporary table _ds_memory_nodes_deletes (staged above)
+-- $1 = 'org\x1fgolden\x1fbrand\x1fb1'
+-- $2 = '00000000-0000-4000-8000-000000000001'
+WITH gone AS (DELETE FROM memory_nodes t USING _ds_memory_nodes_deletes s WHERE t.id = s.id::uuid AND t.scope_path = $1 AND t.version = s.expected_version RETURNING t.*, s.reason AS _ds_reason), archived AS (INSERT INTO consolidation_archive (run_id, table_name, row_id, op, reason, row) SELECT $2::uuid, 'memory_nodes', gone.id::text, 'delete', gone._ds_reason, to_jsonb(gone) - '_ds_reason' FROM gone RETURNING 1) SELECT count(*) AS n FROM archived;
+
+-- 9. delete memory_edges.deletes: 5 row(s), read from temporary table _ds_memory_edges_deletes (staged above)
+-- $1 = 'org\x1fgolden\x1fbrand\x1fb1'
+-- $2 = '00000000-0000-4000-8000-000000000001'
+WITH kept AS (SELECT nd.id::uuid AS id FROM _ds_memory_nodes_deletes nd WHERE NOT EXISTS (SELECT 1 FROM consolidation_archive a WHERE a.run_id = $2::uuid AND a.table_name = 'memory_nodes' AND a.op = 'delete' AND a.row_id = nd.id::uuid::text)), gone AS (DELETE FROM memory_edges t USING _ds_memory_edges_deletes s WHERE t.id = s.id::uuid AND t.scope_path = $1 AND t.version = s.expected_version AND NOT EXISTS (SELECT 1 FROM kept k WHERE k.id = t.source_id) AND NOT EXISTS (SELECT 1 FROM kept k WHERE k.id = t.target_id) RETURNING t.*, s.reason AS _ds_reason), archived AS (INSERT INTO consolidation_archive (run_id, table_name, row_id, op, reason, row) SELECT $2::uuid, 'memory_edges', gone.id::text, 'delete', gone._ds_reason, to_jsonb(gone) - '_ds_reason' FROM gone RETURNING 1) SELECT count(*) AS n FROM archived;
+
+-- 10. update memory_nodes.updates: 10000 row(s), read from temporary table _ds_memory_nodes_updates (staged above)
+-- $1 = 'org\x1fgolden\x1fbrand\x1fb1'
+WITH done AS (UPDATE memory_nodes t SET importance = COALESCE(s.importance, t.importance), last_decayed_at = COALESCE(s.last_decayed_at, t.last_decayed_at) FROM _ds_memory_nodes_updates s WHERE t.id = s.id::uuid AND t.scope_path = $1 AND t.version = s.expected_version RETURNING 1) SELECT count(*) AS n FROM done;
+
+-- 11. insert episodic_events.inserts: 3 row(s), read from temporary table _ds_episodic_events_inserts (staged above)
+-- $1 = 'org\x1fgolden\x1fbrand\x1fb1'
+WITH done AS (INSERT INTO episodic_events (id, scope_path, tenant_id, session_id, content, metadata, created_at, version) SELECT s.id::uuid, s.scope_path, s.tenant_id, s.session_id, s.content, s.metadata::jsonb, s.created_at, s.version FROM _ds_episodic_events_inserts s WHERE s.scope_path = $1 ON CONFLICT DO NOTHING RETURNING 1) SELECT count(*) AS n FROM done;
+
+-- 12. ledger consolidation_runs
+-- params: $1…$17 bound from the run's report after the writes (rows_changed, conflicts)
+INSERT INTO consolidation_runs (run_id, scope_path, mode, as_of, started_at, finished_at, status, counters, phases_run, phases_skipped, timings, rows_changed, conflicts, diff_hash, snapshot_uri, diff_uri, errors, quarantined) VALUES ($1::uuid, $2, $3, $4, $5, now(), $6, $7::jsonb, $8::jsonb, $9::jsonb, $10::jsonb, $11::jsonb, $12, $13, $14, $15, $16::jsonb, $17::jsonb);
