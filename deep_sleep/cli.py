@@ -171,6 +171,16 @@ def cmd_undo(args: argparse.Namespace) -> int:
     return 0 if result.complete else 1
 
 
+def cmd_gc(args: argparse.Namespace) -> int:
+    from deep_sleep.jobs.gc import gc, gc_markdown
+    from deep_sleep.run.stages import runs_dir
+    from deep_sleep.store.db import connect_store
+
+    result = gc(connect_store(args.dsn), runs_dir(args.runs_dir), args.keep_days, force=args.force, dry_run=args.dry_run)
+    print(gc_markdown(result))
+    return 0
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from deep_sleep.jobs.ledger import last_runs, print_runs, runs_markdown
     from deep_sleep.store.db import connect_store
@@ -334,6 +344,15 @@ def build_parser() -> argparse.ArgumentParser:
     u = sub.add_parser("undo", help="restore a run's before-images unless rows changed since")
     u.add_argument("run_id")
     u.set_defaults(func=cmd_undo)
+
+    g = sub.add_parser("gc", help="remove run directories and archive rows older than --keep-days "
+                                  "(runs that can still be undone are kept unless --force)")
+    g.add_argument("--keep-days", type=float, required=True)
+    g.add_argument("--force", action="store_true", help="also remove what an undoable run needs; it is then "
+                                                          "marked not undoable in the ledger")
+    g.add_argument("--dry-run", action="store_true", help="list what would be removed, remove nothing")
+    g.add_argument("--runs-dir", default=None)
+    g.set_defaults(func=cmd_gc)
 
     rp = sub.add_parser("report", help="the last runs from the ledger")
     rp.add_argument("scope", nargs="?", default=None)

@@ -34,6 +34,8 @@ class RunRecord:
     errors: why a run failed.  quarantined: table → reason → rows set aside from the snapshot.
     undo_of: for an undo row, the run it undid.  undone_by: for an undone run, its undo row.
     not_restored: for an undo row, table → kind → reason → rows it could not restore.
+    not_undoable: why the run can no longer be undone (its before-images were removed by ``gc``), or None.
+    files_removed_at: when ``gc`` removed the run's snapshot and diff directories, or None.
     """
 
     run_id: str
@@ -54,6 +56,8 @@ class RunRecord:
     undo_of: str | None = None
     undone_by: str | None = None
     not_restored: dict[str, Any] = field(default_factory=dict)
+    not_undoable: str | None = None
+    files_removed_at: datetime | None = None
 
     @property
     def key_counters(self) -> dict[str, int]:
@@ -72,7 +76,8 @@ class RunRecord:
 _SELECT = """
 SELECT r.run_id::text AS run_id, r.scope_path, r.mode, r.as_of, r.status, r.started_at, r.finished_at,
        r.counters, r.rows_changed, r.conflicts, r.diff_hash, r.snapshot_uri, r.diff_uri, r.errors,
-       r.quarantined, r.undo_of::text AS undo_of, u.run_id::text AS undone_by, r.not_restored
+       r.quarantined, r.undo_of::text AS undo_of, u.run_id::text AS undone_by, r.not_restored,
+       r.not_undoable, r.files_removed_at
 FROM consolidation_runs r
 LEFT JOIN consolidation_runs u ON u.undo_of = r.run_id
 """

@@ -123,6 +123,9 @@ def refuse(run: RunRecord) -> None:
     if run.status != "applied":
         raise UndoError(f"run {run.run_id} (scope {run.scope}) has status {run.status!r}: it applied nothing, so there is "
                         "nothing to undo")
+    if run.not_undoable:
+        raise UndoError(f"run {run.run_id} (scope {run.scope}) can no longer be undone: {run.not_undoable} "
+                        "(`deep-sleep gc --force`); nothing was changed")
 
 
 @dataclass(frozen=True)
