@@ -181,6 +181,23 @@ def cmd_gc(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_health(args: argparse.Namespace) -> int:
+    from datetime import UTC, datetime
+
+    from deep_sleep.transforms.config import load_config
+    from deep_sleep.core.scope import Scope
+    from deep_sleep.jobs.health import health, health_markdown
+    from deep_sleep.store.db import connect_store
+
+    config = load_config(args.config)
+    alerts = health(connect_store(args.dsn), _as_of(args.as_of) or datetime.now(UTC), config.health,
+                    config.gating.min_interval_hours)
+    if args.scope:
+        alerts = [a for a in alerts if a.scope_path == Scope.coerce(args.scope).path]
+    print(health_markdown(alerts))
+    return 1 if alerts else 0
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from deep_sleep.jobs.ledger import last_runs, print_runs, runs_markdown
     from deep_sleep.store.db import connect_store
@@ -353,6 +370,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--dry-run", action="store_true", help="list what would be removed, remove nothing")
     g.add_argument("--runs-dir", default=None)
     g.set_defaults(func=cmd_gc)
+
+    h = sub.add_parser("health", help="run-health alerts over the ledger and the store (exit 1 when one fires)")
+    h.add_argument("--as-of", default=None)
+    h.add_argument("--scope", default=None, help="only this scope's alerts")
+    h.add_argument("--config", default=None)
+    h.set_defaults(func=cmd_health)
 
     rp = sub.add_parser("report", help="the last runs from the ledger")
     rp.add_argument("scope", nargs="?", default=None)

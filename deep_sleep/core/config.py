@@ -47,6 +47,19 @@ class GatingConfig(BaseModel):
     min_sessions: int = Field(20, ge=1)
 
 
+class HealthConfig(BaseModel):
+    """The thresholds of the run-health alerts."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    enabled: bool = True
+    idle_nights: int = Field(3, ge=1)
+    max_conflict_rate: float = Field(0.20, ge=0, le=1)
+    quarantine_jump_factor: float = Field(2.0, ge=1)
+    quarantine_jump_min: int = Field(10, ge=1)
+    gated_factor: float = Field(2.0, ge=1)
+    fail_nightly: bool = Field(True, description="the nightly exits 1 (flow run not Completed) when an alert fires")
+
+
 class BaseConsolidationConfig(BaseSettings):
     """The knobs of a run that belong to no phase; :func:`assemble` adds one section per phase.
     Frozen: build a new one to change it."""
@@ -58,6 +71,7 @@ class BaseConsolidationConfig(BaseSettings):
     lookback_hours: float = Field(24, gt=0)
     quick_nap_interval: int = Field(10, ge=1)
     gating: GatingConfig = GatingConfig()
+    health: HealthConfig = HealthConfig()
 
     @classmethod
     def settings_customise_sources(
