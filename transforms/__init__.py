@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from deep_sleep.core.errors import ConfigError
 from deep_sleep.transforms._common import PhaseResult
 from deep_sleep.transforms.cooccurrence import cooccurrence
 from deep_sleep.transforms.decay_importance import decay_importance
@@ -73,7 +74,7 @@ def roster(names: tuple[str, ...] | list[str] | None = None) -> tuple[Phase, ...
     known = {p.name for p in ROSTER}
     unknown = [n for n in names if n not in known]
     if unknown:
-        raise ValueError(f"unknown phase(s) {', '.join(unknown)}; phases are: {', '.join(p.name for p in ROSTER)}")
+        raise ConfigError(f"unknown phase(s) {', '.join(unknown)}; phases are: {', '.join(p.name for p in ROSTER)}")
     return tuple(p for p in ROSTER if p.name in names)
 
 

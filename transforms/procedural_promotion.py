@@ -26,6 +26,7 @@ from deep_sleep.transforms._common import PhaseResult, created_ids, in_window, s
 from deep_sleep.core.config import ProceduralPromotionConfig
 from deep_sleep.core.diff import Diff
 from deep_sleep.core.embedding import EmbeddingProvider
+from deep_sleep.core.errors import ConfigError
 from deep_sleep.core.snapshot import Snapshot
 from deep_sleep.core.tables import EMBEDDING_DIM
 
@@ -135,7 +136,7 @@ def procedural_promotion(
     if not events.height:
         return skip("missing input: no episodic events")
     if embedder.dim != EMBEDDING_DIM:
-        raise ValueError(
+        raise ConfigError(
             f"{PHASE}: embedder {embedder.name!r} makes {embedder.dim}-dimensional vectors; "
             f"procedural_skills.embedding is vector({EMBEDDING_DIM}). Project its output to {EMBEDDING_DIM} dimensions."
         )

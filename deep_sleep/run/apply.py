@@ -33,6 +33,7 @@ import pyarrow as pa
 
 from deep_sleep.core import tables
 from deep_sleep.core.diff import Diff, _fold_updates
+from deep_sleep.core.errors import ConfigError, InputError
 from deep_sleep.core.report import ConsolidationReport
 from deep_sleep.store.db import Store
 
@@ -46,7 +47,7 @@ def apply_work_mem() -> str:
     """``work_mem`` for the apply transaction: ``DEEP_SLEEP_APPLY_WORK_MEM`` or 256MB."""
     value = os.environ.get("DEEP_SLEEP_APPLY_WORK_MEM", "256MB").strip()
     if not re.fullmatch(r"\d+\s*(kB|MB|GB)", value):
-        raise ValueError(f"DEEP_SLEEP_APPLY_WORK_MEM={value!r}: expected a size such as 256MB or 1GB")
+        raise ConfigError(f"DEEP_SLEEP_APPLY_WORK_MEM={value!r}: expected a size such as 256MB or 1GB")
     return value
 
 
@@ -225,7 +226,7 @@ def apply_diff(
     ``report.run_id`` must be set.  On any error the transaction rolls back: the store is as before.
     """
     if not report.run_id:
-        raise ValueError("apply_diff needs report.run_id (a UUID) to archive and record the run")
+        raise InputError("apply_diff needs report.run_id (a UUID) to archive and record the run")
     uuid.UUID(report.run_id)
     started_at = started_at or datetime.now(UTC)
     scope = report.scope_path
