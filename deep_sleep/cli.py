@@ -348,12 +348,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from deep_sleep.core.errors import DeepSleepError
-    from deep_sleep.core.scope import ScopeError
 
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (DeepSleepError, ScopeError, ValueError) as exc:
+    except DeepSleepError as exc:  # ours, raised on purpose: the message names the input and the fix
         print(f"deep-sleep {args.command}: error: {exc}", file=sys.stderr)
         return 2
 
