@@ -52,6 +52,12 @@ def cmd_seed(args: argparse.Namespace) -> int:
 
 
 def _run_flow(scope: str, as_of: datetime | None, config_file: str | None, dsn: str | None, runs_dir: str | None):
+    from deep_sleep.core.config import load_config
+    from deep_sleep.core.scope import Scope
+
+    # Bad input is refused here, before the flow starts: a failing flow run logs its traceback.
+    Scope.coerce(scope)
+    load_config(config_file)
     _quiet_prefect()
     from deep_sleep.flows.consolidate import DeepSleepParameters, deep_sleep
 

@@ -43,6 +43,14 @@ def test_a_bad_scope_exits_2_naming_it(store, tmp_path):
     _refused(_cli("--dsn", store.dsn, "snapshot", "org", "--out", str(tmp_path / "snap")), "snapshot", "'org'")
 
 
+def test_a_bad_scope_or_config_for_the_flow_exits_2_before_the_flow_runs(store, tmp_path):
+    """A flow run that fails logs its traceback: ``run`` refuses bad input before it starts one."""
+    _refused(_cli("--dsn", store.dsn, "run", "org/acme/brand", "--runs-dir", str(tmp_path)), "run", "'org/acme/brand'")
+    missing = tmp_path / "missing.toml"
+    _refused(_cli("--dsn", store.dsn, "run", "org/acme", "--config", str(missing), "--runs-dir", str(tmp_path)), "run",
+             str(missing))
+
+
 def test_a_missing_config_file_exits_2_naming_it(snapshot_dir, tmp_path):
     missing = tmp_path / "nightly.toml"
     result = _cli("replay", str(snapshot_dir), "--as-of", NOW.isoformat(), "--out", str(tmp_path / "out"), "--config", str(missing))
