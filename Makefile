@@ -28,7 +28,7 @@ test: setup           ## the whole suite, on the embedded Postgres (or $$DEEP_SL
 fuzz: setup           ## the property tests with fresh random examples (make test's are fixed), $(FUZZ_RUNS) times
 	for i in $$(seq $(FUZZ_RUNS)); do HYPOTHESIS_PROFILE=fuzz $(PY) -m pytest -q -p no:cacheprovider \
 	  tests/transforms/test_properties_nodes.py tests/transforms/test_properties_graph.py \
-	  tests/transforms/test_properties_episodes.py tests/core/test_embedding.py tests/core/test_fastpaths.py \
+	  tests/transforms/test_properties_episodes.py tests/core/test_embedding.py tests/core/test_lookup.py tests/core/test_diff.py tests/transforms/test_cooccurrence.py tests/validation/test_quarantine_paths.py tests/validation/test_diff_checks_paths.py \
 	  tests/run/test_isolation.py tests/core/test_canonical.py || exit 1; done
 
 bench: setup          ## make bench SCALE=1000000 ; writes bench-results.json

@@ -52,6 +52,12 @@ def cmd_seed(args: argparse.Namespace) -> int:
 
 
 def _run_flow(scope: str, as_of: datetime | None, config_file: str | None, dsn: str | None, runs_dir: str | None):
+    from deep_sleep.core.scope import Scope
+    from deep_sleep.transforms.config import load_config
+
+    # Bad input is refused here, before the flow starts: a failing flow run logs its traceback.
+    Scope.coerce(scope)
+    load_config(config_file)
     _quiet_prefect()
     from deep_sleep.flows.consolidate import DeepSleepParameters, deep_sleep
 
@@ -85,9 +91,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
     With ``--compare-config`` the snapshot is replayed under both configurations and compared;
     with ``--explain`` the statements an apply of the diff would run are printed too.
     """
-    from deep_sleep.transforms.config import load_config
     from deep_sleep.run.console import report_markdown
     from deep_sleep.run.stages import plan_stage, validate_stage
+    from deep_sleep.transforms.config import load_config
 
     if args.explain and args.compare_config:
         from deep_sleep.core.errors import InputError
@@ -135,8 +141,8 @@ def _explain(diff_dir: Path, report) -> None:
 def cmd_replay_range(args: argparse.Namespace) -> int:
     """Replay every stored snapshot of a scope taken in [--from, --to]; optionally compare two configs."""
     from deep_sleep.jobs.replay_range import range_markdown, replay_range
-    from deep_sleep.transforms.config import load_config
     from deep_sleep.store.db import connect_store
+    from deep_sleep.transforms.config import load_config
 
     results = replay_range(
         args.runs_dir, args.scope, args.from_, args.to, load_config(args.config),
@@ -150,7 +156,11 @@ def cmd_replay_range(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     """Compare two diff directories (two configs, or two code versions, on the same snapshot)."""
-    from deep_sleep.jobs.compare import compare_dirs, comparison_markdown, print_comparison
+    from deep_sleep.jobs.compare import (
+        compare_dirs,
+        comparison_markdown,
+        print_comparison,
+    )
 
     cmp = compare_dirs(args.diff_a, args.diff_b)
     if args.markdown:
@@ -184,10 +194,10 @@ def cmd_gc(args: argparse.Namespace) -> int:
 def cmd_health(args: argparse.Namespace) -> int:
     from datetime import UTC, datetime
 
-    from deep_sleep.transforms.config import load_config
     from deep_sleep.core.scope import Scope
     from deep_sleep.jobs.health import health, health_markdown
     from deep_sleep.store.db import connect_store
+    from deep_sleep.transforms.config import load_config
 
     config = load_config(args.config)
     alerts = health(connect_store(args.dsn), _as_of(args.as_of) or datetime.now(UTC), config.health,
@@ -418,12 +428,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from deep_sleep.core.errors import DeepSleepError
-    from deep_sleep.core.scope import ScopeError
 
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (DeepSleepError, ScopeError, ValueError) as exc:
+    except DeepSleepError as exc:  # ours, raised on purpose: the message names the input and the fix
         print(f"deep-sleep {args.command}: error: {exc}", file=sys.stderr)
         return 2
 

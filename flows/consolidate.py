@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from deep_sleep.transforms.config import ConsolidationConfig, load_config
 from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
@@ -25,7 +26,6 @@ from deep_sleep.core.snapshot import utc
 from deep_sleep.run import stages
 from deep_sleep.run.console import report_markdown
 from deep_sleep.store.db import Store, connect_store
-from deep_sleep.transforms.config import ConsolidationConfig, load_config
 
 
 class DeepSleepParameters(BaseModel):

@@ -24,6 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
+from deep_sleep.transforms.config import ConsolidationConfig, load_config
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
@@ -37,10 +38,9 @@ from deep_sleep.core.snapshot import utc
 from deep_sleep.jobs.gating import due_scopes
 from deep_sleep.run import stages
 from deep_sleep.store.db import Store, connect_store
-from deep_sleep.transforms.config import ConsolidationConfig, load_config
+from deep_sleep.store.errors import is_transient
 
 APPLY_TAG = "deep-sleep-apply"
-TRANSIENT_SQLSTATES = ("40001", "40P01", "55P03", "57P01", "08000", "08003", "08006")  # serialization, deadlock, lock timeout, shutdown, connection
 
 
 class NightlyParameters(BaseModel):
@@ -62,19 +62,9 @@ class NightlyParameters(BaseModel):
     dask_workers: int = Field(2, ge=1, description="workers of the local Dask cluster")
 
 
-def is_transient(exc: BaseException | None) -> bool:
-    """Errors worth a retry: lost connections, lock timeouts, serialization failures, deadlocks."""
-    import psycopg
-
-    if exc is None:
-        return False
-    if isinstance(exc, psycopg.OperationalError):
-        return True
-    text = str(exc)
-    return any(code in text for code in TRANSIENT_SQLSTATES) or "connection" in text.lower() and "closed" in text.lower()
-
-
 def _retry_transient(task, task_run, state) -> bool:
+    """Prefect's retry condition: retry a task only when its error is transient, by
+    :func:`deep_sleep.store.errors.is_transient` (psycopg error class / SQLSTATE, never message text)."""
     try:
         state.result()
     except BaseException as exc:  # noqa: BLE001 - we are classifying it

@@ -13,16 +13,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from deep_sleep.transforms.config import ConsolidationConfig, load_config
 from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel, Field, model_validator
 
+from deep_sleep.core.errors import InputError
 from deep_sleep.core.scope import Scope
 from deep_sleep.jobs import compare, replay_range
 from deep_sleep.run.console import markdown_table
 from deep_sleep.store.db import Store, connect_store
-from deep_sleep.transforms.config import ConsolidationConfig, load_config
 
 
 class ReplayParameters(BaseModel):
@@ -45,9 +46,9 @@ class ReplayParameters(BaseModel):
     @model_validator(mode="after")
     def _one_source(self) -> ReplayParameters:
         if bool(self.snapshot_dir) == bool(self.scope):
-            raise ValueError("give either snapshot_dir (one snapshot) or scope (its stored snapshots, optionally start/end)")
+            raise InputError("give either snapshot_dir (one snapshot) or scope (its stored snapshots, optionally start/end)")
         if self.as_of is not None and self.scope:
-            raise ValueError("as_of applies to a single snapshot_dir; a range replays each snapshot at its own run's as_of")
+            raise InputError("as_of applies to a single snapshot_dir; a range replays each snapshot at its own run's as_of")
         return self
 
     @property

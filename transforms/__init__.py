@@ -23,8 +23,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from deep_sleep.core.config import PhaseConfig
-from deep_sleep.core.report import ConsolidationReport
 from deep_sleep.transforms import (
     cooccurrence,
     decay_importance,
@@ -44,6 +42,11 @@ from deep_sleep.transforms import (
     working_ttl,
 )
 from deep_sleep.transforms._common import PhaseResult
+from deep_sleep.transforms.errors import RosterError
+
+from deep_sleep.core.config import PhaseConfig
+from deep_sleep.core.errors import ConfigError
+from deep_sleep.core.report import ConsolidationReport
 
 
 @dataclass(frozen=True)
@@ -58,9 +61,9 @@ class Phase:
 
     def __post_init__(self) -> None:
         if not (isinstance(self.config, type) and issubclass(self.config, PhaseConfig)):
-            raise TypeError(f"phase {self.name}: config must be a PhaseConfig subclass, not {self.config!r}")
+            raise RosterError(f"phase {self.name}: config must be a PhaseConfig subclass, not {self.config!r}")
         if isinstance(self.counters, str) or not all(isinstance(c, str) and c for c in self.counters):
-            raise TypeError(f"phase {self.name}: counters must be a tuple of names, not {self.counters!r}")
+            raise RosterError(f"phase {self.name}: counters must be a tuple of names, not {self.counters!r}")
 
     @property
     def name(self) -> str:
@@ -98,7 +101,7 @@ def roster(names: tuple[str, ...] | list[str] | None = None) -> tuple[Phase, ...
     known = {p.name for p in ROSTER}
     unknown = [n for n in names if n not in known]
     if unknown:
-        raise ValueError(f"unknown phase(s) {', '.join(unknown)}; phases are: {', '.join(p.name for p in ROSTER)}")
+        raise ConfigError(f"unknown phase(s) {', '.join(unknown)}; phases are: {', '.join(p.name for p in ROSTER)}")
     return tuple(p for p in ROSTER if p.name in names)
 
 

@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 import numpy as np
 import polars as pl
 import pyarrow as pa
+from deep_sleep.transforms.errors import PhaseError
 
 from deep_sleep.core.diff import Diff
 from deep_sleep.core.snapshot import Snapshot
@@ -129,7 +130,7 @@ def _uuid_text(digests: pa.StringArray) -> pa.LargeStringArray:
     n = len(digests)
     offsets = np.frombuffer(digests.buffers()[1], dtype=np.int32, count=n + 1, offset=digests.offset * 4)
     if n and not (np.diff(offsets) == 40).all():
-        raise ValueError("created_ids: a SHA-1 digest is not 40 hex digits")
+        raise PhaseError("created_ids: a SHA-1 digest is not 40 hex digits")
     hexd = np.frombuffer(digests.buffers()[2], dtype=np.uint8)[offsets[0] : offsets[0] + 40 * n].reshape(n, 40)
     out = np.empty((n, 36), dtype=np.uint8)
     out[:, 0:8] = hexd[:, 0:8]

@@ -20,9 +20,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from deep_sleep.transforms import ROSTER, Phase
+
 from deep_sleep.core.config import BaseConsolidationConfig, assemble, load
 from deep_sleep.core.errors import ConfigError
-from deep_sleep.transforms import ROSTER, Phase
 
 
 def config_model(phases: Iterable[Phase] | None = None, *, name: str = "ConsolidationConfig") -> type[BaseConsolidationConfig]:

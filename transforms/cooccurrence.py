@@ -7,8 +7,13 @@ from datetime import datetime
 
 import numpy as np
 import polars as pl
+from deep_sleep.transforms._common import (
+    PhaseResult,
+    created_ids,
+    in_window,
+    window_start,
+)
 from pydantic import Field
-from deep_sleep.transforms._common import PhaseResult, created_ids, in_window, window_start
 
 from deep_sleep.core import tables
 from deep_sleep.core.config import PhaseConfig

@@ -21,9 +21,15 @@ from __future__ import annotations
 from datetime import datetime
 
 import polars as pl
-from pydantic import Field
-from deep_sleep.transforms._common import PhaseResult, created_ids, in_window, skip, window_start
+from deep_sleep.transforms._common import (
+    PhaseResult,
+    created_ids,
+    in_window,
+    skip,
+    window_start,
+)
 from deep_sleep.transforms.label_recalls import JSON_KEY, WORD
+from pydantic import Field
 
 from deep_sleep.core.config import PhaseConfig
 from deep_sleep.core.diff import Diff

@@ -5,8 +5,8 @@ from __future__ import annotations
 from datetime import datetime
 
 import polars as pl
-from pydantic import Field
 from deep_sleep.transforms._common import PhaseResult, created_id, merge_json, skip
+from pydantic import Field
 
 from deep_sleep.core.config import PhaseConfig
 from deep_sleep.core.diff import Diff

@@ -18,8 +18,8 @@ import re
 from datetime import datetime, timedelta
 
 import polars as pl
-from pydantic import Field
 from deep_sleep.transforms._common import PhaseResult, skip
+from pydantic import Field
 
 from deep_sleep.core.config import PhaseConfig
 from deep_sleep.core.diff import Diff

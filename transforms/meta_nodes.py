@@ -5,7 +5,6 @@ from __future__ import annotations
 from datetime import datetime
 
 import polars as pl
-from pydantic import Field
 from deep_sleep.transforms._common import (
     PhaseResult,
     created_ids,
@@ -15,6 +14,7 @@ from deep_sleep.transforms._common import (
     merge_json,
     resolve_labels,
 )
+from pydantic import Field
 
 from deep_sleep.core.config import PhaseConfig
 from deep_sleep.core.diff import Diff

@@ -6,7 +6,13 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 import polars as pl
-from deep_sleep.transforms._common import PhaseResult, created_id, created_ids, resolve_labels, skip
+from deep_sleep.transforms._common import (
+    PhaseResult,
+    created_id,
+    created_ids,
+    resolve_labels,
+    skip,
+)
 
 from deep_sleep.core import tables
 from deep_sleep.core.config import PhaseConfig

@@ -21,12 +21,13 @@ from datetime import datetime, timedelta
 
 import numpy as np
 import polars as pl
-from pydantic import Field
 from deep_sleep.transforms._common import PhaseResult, created_ids, in_window, skip
+from pydantic import Field
 
 from deep_sleep.core.config import PhaseConfig
 from deep_sleep.core.diff import Diff
 from deep_sleep.core.embedding import EmbeddingProvider
+from deep_sleep.core.errors import ConfigError
 from deep_sleep.core.snapshot import Snapshot
 from deep_sleep.core.tables import EMBEDDING_DIM
 
@@ -148,7 +149,7 @@ def procedural_promotion(
     if not events.height:
         return skip("missing input: no episodic events")
     if embedder.dim != EMBEDDING_DIM:
-        raise ValueError(
+        raise ConfigError(
             f"{PHASE}: embedder {embedder.name!r} makes {embedder.dim}-dimensional vectors; "
             f"procedural_skills.embedding is vector({EMBEDDING_DIM}). Project its output to {EMBEDDING_DIM} dimensions."
         )

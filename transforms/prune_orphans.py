@@ -6,11 +6,12 @@ from datetime import datetime, timedelta
 
 import numpy as np
 import polars as pl
-from pydantic import Field
 from deep_sleep.transforms._common import PhaseResult, is_protected, json_number
+from pydantic import Field
 
 from deep_sleep.core.config import PhaseConfig
 from deep_sleep.core.diff import Diff
+from deep_sleep.core.errors import SnapshotError
 from deep_sleep.core.snapshot import Snapshot
 
 
@@ -108,7 +109,7 @@ def _seed(ids: pl.Series) -> int:
         hashes = np.sort(ids.hash(seed).to_numpy())
         if not (hashes[1:] == hashes[:-1]).any():
             return seed
-    raise ValueError("memory_nodes: duplicate ids in the snapshot")
+    raise SnapshotError("memory_nodes: duplicate ids in the snapshot")
 
 
 def _peel(edges: pl.DataFrame, weak: pl.Series, expired: pl.Series, max_degree: int) -> np.ndarray:

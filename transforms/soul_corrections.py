@@ -5,7 +5,12 @@ from __future__ import annotations
 from datetime import datetime
 
 import polars as pl
-from deep_sleep.transforms._common import PhaseResult, created_ids, in_window, window_start
+from deep_sleep.transforms._common import (
+    PhaseResult,
+    created_ids,
+    in_window,
+    window_start,
+)
 
 from deep_sleep.core.config import PhaseConfig
 from deep_sleep.core.diff import Diff

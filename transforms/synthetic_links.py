@@ -5,8 +5,14 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 import polars as pl
+from deep_sleep.transforms._common import (
+    PhaseResult,
+    created_ids,
+    in_window,
+    resolve_labels,
+    skip,
+)
 from pydantic import Field
-from deep_sleep.transforms._common import PhaseResult, created_ids, in_window, resolve_labels, skip
 
 from deep_sleep.core.config import PhaseConfig
 from deep_sleep.core.diff import Diff

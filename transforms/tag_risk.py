@@ -7,7 +7,12 @@ import re
 from datetime import datetime
 
 import polars as pl
-from deep_sleep.transforms._common import PhaseResult, in_window, merge_json, window_start
+from deep_sleep.transforms._common import (
+    PhaseResult,
+    in_window,
+    merge_json,
+    window_start,
+)
 
 from deep_sleep.core.config import PhaseConfig
 from deep_sleep.core.diff import Diff

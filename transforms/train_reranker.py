@@ -26,8 +26,8 @@ from datetime import datetime
 
 import numpy as np
 import polars as pl
-from pydantic import Field
 from deep_sleep.transforms._common import PhaseResult, created_id, skip
+from pydantic import Field
 
 from deep_sleep.core.config import PhaseConfig
 from deep_sleep.core.diff import Diff

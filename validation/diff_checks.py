@@ -236,6 +236,52 @@ def _surviving_ends(diff: Diff, snapshot: Snapshot, deleted: pl.Series) -> pl.Se
     ]).alias("id")
 
 
+def _annotate_plain(table: str, kind: str, frame: pl.DataFrame, diff: Diff, snapshot: Snapshot) -> pl.DataFrame:
+    """The annotations :func:`_annotate` computes, stated plainly (every lookup an ``is_in`` or a
+    join on the ids over whole tables; no hash probes, no narrowing to the edges that touch the
+    ids asked about).  ``_annotate`` must give exactly this frame; tests/validation/test_diff_checks_paths.py
+    checks it on generated diffs."""
+    snap = snapshot.table(table)
+    out = frame.with_row_index("_row").with_columns(pl.len().over("phase").alias("_phase_rows"))
+    if kind in ("updates", "deletes"):
+        ref = snap.select("id", pl.col("version").alias("_snapshot_version"), *([pl.col("label").alias("_label")] if "label" in snap.columns else []))
+        out = out.join(ref, on="id", how="left", maintain_order="left")
+    if kind == "updates":
+        gone = diff.table(table).deletes.get_column("id").implode()
+        out = out.with_columns(pl.col("id").is_in(gone).alias("_deleted"))
+        rewrites = [pl.col(c).is_not_null() for c in IMMUTABLE[1:] if c in out.columns]
+        out = out.with_columns((pl.any_horizontal(rewrites) if rewrites else pl.lit(False)).alias("_rewrites_scope"))
+    edges = diff.table("memory_edges")
+    kept_edges = lookup.without(snapshot.table("memory_edges"), edges.deletes.get_column("id"))  # the edges the diff leaves
+    if kind == "deletes" and table == "memory_nodes":
+        final = kept_edges.select("source_id", "target_id")
+        if edges.inserts.height:
+            final = pl.concat([final, edges.inserts.select("source_id", "target_id")])
+        ends = pl.concat([final.get_column("source_id"), final.get_column("target_id")]).alias("id")
+        counts = ends.filter(lookup.member_plain(ends, out.get_column("id"))).to_frame().group_by("id").len("_dangling_edges")
+        out = out.join(counts, on="id", how="left", maintain_order="left").with_columns(pl.col("_dangling_edges").fill_null(0))
+    if kind == "inserts":
+        out = out.with_columns(lookup.member_plain(out.get_column("id"), snap.get_column("id")).alias("_in_snapshot"))
+        if table == "memory_edges":
+            nodes = diff.table("memory_nodes")
+            live = lookup.without(snapshot.table("memory_nodes"), nodes.deletes.get_column("id")).get_column("id")
+            if nodes.inserts.height:
+                live = pl.concat([live, nodes.inserts.get_column("id")])
+            out = out.with_columns((lookup.member_plain(out.get_column("source_id"), live)
+                                    & lookup.member_plain(out.get_column("target_id"), live)).alias("_ends_exist"))
+            co = pl.col("relation") == "CO_OCCURRED"
+            final = pl.concat([kept_edges.filter(co).select("source_id", "target_id"), out.filter(co).select("source_id", "target_id")])
+            pairs = pl.concat([final.select(a=pl.col("source_id"), b=pl.col("target_id")),
+                               final.select(a=pl.col("target_id"), b=pl.col("source_id"))])
+            degree = pairs.filter(pl.col("a") != pl.col("b")).unique().group_by("a").len("deg")
+            out = out.join(degree.rename({"a": "source_id", "deg": "_d_src"}), on="source_id", how="left", maintain_order="left")
+            out = out.join(degree.rename({"a": "target_id", "deg": "_d_tgt"}), on="target_id", how="left", maintain_order="left")
+            out = out.with_columns(
+                pl.when(co).then(pl.max_horizontal("_d_src", "_d_tgt")).otherwise(None).alias("_co_degree")
+            ).drop("_d_src", "_d_tgt")
+    return out
+
+
 def _vouched(schema: pa.DataFrameSchema, frame: pl.DataFrame) -> bool:
     """True only if pandera's ``schema.validate(frame)`` cannot fail (see the module notes); False
     means "ask pandera" (a failing row, or anything the pre-check does not know how to judge)."""

@@ -36,12 +36,12 @@ hold anything.  Two paths give the same answer:
   handed to the big path, so DuckDB still decides every text Python cannot vouch for, and bad
   rows cost a round trip only when there are some.
 
-tests/core/test_fastpaths.py checks both paths against the DuckDB expression this module used before
-(``json_valid(c) AND json_type(c::JSON) = '…'``) on corpora of bad JSON and bad shapes, and the
-whole function against that earlier implementation on generated snapshots.  One difference, a
-fix: DuckDB does not short-circuit ``AND``, so that expression raised a ConversionException on
-the first text that was not JSON at all — a snapshot with one broken text stopped the run instead
-of quarantining the row.  Kept as it was, though PostgreSQL would reject them: DuckDB's
+Both paths are tested (tests/validation/test_quarantine_paths.py) against the rule stated plainly
+beside them, :func:`bad_json_plain` (DuckDB ``json_valid`` and ``json_type``), on corpora of bad
+JSON and bad shapes, and the whole of :func:`quarantine` against :func:`quarantine_plain` (the same
+rules as whole-frame Polars expressions) on generated snapshots.  The plain rule uses ``CASE``:
+DuckDB does not short-circuit ``AND``, so ``json_valid(c) AND json_type(c::JSON) = …`` raised a
+ConversionException on the first text that was not JSON at all.  Kept as it was, though PostgreSQL would reject them: DuckDB's
 ``json_valid`` accepts ``NaN``/``Infinity`` and trailing commas (``{"a": 1,}`` passes as an object).
 
 *Duplicate ids* hash the id column once (``Series.hash``, u64): when all hashes differ, all ids
@@ -149,6 +149,15 @@ def _bad_json_small(values: pl.Series, shape: str) -> pl.Series:
 def bad_json(values: pl.Series, shape: str, small_rows: int = SMALL_ROWS) -> pl.Series:
     """Boolean Series: True where the JSON text is null, invalid or not of ``shape`` (``OBJECT`` or ``ARRAY``)."""
     return _bad_json_small(values, shape) if values.len() <= small_rows else _bad_json_big(values, shape)
+
+
+def bad_json_plain(values: pl.Series, shape: str) -> pl.Series:
+    """The rule :func:`bad_json` implements, stated plainly: DuckDB's ``json_valid`` and ``json_type``
+    (a null or invalid text is bad; ``CASE`` parses only valid texts, where ``AND`` would not short-circuit)."""
+    with registered(pl.DataFrame({"v": values}).to_arrow()) as (con, name):
+        flags = con.sql(f"SELECT coalesce(NOT CASE WHEN json_valid(v) THEN json_type(v::JSON) = '{shape}' END, true) AS bad "
+                        f"FROM {name}").pl()
+    return flags.get_column("bad").alias(values.name)
 
 
 def _duplicated(ids: pl.Series) -> pl.Series | None:
@@ -294,6 +303,58 @@ def quarantine(snapshot: Snapshot, as_of: datetime, *, small_rows: int = SMALL_R
     return snapshot.with_frames(clean), quarantined
 
 
+def quarantine_plain(snapshot: Snapshot, as_of: datetime) -> tuple[Snapshot, pl.DataFrame]:
+    """What :func:`quarantine` computes, stated plainly: the same rules (:func:`_rule_plan`, the two
+    edge rules), each a Polars expression over the whole frame (``is_duplicated``, ``is_in``,
+    :func:`bad_json_plain`), the first reason by a ``when/then`` chain in REASONS order, the rows
+    split by a filter.  ``quarantine`` must give exactly this; tests/validation/test_quarantine_paths.py
+    checks it on generated corrupt snapshots."""
+    clean: dict[str, pl.DataFrame] = {}
+    found = [pl.DataFrame(schema=QUARANTINE_SCHEMA)]
+    bad_nodes = pl.Series("id", [], dtype=pl.String)
+    for table in sorted(snapshot.frames, key=lambda t: t == "memory_edges"):  # nodes before edges
+        frame = snapshot.frames[table]
+        if not frame.height:
+            clean[table] = frame
+            continue
+        tests: list[tuple[str, pl.Expr | pl.Series]] = []
+        for kind, reason, what in _rule_plan(table, tuple(frame.schema.items()), snapshot.scope_path):
+            if kind == "expr":
+                tests.append((reason, what))  # type: ignore[arg-type]
+            elif kind == "dup":
+                tests.append((reason, pl.col("id").is_duplicated()))
+            elif kind == "json":
+                column, shape = what  # type: ignore[misc]
+                tests.append((reason, bad_json_plain(frame.get_column(column), shape)))
+            else:  # future (a new kind of rule needs its plain statement here too)
+                limit = utc(as_of) + FUTURE_TOLERANCE
+                tests.append((reason, pl.any_horizontal([pl.col(c) > limit for c in what])))  # type: ignore[union-attr]
+        if table == "memory_edges":
+            live = clean.get("memory_nodes", snapshot.table("memory_nodes")).get_column("id").implode()
+            gone = bad_nodes.implode()
+            tests.append(("edge endpoint is quarantined", pl.col("source_id").is_in(gone) | pl.col("target_id").is_in(gone)))
+            tests.append(("dangling edge: endpoint not a node of this scope",
+                          ~(pl.col("source_id").is_in(live).fill_null(False) & pl.col("target_id").is_in(live).fill_null(False))))
+        work = frame.with_columns(t.alias(f"_t{i}") for i, (_, t) in enumerate(tests) if isinstance(t, pl.Series))
+        reason_of = pl.lit(None, dtype=pl.String)
+        for i, (reason, test) in reversed(list(enumerate(tests))):
+            flag = pl.col(f"_t{i}") if isinstance(test, pl.Series) else test
+            reason_of = pl.when(flag.fill_null(False)).then(pl.lit(reason)).otherwise(reason_of)
+        work = work.with_columns(reason_of.alias("_reason"))
+        bad = work.filter(pl.col("_reason").is_not_null())
+        if bad.height:
+            found.append(bad.select(
+                pl.lit(table).alias("table"),
+                pl.col("id").cast(pl.String) if "id" in bad.columns else pl.lit(None, pl.String).alias("id"),
+                pl.col("_reason").alias("reason"),
+                _row_json(bad),
+            ))
+            if table == "memory_nodes":
+                bad_nodes = bad.get_column("id")
+        clean[table] = work.filter(pl.col("_reason").is_null()).select(frame.columns)
+    return snapshot.with_frames(clean), pl.concat(found).sort("table", "id", "reason")
+
+
 def summarise(quarantined: pl.DataFrame) -> dict[str, dict[str, int]]:
     """table → reason → rows, for the report."""
     out: dict[str, dict[str, int]] = {}
@@ -302,4 +363,5 @@ def summarise(quarantined: pl.DataFrame) -> dict[str, dict[str, int]]:
     return out
 
 
-__all__ = ["QUARANTINE_SCHEMA", "REASONS", "SMALL_ROWS", "bad_json", "quarantine", "summarise", "tables"]
+__all__ = ["QUARANTINE_SCHEMA", "REASONS", "SMALL_ROWS", "bad_json", "bad_json_plain", "quarantine", "quarantine_plain",
+           "summarise", "tables"]

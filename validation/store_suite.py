@@ -55,7 +55,6 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
-
 from deep_sleep.validation.store_checks import StoreCheck, checks_for, discover
 
 __all__ = ["SuiteResult", "run_store_suite", "sqlalchemy_url"]

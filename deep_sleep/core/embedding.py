@@ -37,6 +37,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import polars as pl
 
+from deep_sleep.core.errors import InputError
 from deep_sleep.core.tables import EMBEDDING_DIM
 
 __all__ = ["EmbeddingProvider", "HashingEmbedder", "default_embedder"]
@@ -62,9 +63,9 @@ class HashingEmbedder:
 
     def __init__(self, dim: int = EMBEDDING_DIM, ngram: int = 3) -> None:
         if dim < 2:
-            raise ValueError(f"HashingEmbedder: dim must be >= 2, got {dim}")
+            raise InputError(f"HashingEmbedder: dim must be >= 2, got {dim}")
         if ngram < 1:
-            raise ValueError(f"HashingEmbedder: ngram must be >= 1, got {ngram}")
+            raise InputError(f"HashingEmbedder: ngram must be >= 1, got {ngram}")
         self.dim = dim
         self.ngram = ngram
         self.name = f"hashing-char{ngram}gram-blake2b-{dim}"

@@ -27,7 +27,7 @@ import numpy as np
 import polars as pl
 
 from deep_sleep.core import tables
-from deep_sleep.core.errors import ScopeError, SnapshotError
+from deep_sleep.core.errors import InputError, ScopeError, SnapshotError
 from deep_sleep.core.files import write_atomic
 from deep_sleep.core.scope import Scope
 from deep_sleep.core.snapshot import MANIFEST, Snapshot, iso, utc
@@ -54,7 +54,7 @@ class Shard:
 
     def __post_init__(self) -> None:
         if list(self.scope_paths) != sorted(set(self.scope_paths)):
-            raise ValueError("Shard.scope_paths must be sorted and distinct")
+            raise InputError("Shard.scope_paths must be sorted and distinct")
         object.__setattr__(self, "frames", MappingProxyType(dict(self.frames)))
         object.__setattr__(self, "previous_run_as_of",
                            MappingProxyType({s: self.previous_run_as_of.get(s) for s in self.scope_paths}))
@@ -73,9 +73,9 @@ class Shard:
         """The shard of several single-scope snapshots (the same ``taken_at``; distinct scopes)."""
         snaps = sorted(snapshots, key=lambda s: s.scope_path.encode())
         if not snaps:
-            raise ValueError("a shard needs at least one scope")
+            raise InputError("a shard needs at least one scope")
         if len({s.taken_at for s in snaps}) > 1:
-            raise ValueError("the snapshots of a shard must share one taken_at (one extract)")
+            raise InputError("the snapshots of a shard must share one taken_at (one extract)")
         frames = {}
         for name in tables.TABLES:
             parts = [s.frames[name] for s in snaps if name in s.frames]
@@ -98,7 +98,7 @@ class Shard:
         frame = self.frames.get(name)
         if frame is None:
             if name not in tables.TABLES:
-                raise KeyError(f"unknown table {name!r}; Deep Sleep knows {', '.join(tables.TABLES)}")
+                raise InputError(f"unknown table {name!r}; Deep Sleep knows {', '.join(tables.TABLES)}")
             return tables.empty(name)
         return frame
 

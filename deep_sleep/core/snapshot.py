@@ -22,7 +22,7 @@ from types import MappingProxyType
 import polars as pl
 
 from deep_sleep.core import tables
-from deep_sleep.core.errors import SnapshotError
+from deep_sleep.core.errors import InputError, SnapshotError
 from deep_sleep.core.files import write_atomic
 from deep_sleep.core.scope import Scope, ScopeError
 
@@ -35,7 +35,7 @@ def utc(ts: datetime | str) -> datetime:
         try:
             ts = datetime.fromisoformat(ts.replace("Z", "+00:00"))
         except ValueError as exc:
-            raise ValueError(f"{ts!r} is not an ISO 8601 timestamp (e.g. 2026-11-29T03:00:00Z)") from exc
+            raise InputError(f"{ts!r} is not an ISO 8601 timestamp (e.g. 2026-11-29T03:00:00Z)") from exc
     if ts.tzinfo is None:
         ts = ts.replace(tzinfo=UTC)
     return ts.astimezone(UTC)
@@ -88,7 +88,7 @@ class Snapshot:
         frame = self.frames.get(name)
         if frame is None:
             if name not in tables.TABLES:
-                raise KeyError(f"unknown table {name!r}; Deep Sleep knows {', '.join(tables.TABLES)}")
+                raise InputError(f"unknown table {name!r}; Deep Sleep knows {', '.join(tables.TABLES)}")
             return tables.empty(name)
         return frame
 

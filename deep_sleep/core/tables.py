@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import polars as pl
 
+from deep_sleep.core.errors import InputError
+
 EMBEDDING_DIM = 256
 SCHEMA_VERSION = 1
 
@@ -108,7 +110,7 @@ def columns(table: str) -> dict[str, Column]:
     try:
         return {c.name: c for c in TABLES[table]}
     except KeyError:
-        raise KeyError(f"unknown table {table!r}; Deep Sleep knows {', '.join(TABLES)}") from None
+        raise InputError(f"unknown table {table!r}; Deep Sleep knows {', '.join(TABLES)}") from None
 
 
 def schema(table: str) -> pl.Schema:
@@ -123,7 +125,7 @@ def conform(table: str, df: pl.DataFrame, only: Collection[str] | None = None) -
     """Cast a frame to the table's snapshot schema (or to its ``only`` columns); absent columns
     become nulls, extra columns stay.
 
-    Raises ValueError naming the column when a value cannot be cast.
+    Raises :class:`InputError` (a ValueError) naming the column when a value cannot be cast.
     """
     out = []
     for col in TABLES[table]:
@@ -136,7 +138,7 @@ def conform(table: str, df: pl.DataFrame, only: Collection[str] | None = None) -
                 # frame whose columns are chunked differently is copied whole by every later select.
                 out.append(series if series.dtype == col.dtype else series.cast(col.dtype))
             except Exception as exc:  # polars raises several error types for bad casts
-                raise ValueError(
+                raise InputError(
                     f"{table}.{col.name}: cannot read values as {col.kind} ({col.dtype}): {exc}"
                 ) from exc
         else:

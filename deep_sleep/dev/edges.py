@@ -7,7 +7,7 @@ import numpy as np
 import polars as pl
 
 from deep_sleep.dev.arrays import _HOUR, _US, ScopeCtx, _cat, _pick, _ts, _when
-from deep_sleep.dev.spec import RELATIONS, RELATION_P
+from deep_sleep.dev.spec import RELATION_P, RELATIONS
 
 
 def gen_edges(c: ScopeCtx, nodes: pl.DataFrame, info: dict[str, np.ndarray]) -> pl.DataFrame:

@@ -28,6 +28,7 @@ import polars as pl
 from deep_sleep.core.scope import Scope
 from deep_sleep.core.tables import TABLES
 from deep_sleep.dev.arrays import _h64, _mix64, _uuid_text
+from deep_sleep.dev.errors import SeedError
 from deep_sleep.dev.seed import SeedSpec, generate, load
 
 log = logging.getLogger(__name__)
@@ -53,7 +54,7 @@ class FleetSpec:
             object.__setattr__(self, "now", datetime.now(UTC).replace(microsecond=0))
         for name in ("scopes", "nodes", "templates"):
             if getattr(self, name) < 1:
-                raise ValueError(f"FleetSpec.{name} must be >= 1, got {getattr(self, name)}")
+                raise SeedError(f"FleetSpec.{name} must be >= 1, got {getattr(self, name)}")
 
 
 def fleet_scope(index: int) -> Scope:

@@ -23,7 +23,16 @@ from deep_sleep.dev.arrays import (
     _when,
     _zipf_p,
 )
-from deep_sleep.dev.spec import COLORS, MARKERS, NEAR_MISSES, PERSONALITIES, PERSONAS, PREFIXES, ROLES, WORDS
+from deep_sleep.dev.spec import (
+    COLORS,
+    MARKERS,
+    NEAR_MISSES,
+    PERSONALITIES,
+    PERSONAS,
+    PREFIXES,
+    ROLES,
+    WORDS,
+)
 
 
 def gen_nodes(c: ScopeCtx) -> tuple[pl.DataFrame, dict[str, np.ndarray]]:

@@ -18,7 +18,15 @@ from __future__ import annotations
 
 from deep_sleep.dev.generate import generate
 from deep_sleep.dev.load import load
-from deep_sleep.dev.spec import MARKERS, NEAR_MISSES, PREFIXES, RELATIONS, WORDS, SeedSpec, scopes_of
+from deep_sleep.dev.spec import (
+    MARKERS,
+    NEAR_MISSES,
+    PREFIXES,
+    RELATIONS,
+    WORDS,
+    SeedSpec,
+    scopes_of,
+)
 
 __all__ = ["MARKERS", "NEAR_MISSES", "PREFIXES", "RELATIONS", "WORDS", "SeedSpec", "generate", "load", "scopes_of",
            "seed_store"]

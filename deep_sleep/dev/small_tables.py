@@ -6,8 +6,19 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from deep_sleep.dev.arrays import _DAY, _HOUR, _US, ScopeCtx, _emb_series, _h64, _pick, _ts, _unit_vectors, _when
-from deep_sleep.dev.spec import PERSONAS, RELATIONS, RELATION_P, ROLES, WORDS
+from deep_sleep.dev.arrays import (
+    _DAY,
+    _HOUR,
+    _US,
+    ScopeCtx,
+    _emb_series,
+    _h64,
+    _pick,
+    _ts,
+    _unit_vectors,
+    _when,
+)
+from deep_sleep.dev.spec import PERSONAS, RELATION_P, RELATIONS, ROLES, WORDS
 
 
 def gen_small(c: ScopeCtx, nodes: pl.DataFrame, info: dict[str, np.ndarray], index: int) -> dict[str, pl.DataFrame]:

@@ -16,6 +16,7 @@ from typing import Any
 
 from psycopg.rows import dict_row
 
+from deep_sleep.core.errors import InputError
 from deep_sleep.core.scope import Scope
 from deep_sleep.jobs.errors import LedgerError
 from deep_sleep.run.console import markdown_table
@@ -112,7 +113,7 @@ def last_runs(store: Store, scope: Scope | str | None = None, limit: int = 20) -
         ['applied', 'undone']
     """
     if limit < 1:
-        raise ValueError(f"limit must be at least 1, got {limit}")
+        raise InputError(f"--limit must be at least 1, got {limit}")
     where, params = "", [limit]
     if scope is not None:
         where, params = " WHERE r.scope_path = %s", [Scope.coerce(scope).path, limit]

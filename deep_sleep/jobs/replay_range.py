@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from deep_sleep.transforms.config import ConsolidationConfig
 from deep_sleep.core.diff import Diff
 from deep_sleep.core.errors import SnapshotError
 from deep_sleep.core.files import write_atomic
@@ -35,6 +34,7 @@ from deep_sleep.run import stages
 from deep_sleep.run.console import markdown_table
 from deep_sleep.run.plan import plan
 from deep_sleep.store.db import Store
+from deep_sleep.transforms.config import ConsolidationConfig
 from deep_sleep.validation import validate_diff
 
 _RUN_DIR = re.compile(r"^\d{8}T\d{6}\.\d{6}Z_(?P<run_id>[0-9a-f-]{36})$")

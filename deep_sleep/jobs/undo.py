@@ -61,7 +61,13 @@ from deep_sleep.core.scope import Scope
 from deep_sleep.jobs.errors import UndoError
 from deep_sleep.jobs.ledger import get_run
 from deep_sleep.jobs.undo_plan import prepare, refuse, undo_steps
-from deep_sleep.jobs.undo_sql import DONE, NO_BEFORE_IMAGE, UNDO_LEDGER_SQL, UNDONE_SQL, stage_name
+from deep_sleep.jobs.undo_sql import (
+    DONE,
+    NO_BEFORE_IMAGE,
+    UNDO_LEDGER_SQL,
+    UNDONE_SQL,
+    stage_name,
+)
 from deep_sleep.run.console import markdown_table
 from deep_sleep.store.db import Store
 

@@ -25,12 +25,12 @@ import polars as pl
 import psycopg
 
 from deep_sleep.core import tables
-from deep_sleep.transforms.config import ConsolidationConfig
 from deep_sleep.core.report import ConsolidationReport
 from deep_sleep.core.scope import Scope
 from deep_sleep.core.snapshot import Snapshot, utc
 from deep_sleep.online.pg import connection, pipelined_transaction, store_of
 from deep_sleep.store.db import Store
+from deep_sleep.transforms.config import ConsolidationConfig
 from deep_sleep.transforms.episodic_summary import summary_batches, summary_node_id
 
 __all__ = ["default_config", "nap_snapshot", "quick_nap", "summary_candidates"]

@@ -53,7 +53,17 @@ import uuid
 from datetime import datetime
 from typing import Annotated, Any, ClassVar, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, PlainValidator, TypeAdapter, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    TypeAdapter,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from deep_sleep.core.snapshot import utc
 from deep_sleep.online.errors import OpRejected

@@ -32,6 +32,8 @@ import json
 import re
 from dataclasses import dataclass, field
 
+from deep_sleep.online.errors import OnlineArgumentTypeError
+
 __all__ = ["ParsedReply", "parse_reply", "operations_from_json"]
 
 _EXTRACT = re.compile(r"<MEMORY_EXTRACT\s*>(.*?)</MEMORY_EXTRACT\s*>", re.IGNORECASE | re.DOTALL)
@@ -220,7 +222,7 @@ def _bare_json(reply: str) -> ParsedReply | None:
 def parse_reply(reply: str) -> ParsedReply:
     """Find the operations in ``reply`` (see the module docstring for the order of strategies)."""
     if not isinstance(reply, str):
-        raise TypeError(f"parse_reply: reply must be a string, got {type(reply).__name__}")
+        raise OnlineArgumentTypeError(f"parse_reply: reply must be a string, got {type(reply).__name__}")
     for strategy in (_memory_extract, _graph_operations, _json_fence, _bare_json):
         found = strategy(reply)
         if found is not None:

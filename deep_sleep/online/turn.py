@@ -26,17 +26,35 @@ from typing import Any
 
 import psycopg
 
-from deep_sleep.transforms import new_report
-from deep_sleep.transforms.config import ConsolidationConfig
 from deep_sleep.core.embedding import EmbeddingProvider, default_embedder
 from deep_sleep.core.report import ConsolidationReport
 from deep_sleep.core.scope import Scope
 from deep_sleep.core.snapshot import utc
-from deep_sleep.online.errors import OnlineArgumentError, OnlineArgumentTypeError, OpRejected
+from deep_sleep.online.errors import (
+    OnlineArgumentError,
+    OnlineArgumentTypeError,
+    OpRejected,
+)
 from deep_sleep.online.nap import default_config, quick_nap
-from deep_sleep.online.ops import CONTROL, MAX_OPS_PER_TURN, REDACTED, Op, check_label, check_op, op_name
-from deep_sleep.online.pg import connection, dumps, pipelined_transaction, vector_text, visible
+from deep_sleep.online.ops import (
+    CONTROL,
+    MAX_OPS_PER_TURN,
+    REDACTED,
+    Op,
+    check_label,
+    check_op,
+    op_name,
+)
+from deep_sleep.online.pg import (
+    connection,
+    dumps,
+    pipelined_transaction,
+    vector_text,
+    visible,
+)
 from deep_sleep.store.db import Store
+from deep_sleep.transforms import new_report
+from deep_sleep.transforms.config import ConsolidationConfig
 
 log = logging.getLogger(__name__)
 

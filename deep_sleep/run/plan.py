@@ -26,6 +26,7 @@ from deep_sleep.core.report import ConsolidationReport
 from deep_sleep.core.snapshot import Snapshot, iso, utc
 from deep_sleep.transforms import COUNTERS, Phase, PhaseResult, roster
 from deep_sleep.transforms.config import ConsolidationConfig
+from deep_sleep.transforms.errors import PhaseError
 from deep_sleep.validation.quarantine import QUARANTINE_SCHEMA, quarantine, summarise
 
 
@@ -58,7 +59,7 @@ def _arguments(phase: Phase, snapshot: Snapshot, config: ConsolidationConfig, as
         offered["embedder"] = default_embedder()
     missing = [name for name in wanted if name not in offered]
     if missing:
-        raise TypeError(f"phase {phase.name} asks for {missing}; phases may ask for {sorted(offered)}")
+        raise PhaseError(f"phase {phase.name} asks for {missing}; phases may ask for {sorted(offered)}")
     return {name: offered[name] for name in wanted}
 
 
@@ -99,7 +100,7 @@ def _run_phases(snapshot: Snapshot, config: ConsolidationConfig, as_of: datetime
             out.notes[phase.name] = list(result.notes)
         for name, value in result.counters.items():
             if name not in phase.counters:  # a phase reports only the counters its roster entry declares
-                raise ValueError(f"phase {phase.name} reported counter {name!r}, which its module does not "
+                raise PhaseError(f"phase {phase.name} reported counter {name!r}, which its module does not "
                                  f"declare (its COUNTERS are {', '.join(phase.counters)})")
             out.counters[name] += int(value)
         out.by_phase[phase.name] = {k: int(v) for k, v in result.counters.items() if v}

@@ -15,9 +15,11 @@ import polars as pl
 import pyarrow as pa
 
 from deep_sleep.core import tables
+from deep_sleep.core.errors import InputError
 from deep_sleep.core.scope import Scope
 from deep_sleep.core.snapshot import Snapshot, iso, utc
 from deep_sleep.store.db import Store
+from deep_sleep.store.errors import StoreError
 
 NAP_FLOOR_SQL = (
     "SELECT max(as_of) AS as_of FROM consolidation_runs WHERE scope_path = $1 AND status = 'applied' AND mode = 'quick_nap'"
@@ -53,7 +55,7 @@ def decode_vectors(column: pa.ChunkedArray | pa.Array, dim: int = tables.EMBEDDI
         lengths = offsets[1:] - offsets[:-1]
         if np.any(lengths[valid] != 4 + 4 * dim):
             bad = int(np.flatnonzero(valid & (lengths != 4 + 4 * dim))[0])
-            raise ValueError(f"row {bad}: vector has {(lengths[bad] - 4) // 4} dimensions, expected {dim}")
+            raise StoreError(f"memory vectors: row {bad}: vector has {(lengths[bad] - 4) // 4} dimensions, expected {dim}")
         idx = offsets[:-1][valid][:, None] + 4 + np.arange(4 * dim)
         values[valid] = raw[idx].view(">f4").reshape(-1, dim).astype(np.float32)
     flat = pa.array(values.reshape(-1), type=pa.float32())
@@ -144,7 +146,7 @@ def extract_shard(store: Store, scopes: list[Scope | str], log_since: datetime |
 
     paths = sorted({Scope.coerce(s).path for s in scopes}, key=str.encode)
     if not paths:
-        raise ValueError("extract_shard: no scopes given")
+        raise InputError("extract_shard: no scopes given")
     literal = pg_array(paths)
     with store.adbc() as con:
         cur = con.cursor()

@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 from pydantic import Field
 
-from deep_sleep.core.config import BaseConsolidationConfig, GatingConfig, PhaseConfig, assemble, load
+from deep_sleep.core.config import (
+    BaseConsolidationConfig,
+    GatingConfig,
+    PhaseConfig,
+    assemble,
+    load,
+)
 from deep_sleep.core.errors import ConfigError
 
 

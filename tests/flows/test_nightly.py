@@ -109,3 +109,68 @@ def test_nightly_on_a_local_dask_cluster_with_two_worker_processes(prefect_harne
     with store.pg() as con:
         assert con.execute("SELECT count(*) FROM consolidation_runs WHERE scope_path = ANY(%s) AND status = 'applied'",
                            ([s.path for s in scopes],)).fetchone()[0] == 4
+
+
+def _lock_timeout(store, table: str) -> None:
+    """Raise a real lock timeout: another connection holds the row's lock."""
+    with store.pg() as holder, store.pg() as waiter:
+        holder.execute(f"SELECT v FROM {table} WHERE id = 1 FOR UPDATE")
+        waiter.execute("SET lock_timeout = '50ms'")
+        waiter.execute(f"UPDATE {table} SET v = 1 WHERE id = 1")
+
+
+def _duplicate(store, table: str) -> None:
+    with store.pg() as con:
+        con.execute(f"INSERT INTO {table} VALUES (1, 1)")
+
+
+@pytest.mark.flow
+def test_tasks_retry_transient_errors_only(prefect_harness, store):
+    """The nightly's retry condition on real task runs: a lock timeout is retried (and the retry
+    succeeds), a unique violation, one of our input errors and a ValueError fail at once."""
+    from deep_sleep.flows.nightly import _retry_transient
+    from prefect import flow, task
+
+    from deep_sleep.core.errors import InputError
+    from deep_sleep.core.scope import Scope
+
+    table = f"probe_{uuid.uuid4().hex[:10]}"
+    with store.pg(autocommit=True) as con:
+        con.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, v int)")
+        con.execute(f"INSERT INTO {table} VALUES (1, 0)")
+    failures = {"lock timeout": lambda: _lock_timeout(store, table), "unique violation": lambda: _duplicate(store, table),
+                "scope error": lambda: Scope.parse("org"), "input error": lambda: (_ for _ in ()).throw(InputError("bad")),
+                "value error": lambda: int("x")}
+    attempts: dict[str, int] = {}
+
+    @task(retries=2, retry_delay_seconds=0, retry_condition_fn=_retry_transient)
+    def flaky(kind: str) -> str:
+        attempts[kind] = attempts.get(kind, 0) + 1
+        if attempts[kind] == 1:
+            failures[kind]()
+        return "ok"
+
+    @flow
+    def night() -> dict[str, str]:
+        out = {}
+        for kind in failures:
+            state = flaky(kind, return_state=True)
+            out[kind] = "ok" if state.is_completed() else type(_error(state)).__name__
+        return out
+
+    try:
+        outcome = night()
+    finally:
+        with store.pg(autocommit=True) as con:
+            con.execute(f"DROP TABLE {table}")
+    assert outcome == {"lock timeout": "ok", "unique violation": "UniqueViolation", "scope error": "ScopeError",
+                       "input error": "InputError", "value error": "ValueError"}
+    assert attempts == {"lock timeout": 2, "unique violation": 1, "scope error": 1, "input error": 1, "value error": 1}
+
+
+def _error(state) -> BaseException:
+    try:
+        state.result()
+    except BaseException as exc:  # noqa: BLE001 - the error is the result
+        return exc
+    raise AssertionError("the state holds no error")

@@ -8,13 +8,18 @@ from datetime import UTC, datetime
 
 import polars as pl
 import psycopg
+from deep_sleep.transforms.config import ConsolidationConfig, load_config
 
 from deep_sleep.core.diff import Diff
 from deep_sleep.core.snapshot import Snapshot
-from deep_sleep.jobs.compare import compare_configs, compare_diffs, compare_dirs, comparison_markdown
+from deep_sleep.jobs.compare import (
+    compare_configs,
+    compare_diffs,
+    compare_dirs,
+    comparison_markdown,
+)
 from deep_sleep.jobs.replay_range import find_snapshots, replay_snapshot, replay_stored
 from deep_sleep.run.stages import consolidate_scope
-from deep_sleep.transforms.config import ConsolidationConfig, load_config
 from tests.storeutil import small_graph
 
 NOW = datetime(2026, 11, 20, 3, 0, tzinfo=UTC)

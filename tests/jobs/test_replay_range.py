@@ -7,8 +7,8 @@ import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
-
 from deep_sleep.transforms.config import ConsolidationConfig, load_config
+
 from deep_sleep.jobs.ledger import last_runs, runs_markdown
 from deep_sleep.jobs.replay_range import find_snapshots, range_markdown, replay_range
 from deep_sleep.run.stages import consolidate_scope

@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import polars as pl
 import pytest
+from deep_sleep.transforms.config import ConsolidationConfig
 
 from deep_sleep.core.diff import Diff
 from deep_sleep.core.report import ConsolidationReport
@@ -18,8 +19,13 @@ from deep_sleep.jobs.ledger import get_run, last_runs, runs_markdown
 from deep_sleep.jobs.undo import undo, undo_markdown
 from deep_sleep.jobs.undo_sql import CHANGED, GONE, KEY_EXISTS, NOT_WRITTEN_UPDATE
 from deep_sleep.run.apply import record_run
-from deep_sleep.run.stages import apply_stage, consolidate_scope, extract_stage, plan_stage, validate_stage
-from deep_sleep.transforms.config import ConsolidationConfig
+from deep_sleep.run.stages import (
+    apply_stage,
+    consolidate_scope,
+    extract_stage,
+    plan_stage,
+    validate_stage,
+)
 from tests.storeutil import dump, edge, insert, node, scalar, small_graph
 
 NOW = datetime(2026, 11, 20, 3, 0, tzinfo=UTC)

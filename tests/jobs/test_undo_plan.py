@@ -5,7 +5,12 @@ from __future__ import annotations
 import polars as pl
 
 from deep_sleep.jobs.undo_plan import Staged, undo_steps
-from deep_sleep.jobs.undo_sql import not_restored_sql, reinsert_deletes_sql, remove_inserts_sql, restore_updates_sql
+from deep_sleep.jobs.undo_sql import (
+    not_restored_sql,
+    reinsert_deletes_sql,
+    remove_inserts_sql,
+    restore_updates_sql,
+)
 
 RUN, UNDO, SCOPE = "11111111-1111-1111-1111-111111111111", "22222222-2222-2222-2222-222222222222", "org\x1facme"
 EDGE_COLUMNS = ["id", "source_id", "target_id", "relation", "weight", "version"]

@@ -64,9 +64,11 @@ def test_summary_candidates_are_the_ids_phase_10_writes(count, threshold, batch,
     """The targeted extract fetches existing summary nodes by the ids phase 10 would write: the
     same rule as the phase, checked against the phase itself (same-instant events tie on id)."""
     import polars as pl
-    from deep_sleep.transforms.episodic_summary import episodic_summary
+    from deep_sleep.transforms.episodic_summary import (
+        EpisodicSummaryConfig,
+        episodic_summary,
+    )
 
-    from deep_sleep.transforms.episodic_summary import EpisodicSummaryConfig
     from deep_sleep.core.snapshot import Snapshot
     from deep_sleep.core.tables import conform
     from deep_sleep.online.nap import summary_candidates
@@ -97,8 +99,8 @@ def test_quick_nap_on_a_connection_and_a_live_write_conflict(store, scope):
     """A nap through a caller's connection; a node changed by a live turn between the nap's
     snapshot and its apply keeps the live value and is counted as a conflict."""
     from deep_sleep.transforms import QUICK_NAP
-
     from deep_sleep.transforms.config import ConsolidationConfig
+
     from deep_sleep.online.pg import store_of
     from deep_sleep.run.apply import apply_diff
     from deep_sleep.run.plan import plan

@@ -8,10 +8,10 @@ from datetime import timedelta
 
 import numpy as np
 import pytest
+from deep_sleep.transforms.train_reranker import CAP, N_FEATURES
 
 from deep_sleep.core.scope import Scope
 from deep_sleep.online.reranker import FEATURES, candidate, model, rank
-from deep_sleep.transforms.train_reranker import CAP, N_FEATURES
 from tests.online.helpers import NOW
 
 SCOPE = Scope.root("org", "acme").child("brand", "b1")

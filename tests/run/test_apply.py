@@ -14,14 +14,20 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from deep_sleep.transforms.config import ConsolidationConfig
 
 from deep_sleep.core.diff import Diff
 from deep_sleep.core.report import ConsolidationReport
 from deep_sleep.core.snapshot import Snapshot
 from deep_sleep.run.plan import plan
-from deep_sleep.run.stages import apply_stage, consolidate_scope, extract_stage, plan_stage, validate_stage
+from deep_sleep.run.stages import (
+    apply_stage,
+    consolidate_scope,
+    extract_stage,
+    plan_stage,
+    validate_stage,
+)
 from deep_sleep.store.extract import extract
-from deep_sleep.transforms.config import ConsolidationConfig
 from tests.storeutil import dump, scalar, small_graph
 
 NOW = datetime(2026, 11, 20, 3, 0, tzinfo=UTC)

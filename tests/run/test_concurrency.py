@@ -16,11 +16,17 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from deep_sleep.transforms.config import ConsolidationConfig
 
 from deep_sleep.core.scope import Scope
-from deep_sleep.run.stages import apply_stage, consolidate_scope, extract_stage, plan_stage, validate_stage
+from deep_sleep.run.stages import (
+    apply_stage,
+    consolidate_scope,
+    extract_stage,
+    plan_stage,
+    validate_stage,
+)
 from deep_sleep.store.db import Store
-from deep_sleep.transforms.config import ConsolidationConfig
 from tests.storeutil import create_database, drop_database, scalar
 
 NOW = datetime(2026, 11, 20, 3, 0, tzinfo=UTC)

@@ -10,13 +10,19 @@ from datetime import UTC, datetime
 
 import polars as pl
 import pytest
+from deep_sleep.transforms.config import ConsolidationConfig
 
 from deep_sleep.core.diff import Diff
 from deep_sleep.core.snapshot import Snapshot
 from deep_sleep.dev.seed import SeedSpec, scopes_of, seed_store
 from deep_sleep.run import handoff
-from deep_sleep.run.stages import _clean_snapshot, apply_stage, extract_stage, plan_stage, validate_stage
-from deep_sleep.transforms.config import ConsolidationConfig
+from deep_sleep.run.stages import (
+    _clean_snapshot,
+    apply_stage,
+    extract_stage,
+    plan_stage,
+    validate_stage,
+)
 from tests.storeutil import create_database, drop_database, dump
 
 NOW = datetime(2026, 11, 20, 3, 0, tzinfo=UTC)

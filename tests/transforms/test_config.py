@@ -11,11 +11,11 @@ import re
 from pathlib import Path
 
 import pytest
+from deep_sleep.transforms import ROSTER, Phase
+from deep_sleep.transforms.config import ConsolidationConfig, config_model, load_config
 
 from deep_sleep.core.config import PhaseConfig, load
 from deep_sleep.core.errors import ConfigError
-from deep_sleep.transforms import ROSTER, Phase
-from deep_sleep.transforms.config import ConsolidationConfig, config_model, load_config
 from tests.transforms import toy_phase
 
 TOY_ROSTER: tuple[Phase, ...] = (*ROSTER, Phase("T", toy_phase.toy, toy_phase.ToyConfig, toy_phase.COUNTERS))  # the line

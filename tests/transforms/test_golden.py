@@ -11,11 +11,11 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from deep_sleep.transforms.config import load_config
 
 from deep_sleep.core import tables
 from deep_sleep.core.snapshot import Snapshot, utc
 from deep_sleep.run.plan import plan
-from deep_sleep.transforms.config import load_config
 
 GOLDEN = Path(__file__).parent / "golden"
 SCOPE = "org\x1fgolden\x1fbrand\x1fb1"

@@ -10,12 +10,12 @@ import sys
 from datetime import UTC, datetime
 
 import pytest
+from deep_sleep.transforms import COUNTERS, ROSTER, Phase, counter_names, new_report
+from deep_sleep.transforms.config import ConsolidationConfig
 
 from deep_sleep.core.report import ConsolidationReport
 from deep_sleep.core.snapshot import Snapshot
 from deep_sleep.run.plan import plan
-from deep_sleep.transforms import COUNTERS, ROSTER, Phase, counter_names, new_report
-from deep_sleep.transforms.config import ConsolidationConfig
 from tests.transforms import toy_phase
 
 TOY_ROSTER: tuple[Phase, ...] = (*ROSTER, Phase("T", toy_phase.toy, toy_phase.ToyConfig, toy_phase.COUNTERS))  # the line

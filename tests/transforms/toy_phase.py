@@ -4,11 +4,11 @@ the way a new phase is added (``tests/transforms/test_config.py``, ``test_roster
 from __future__ import annotations
 
 import polars as pl
+from deep_sleep.transforms._common import PhaseResult
 from pydantic import Field
 
 from deep_sleep.core.config import PhaseConfig
 from deep_sleep.core.snapshot import Snapshot
-from deep_sleep.transforms._common import PhaseResult
 
 
 class ToyConfig(PhaseConfig):

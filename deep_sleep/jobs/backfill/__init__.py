@@ -57,8 +57,20 @@ from __future__ import annotations
 
 from deep_sleep.jobs.backfill.catalog import discover_tables
 from deep_sleep.jobs.backfill.render import dumps, result_rows, rich_progress
-from deep_sleep.jobs.backfill.runner import backfill, backfill_table, dry_run_table, recorded_conflicts, run_backfill
-from deep_sleep.jobs.backfill.sql import BATCH_SETTINGS, VALID_TENANT_SQL, batch_sql, clash_sql, legacy_conflicts_sql
+from deep_sleep.jobs.backfill.runner import (
+    backfill,
+    backfill_table,
+    dry_run_table,
+    recorded_conflicts,
+    run_backfill,
+)
+from deep_sleep.jobs.backfill.sql import (
+    BATCH_SETTINGS,
+    VALID_TENANT_SQL,
+    batch_sql,
+    clash_sql,
+    legacy_conflicts_sql,
+)
 from deep_sleep.jobs.backfill.validate import validate_backfill
 from deep_sleep.jobs.backfill.values import (
     DEFAULT_BATCH_SIZE,

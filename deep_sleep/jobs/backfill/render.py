@@ -21,7 +21,12 @@ def result_rows(result: BackfillResult) -> tuple[list[str], list[list[str]]]:
 @contextlib.contextmanager
 def rich_progress() -> Iterator[ProgressCallback]:
     """A progress callback drawing one rich progress bar per table (for the CLI)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        TextColumn,
+        TimeElapsedColumn,
+    )
     from rich.progress import Progress as Bar
 
     with Bar(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

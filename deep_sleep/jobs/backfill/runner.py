@@ -14,7 +14,12 @@ import psycopg
 from psycopg import errors as pg_errors
 
 from deep_sleep.jobs.backfill.catalog import discover_tables
-from deep_sleep.jobs.backfill.sql import BATCH_SETTINGS, batch_sql, legacy_conflicts_sql, quote
+from deep_sleep.jobs.backfill.sql import (
+    BATCH_SETTINGS,
+    batch_sql,
+    legacy_conflicts_sql,
+    quote,
+)
 from deep_sleep.jobs.backfill.validate import validate_backfill
 from deep_sleep.jobs.backfill.values import (
     DEFAULT_BATCH_SIZE,

@@ -9,7 +9,14 @@ import psycopg
 
 from deep_sleep.jobs.backfill.catalog import discover_tables
 from deep_sleep.jobs.backfill.sql import legacy_conflicts_sql, quote
-from deep_sleep.jobs.backfill.values import LEGACY_KIND, LIST_LIMIT, Conflict, Mismatch, ValidationOutcome, conflicts_of
+from deep_sleep.jobs.backfill.values import (
+    LEGACY_KIND,
+    LIST_LIMIT,
+    Conflict,
+    Mismatch,
+    ValidationOutcome,
+    conflicts_of,
+)
 
 
 def validate_backfill(dsn: str, *, tables: Sequence[str] | None = None, limit: int = LIST_LIMIT) -> ValidationOutcome:

@@ -1,0 +1,97 @@
+"""The CLI turns every error of ours (a ``DeepSleepError``) into exit 2 and one clean message that
+names the bad input — never a traceback.  Run through the real ``deep-sleep`` entry point, in a
+subprocess, against the real store."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import uuid
+from datetime import UTC, datetime
+
+import pytest
+
+from deep_sleep.cli import main
+from deep_sleep.core.errors import DeepSleepError
+
+NOW = datetime(2026, 11, 20, 3, 0, tzinfo=UTC)
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "deep_sleep.cli", *args], capture_output=True, text=True, timeout=300)
+
+
+def _refused(result: subprocess.CompletedProcess, command: str, *named: str) -> None:
+    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr and "Traceback" not in result.stdout, result.stderr
+    message = result.stderr.strip()
+    assert message.startswith(f"deep-sleep {command}: error: "), message
+    for text in named:
+        assert text in message, (text, message)
+
+
+@pytest.fixture(scope="module")
+def snapshot_dir(tmp_path_factory):
+    from deep_sleep.core.snapshot import Snapshot
+
+    out = tmp_path_factory.mktemp("cli") / "snapshot"
+    Snapshot(scope_path="org\x1fcli\x1fbrand\x1fb1", taken_at=NOW, frames={}).write(out)
+    return out
+
+
+def test_a_bad_scope_exits_2_naming_it(store, tmp_path):
+    _refused(_cli("--dsn", store.dsn, "snapshot", "org", "--out", str(tmp_path / "snap")), "snapshot", "'org'")
+
+
+def test_a_bad_scope_or_config_for_the_flow_exits_2_before_the_flow_runs(store, tmp_path):
+    """A flow run that fails logs its traceback: ``run`` refuses bad input before it starts one."""
+    _refused(_cli("--dsn", store.dsn, "run", "org/acme/brand", "--runs-dir", str(tmp_path)), "run", "'org/acme/brand'")
+    missing = tmp_path / "missing.toml"
+    _refused(_cli("--dsn", store.dsn, "run", "org/acme", "--config", str(missing), "--runs-dir", str(tmp_path)), "run",
+             str(missing))
+
+
+def test_a_missing_config_file_exits_2_naming_it(snapshot_dir, tmp_path):
+    missing = tmp_path / "nightly.toml"
+    result = _cli("replay", str(snapshot_dir), "--as-of", NOW.isoformat(), "--out", str(tmp_path / "out"), "--config", str(missing))
+    _refused(result, "replay", str(missing), "does not exist")
+
+
+def test_an_invalid_config_file_exits_2_naming_it(snapshot_dir, tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[strengthen\nincrement = 'a lot'\n")
+    result = _cli("replay", str(snapshot_dir), "--as-of", NOW.isoformat(), "--out", str(tmp_path / "out"), "--config", str(bad))
+    _refused(result, "replay", str(bad), "not valid TOML")
+    knob = tmp_path / "knob.toml"
+    knob.write_text("[strengthen]\nincrement = 'a lot'\n")
+    result = _cli("replay", str(snapshot_dir), "--as-of", NOW.isoformat(), "--out", str(tmp_path / "out"), "--config", str(knob))
+    _refused(result, "replay", str(knob), "increment")
+
+
+def test_a_bad_as_of_exits_2_naming_it(snapshot_dir, tmp_path):
+    result = _cli("replay", str(snapshot_dir), "--as-of", "last tuesday", "--out", str(tmp_path / "out"))
+    _refused(result, "replay", "'last tuesday'", "ISO 8601")
+
+
+def test_an_unknown_run_id_exits_2_naming_it(store):
+    run_id = str(uuid.uuid4())
+    _refused(_cli("--dsn", store.dsn, "undo", run_id), "undo", run_id, "not in the ledger")
+    _refused(_cli("--dsn", store.dsn, "undo", "run-42"), "undo", "'run-42'", "not a UUID")
+
+
+def test_only_our_errors_are_mapped(monkeypatch, capsys):
+    """A bug (a bare ValueError) is not passed off as bad input: it propagates with its traceback."""
+    import deep_sleep.cli as cli
+
+    def boom(args):
+        raise ValueError("a bug, not bad input")
+
+    def ours(args):
+        raise DeepSleepError("the store said no")
+
+    monkeypatch.setattr(cli, "cmd_compare", boom)
+    with pytest.raises(ValueError, match="a bug"):
+        main(["compare", "a", "b"])
+    monkeypatch.setattr(cli, "cmd_compare", ours)
+    assert main(["compare", "a", "b"]) == 2
+    assert capsys.readouterr().err == "deep-sleep compare: error: the store said no\n"
