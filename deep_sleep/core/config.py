@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from deep_sleep.core.errors import ConfigError
+from deep_sleep.core.llm_config import LlmConfig
 
 
 class _Knobs(BaseModel):
@@ -147,6 +148,7 @@ class ConsolidationConfig(BaseSettings):
     label_recalls: LabelRecallsConfig = LabelRecallsConfig()
     train_reranker: TrainRerankerConfig = TrainRerankerConfig()
     drift: DriftConfig = DriftConfig()
+    llm: LlmConfig = LlmConfig()  # optional Claude summaries of phases 4 and 10 (SPEC §7)
 
     @classmethod
     def settings_customise_sources(
