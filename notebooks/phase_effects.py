@@ -98,7 +98,7 @@ def _(Diff, pl, runs):
                         pl.lit(_run["night"]).alias("night"), pl.lit(_run["scope"]).alias("scope"),
                         pl.lit(_table).alias("table"), pl.lit(_kind).alias("kind")))
     diff_rows = pl.concat(_parts, how="diagonal_relaxed")
-    touched = diff_rows.group_by("night", "phase").len("rows").sort("night", "phase")
+    touched = diff_rows.group_by("night", "phase").len("rows").sort("night", "phase").with_columns(pl.col("night").cast(pl.String))
     return diff_rows, touched
 
 
@@ -106,8 +106,8 @@ def _(Diff, pl, runs):
 def _(alt, mo, touched):
     touched_chart = (
         alt.Chart(touched).mark_bar()
-        .encode(x=alt.X("night:T", timeUnit="yearmonthdate", title="night"), y=alt.Y("rows:Q", title="rows touched"),
-                color=alt.Color("phase:N"), tooltip=["night:T", "phase:N", "rows:Q"])
+        .encode(x=alt.X("night:O", title="night"), y=alt.Y("rows:Q", title="rows touched"),
+                color=alt.Color("phase:N", scale=alt.Scale(scheme="category20")), tooltip=["night:O", "phase:N", "rows:Q"])
         .properties(title="Rows touched per phase per night", width=560, height=260)
     )
     mo.vstack([mo.md("## Rows touched per phase per night"), mo.ui.altair_chart(touched_chart)])
@@ -178,13 +178,16 @@ def _(alt, degrees, mo):
 def _(alt, diff_rows, mo, pl):
     pruned = (
         diff_rows.filter(pl.col("kind") == "deletes")
-        .with_columns(pl.col("reason").fill_null("(no reason)").str.slice(0, 60))
+        .with_columns(pl.col("reason").fill_null("(no reason)")
+                      .str.replace_all(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", "<id>")
+                      .str.slice(0, 70))
         .group_by("phase", "table", "reason").len("rows").sort("rows", descending=True)
     )
     pruned_chart = (
         alt.Chart(pruned).mark_bar()
         .encode(y=alt.Y("reason:N", sort="-x", title=None), x=alt.X("rows:Q", title="rows deleted"),
-                color="phase:N", tooltip=["phase:N", "table:N", "reason:N", "rows:Q"])
+                color=alt.Color("phase:N", scale=alt.Scale(scheme="category20")),
+                tooltip=["phase:N", "table:N", "reason:N", "rows:Q"])
         .properties(title="What was deleted, and why", width=420, height=alt.Step(18))
     )
     mo.vstack([mo.md("## What was pruned and why"), pruned_chart, pruned])

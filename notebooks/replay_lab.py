@@ -114,6 +114,7 @@ def _(alt, comparison, mo, pl):
         comparison.summary.group_by("phase").agg(pl.col("only_a", "only_b", "changed", "same").sum())
         .unpivot(index="phase", variable_name="side", value_name="rows")
         .filter(pl.col("side") != "same").sort("phase", "side")
+        .filter(pl.col("rows").sum().over("phase") > 0)  # the phases where A and B part
     )
     differ_chart = (
         alt.Chart(per_phase).mark_bar()
