@@ -262,3 +262,17 @@ def test_enabled_through_consolidate_scope_counts_in_the_report(api, store, scop
     props = json.loads(scalar(store, "SELECT properties::text FROM memory_nodes WHERE scope_path = %s AND label = 'META:project'",
                               scope.path))
     assert props["summary_model"] == "claude-haiku-4-5" and props["summary"].startswith("Model: meta_nodes")
+
+
+def test_a_rerun_with_the_cached_summaries_changes_nothing_and_the_model_off_takes_them_back(api, store, snapshot):
+    """Idempotence holds with the model: fold the night's diff in, plan again at the same as_of with
+    the cache → phases 4 and 10 change nothing; with the model off, META nodes lose summary_model."""
+    phases = ("meta_nodes",)
+    night = plan(snapshot, ConsolidationConfig(), AS_OF, phases=phases, summarizer=_summarizer(api, store))
+    after = night.diff.fold(snapshot)
+    again = plan(after, ConsolidationConfig(), AS_OF, phases=phases, summarizer=_summarizer(api, store))
+    assert not again.diff.has_changes and again.report.llm["cache_hits"] == META_GROUPS and len(api.requests) == 3
+    off = plan(after, ConsolidationConfig(), AS_OF, phases=phases)
+    updates = off.diff.tables["memory_nodes"].updates
+    assert updates.height == META_GROUPS
+    assert all("summary_model" not in json.loads(p) for p in updates["properties"])
