@@ -9,7 +9,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export DO_NOT_TRACK := 1
 export PREFECT_LOGGING_LEVEL ?= WARNING
 
-.PHONY: setup demo test fuzz bench clean
+.PHONY: setup demo test fuzz bench notebooks clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,14 @@ fuzz: setup           ## the property tests with fresh random examples (make tes
 
 bench: setup          ## make bench SCALE=1000000 ; writes bench-results.json
 	$(PY) -m benchmarks.run --scale $(SCALE)
+
+NOTEBOOK_HTML ?= .deep_sleep/notebooks/html
+NOTEBOOK_ARGS ?=
+notebooks: setup      ## export both marimo notebooks to HTML under $(NOTEBOOK_HTML) (on the demo store; NOTEBOOK_ARGS="--tenant acme")
+	mkdir -p $(NOTEBOOK_HTML)
+	for nb in phase_effects replay_lab; do \
+	  $(VENV)/bin/marimo export html -f notebooks/$$nb.py -o $(NOTEBOOK_HTML)/$$nb.html -- $(NOTEBOOK_ARGS) || exit 1; done
+	$(PY) notebooks/offline.py $(NOTEBOOK_HTML)
 
 clean:
 	rm -rf $(VENV) .deep_sleep build *.egg-info

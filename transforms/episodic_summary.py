@@ -11,6 +11,7 @@ from pydantic import Field
 from deep_sleep.core.config import PhaseConfig
 from deep_sleep.core.diff import Diff
 from deep_sleep.core.snapshot import Snapshot
+from deep_sleep.core.summary import Summarizer, SummaryRequest
 
 
 class EpisodicSummaryConfig(PhaseConfig):
@@ -68,7 +69,8 @@ def summary_node_id(scope_path: str, first_event_id: str, last_event_id: str) ->
     return created_id(scope_path, PHASE, f"{first_event_id}|{last_event_id}")
 
 
-def episodic_summary(snapshot: Snapshot, config: EpisodicSummaryConfig, as_of: datetime) -> PhaseResult:
+def episodic_summary(snapshot: Snapshot, config: EpisodicSummaryConfig, as_of: datetime,
+                     summarizer: Summarizer | None = None) -> PhaseResult:
     """While the scope holds more than ``threshold`` episodic events, and for at most
     ``max_batches`` batches per run, the oldest ``batch_size`` events (by ``created_at``, ties by
     id) become one semantic node ``META:episodic_summary`` (importance 5.0) and are deleted (the
@@ -83,6 +85,9 @@ def episodic_summary(snapshot: Snapshot, config: EpisodicSummaryConfig, as_of: d
     time, all labelled ``META:episodic_summary``; if that node already exists (a previous run's
     event deletes lost to a live write), its summary properties are refreshed instead of
     inserted.  Each deleted event's reason names its summary node.  The counter counts events.
+    With a ``summarizer`` (SPEC §7), a batch's ``summary`` is the model's text where it gives one,
+    and then ``properties.summary_model`` names the model; on the fallback it is the
+    concatenation above and ``summary_model`` is absent.
     """
     events = snapshot.table("episodic_events")
     if not events.height:
@@ -109,6 +114,7 @@ def episodic_summary(snapshot: Snapshot, config: EpisodicSummaryConfig, as_of: d
         chosen.group_by("_batch", maintain_order=True)
         .agg(
             pl.col("content").fill_null("").str.strip_chars().str.join("\n").alias("summary"),
+            pl.col("content").fill_null("").str.strip_chars().alias("_contents"),
             pl.len().alias("source_count"),
             pl.col("created_at").first().alias("first_at"),
             pl.col("created_at").last().alias("last_at"),
@@ -123,15 +129,23 @@ def episodic_summary(snapshot: Snapshot, config: EpisodicSummaryConfig, as_of: d
     )
     bounds = summaries.select(pl.col("source_ids").list.first().alias("first"), pl.col("source_ids").list.last().alias("last"))
     ids = [summary_node_id(scope.path, first, last) for first, last in bounds.iter_rows()]  # at most max_batches
-    summaries = summaries.with_columns(pl.Series("id", ids, dtype=pl.String))
-    patch = pl.struct(
+    summaries = summaries.with_columns(
+        pl.Series("id", ids, dtype=pl.String),
+        (pl.col("source_ids").list.first() + "|" + pl.col("source_ids").list.last()).alias("_key"),  # the summary's cache key
+    )
+    summaries = _summarised(summaries, summarizer, scope.path)
+    fields = (
         "summary",
         pl.col("source_count").cast(pl.Int64),
         _iso_text("first_at").alias("first_at"),
         _iso_text("last_at").alias("last_at"),
         "source_ids",
-    ).struct.json_encode()
-    summaries = summaries.with_columns(patch.alias("properties"))
+    )
+    # A deterministic summary has no summary_model key (the diff without the model is unchanged);
+    # a refresh always sends it, so a JSON null removes a model's name an earlier run left.
+    with_model = pl.struct(*fields, "summary_model").struct.json_encode()
+    patch = pl.when(pl.col("summary_model").is_null()).then(pl.struct(*fields).struct.json_encode()).otherwise(with_model)
+    summaries = summaries.with_columns(patch.alias("properties"), with_model.alias("_refresh"))
 
     # The summary node exists already only if a previous run's event deletes lost to a live write.
     found = (  # lazy: reads only these columns, however earlier folds left the frame's chunks
@@ -156,7 +170,7 @@ def episodic_summary(snapshot: Snapshot, config: EpisodicSummaryConfig, as_of: d
     )
     refreshed = merge_json(
         found.select("id", "version", "properties", pl.col("properties").alias("_old"))
-        .join(summaries.select("id", pl.col("properties").alias("_patch")), on="id"),
+        .join(summaries.select("id", pl.col("_refresh").alias("_patch")), on="id"),
         pl.col("_patch"),
     )
     refreshed = refreshed.filter(pl.col("properties") != pl.col("_old")).select("id", "version", "properties")
@@ -170,3 +184,19 @@ def episodic_summary(snapshot: Snapshot, config: EpisodicSummaryConfig, as_of: d
     # nothing for Diff.combine to normalise.
     diff = Diff({**nodes.tables, **events.tables})
     return PhaseResult(diff=diff, counters={"episodes_summarized": deletes.height})
+
+
+def _summarised(summaries: pl.DataFrame, summarizer: Summarizer | None, scope_path: str) -> pl.DataFrame:
+    """``summaries`` with ``summary`` replaced by the summarizer's text where it gives one, and
+    ``summary_model`` (the model's name, null for the deterministic text)."""
+    if summarizer is None:
+        return summaries.drop("_contents").with_columns(pl.lit(None, pl.String).alias("summary_model"))
+    requests = [
+        SummaryRequest(PHASE, scope_path, row["_key"], tuple(row["_contents"]), row["summary"])
+        for row in summaries.select("_key", "_contents", "summary").iter_rows(named=True)
+    ]
+    answers = summarizer.summarize(requests)
+    return summaries.drop("_contents").with_columns(
+        pl.Series("summary", [a.text if a else r.fallback for r, a in zip(requests, answers, strict=True)], pl.String),
+        pl.Series("summary_model", [a.model if a else None for a in answers], pl.String),
+    )

@@ -19,6 +19,7 @@ from pydantic import Field
 from deep_sleep.core.config import PhaseConfig
 from deep_sleep.core.diff import Diff
 from deep_sleep.core.snapshot import Snapshot
+from deep_sleep.core.summary import Summarizer, SummaryRequest
 
 
 class MetaNodesConfig(PhaseConfig):
@@ -36,7 +37,8 @@ STALE_REASON = "meta member no longer among the group's top members"
 TS = pl.Datetime("us", "UTC")
 
 
-def meta_nodes(snapshot: Snapshot, config: MetaNodesConfig, as_of: datetime) -> PhaseResult:
+def meta_nodes(snapshot: Snapshot, config: MetaNodesConfig, as_of: datetime,
+               summarizer: Summarizer | None = None) -> PhaseResult:
     """Group semantic nodes by label prefix, leaving out ``META:`` and protected labels and labels
     without a prefix (empty or blank).  A group of ≥ ``min_group`` gets the node ``META:<prefix>``
     (importance 5.0): created when no semantic node of the scope has that label, otherwise the one
@@ -48,11 +50,15 @@ def meta_nodes(snapshot: Snapshot, config: MetaNodesConfig, as_of: datetime) -> 
     nodes that fell out of the top (or out of the group) are deleted, so its fan-out never exceeds
     ``max_members``.  A META node whose group shrank below ``min_group`` is left untouched.  If the
     id a new META node would take already belongs to another node, the group is skipped and noted.
+    With a ``summarizer`` (SPEC §7), each group's ``summary`` is the model's text where it gives
+    one, and then ``properties.summary_model`` names the model; where it gives none (the
+    fallback) the summary is the deterministic one and ``summary_model`` is absent.
     """
     nodes = snapshot.table("memory_nodes")
     groups = _groups(nodes, config)
     if not groups.height:
         return PhaseResult(counters={"meta_nodes_created": 0, "meta_nodes_updated": 0})
+    groups = _summarised(groups, summarizer, snapshot.scope_path)
 
     candidates = nodes.lazy().filter(pl.col("label").is_in(groups.get_column("label").implode())).collect()
     resolved = resolve_labels(candidates)
@@ -118,6 +124,7 @@ def _groups(nodes: pl.DataFrame, config: MetaNodesConfig) -> pl.DataFrame:
             pl.col("member_count").first(),
             pl.col("id").head(k).alias("member_ids"),
             pl.col("label").head(k).str.join("; ").alias("top_labels"),
+            pl.col("label").head(k).alias("member_labels"),
         )
         .with_columns(
             pl.format("{} ({}): {}", "prefix", "member_count", "top_labels").alias("summary"),
@@ -162,7 +169,30 @@ def _with_prefix(members: pl.LazyFrame) -> pl.LazyFrame:
     return pl.concat([simple, other]).drop("_pos", "_colon", "_ascii", "_simple")
 
 
+def _summarised(groups: pl.DataFrame, summarizer: Summarizer | None, scope_path: str) -> pl.DataFrame:
+    """``groups`` with ``summary`` replaced by the summarizer's text where it gives one, and
+    ``summary_model`` (the model's name, null for the deterministic text)."""
+    if summarizer is None:
+        return groups.drop("member_labels").with_columns(pl.lit(None, pl.String).alias("summary_model"))
+    requests = [
+        SummaryRequest(PHASE, scope_path, row["prefix"],
+                       (f"group: {row['prefix']}", f"members: {row['member_count']}", *row["member_labels"]),
+                       row["summary"])
+        for row in groups.select("prefix", "member_count", "member_labels", "summary").iter_rows(named=True)
+    ]
+    answers = summarizer.summarize(requests)
+    return groups.drop("member_labels").with_columns(
+        pl.Series("summary", [a.text if a else r.fallback for r, a in zip(requests, answers, strict=True)], pl.String),
+        pl.Series("summary_model", [a.model if a else None for a in answers], pl.String),
+    )
+
+
 _PATCH = pl.struct("summary", "member_count", "member_ids").struct.json_encode()
+# A model's summary also names the model; a deterministic one has no summary_model key (so the
+# diff of a run without the model is byte for byte what it always was).  Updates always send the
+# key: a JSON null removes a model's name left by an earlier run (RFC 7386).
+_PATCH_MODEL = pl.struct("summary", "member_count", "member_ids", "summary_model").struct.json_encode()
+_INSERT_PROPERTIES = pl.when(pl.col("summary_model").is_null()).then(_PATCH).otherwise(_PATCH_MODEL)
 
 
 def _inserts(snapshot: Snapshot, new: pl.DataFrame, as_of: datetime) -> pl.DataFrame:
@@ -172,7 +202,7 @@ def _inserts(snapshot: Snapshot, new: pl.DataFrame, as_of: datetime) -> pl.DataF
         pl.lit(snapshot.scope.tenant_id).alias("tenant_id"),
         pl.lit("semantic").alias("layer"),
         "label",
-        _PATCH.alias("properties"),
+        _INSERT_PROPERTIES.alias("properties"),
         pl.lit(5.0).alias("importance"),
         pl.lit(0, dtype=pl.Int64).alias("access_count"),
         pl.lit(as_of, dtype=TS).alias("created_at"),
@@ -191,10 +221,12 @@ def _updates(candidates: pl.DataFrame, existing: pl.DataFrame) -> pl.DataFrame:
             (props.str.json_path_match("$.summary") != pl.col("summary")).fill_null(True)
             | (json_number("properties", "member_count") != pl.col("member_count").cast(pl.Float64)).fill_null(True)
             | (props.str.json_path_match("$.member_ids") != ids_json).fill_null(True)
+            | props.str.json_path_match("$.summary_model").ne_missing(pl.col("summary_model"))
         )
-        .select(pl.col("meta_id").alias("id"), "version", "properties", "summary", "member_count", "member_ids")
+        .select(pl.col("meta_id").alias("id"), "version", "properties", "summary", "member_count", "member_ids",
+                "summary_model")
     )
-    return merge_json(changed, _PATCH).select("id", "version", "properties").sort("id")
+    return merge_json(changed, _PATCH_MODEL).select("id", "version", "properties").sort("id")
 
 
 def _clusters(snapshot: Snapshot, metas: pl.DataFrame, as_of: datetime) -> Diff:

@@ -35,6 +35,7 @@ from pydantic_settings import (
 )
 
 from deep_sleep.core.errors import ConfigError
+from deep_sleep.core.llm_config import LlmConfig
 
 
 class PhaseConfig(BaseModel):
@@ -76,6 +77,7 @@ class BaseConsolidationConfig(BaseSettings):
     quick_nap_interval: int = Field(10, ge=1)
     gating: GatingConfig = GatingConfig()
     health: HealthConfig = HealthConfig()
+    llm: LlmConfig = LlmConfig()  # optional Claude summaries of phases 4 and 10 (SPEC §7)
 
     @classmethod
     def settings_customise_sources(

@@ -36,6 +36,9 @@ class ConsolidationReport:
     notes: phase → things worth knowing that are not errors (e.g. rejected SOUL keys by name).
     validation: failing checks (check, table, phase, rows) when validation failed.
     quarantined: table → reason → rows set aside from the snapshot (left untouched in the store).
+    llm: what the optional model summaries of phases 4 and 10 cost this run (SPEC §7): calls,
+        input_tokens, output_tokens, cache_hits, model_summaries, fallbacks (and why: fallback_budget,
+        fallback_error, fallback_malformed, fallback_cache_miss), retries; empty when the model is off.
     diff_hash: content hash of the diff (same snapshot + config + as_of → same hash).
     status: "planned" (replay), "applied", "failed", or "empty".
     run_id, snapshot_uri, diff_uri: where the run is recorded and stored.
@@ -54,6 +57,7 @@ class ConsolidationReport:
     notes: dict[str, list[str]] = field(default_factory=dict)
     validation: list[dict[str, Any]] = field(default_factory=list)
     quarantined: dict[str, dict[str, int]] = field(default_factory=dict)
+    llm: dict[str, int] = field(default_factory=dict)
     diff_hash: str = ""
     status: str = "planned"
     run_id: str | None = None

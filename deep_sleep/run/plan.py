@@ -24,6 +24,7 @@ import polars as pl
 from deep_sleep.core.diff import Diff
 from deep_sleep.core.report import ConsolidationReport
 from deep_sleep.core.snapshot import Snapshot, iso, utc
+from deep_sleep.core.summary import Summarizer
 from deep_sleep.transforms import COUNTERS, Phase, PhaseResult, roster
 from deep_sleep.transforms.config import ConsolidationConfig
 from deep_sleep.transforms.errors import PhaseError
@@ -42,7 +43,7 @@ class Plan:
 
 
 def _arguments(phase: Phase, snapshot: Snapshot, config: ConsolidationConfig, as_of: datetime,
-               extracted: Snapshot) -> dict:
+               extracted: Snapshot, summarizer: Summarizer | None = None) -> dict:
     wanted = inspect.signature(phase.fn).parameters
     offered = {
         "snapshot": snapshot,
@@ -52,6 +53,7 @@ def _arguments(phase: Phase, snapshot: Snapshot, config: ConsolidationConfig, as
         "scope_path": snapshot.scope_path,
         "settings": config,  # the whole configuration, for a phase that must keep another phase's invariant
         "extracted": extracted,  # the snapshot before any phase (for evidence an earlier phase archived)
+        "summarizer": summarizer,  # phases 4 and 10 (SPEC §7); None: the deterministic text
     }
     if "embedder" in wanted:  # built only for the phases that ask (phase 12)
         from deep_sleep.core.embedding import default_embedder
@@ -81,7 +83,7 @@ class _Phased:
 
 
 def _run_phases(snapshot: Snapshot, config: ConsolidationConfig, as_of: datetime,
-                phases: tuple[str, ...] | list[str] | None) -> _Phased:
+                phases: tuple[str, ...] | list[str] | None, summarizer: Summarizer | None = None) -> _Phased:
     view = snapshot
     out = _Phased([], dict.fromkeys(COUNTERS, 0), {}, [], {}, {}, {})
     folding = 0.0
@@ -90,7 +92,7 @@ def _run_phases(snapshot: Snapshot, config: ConsolidationConfig, as_of: datetime
             out.skipped[phase.name] = "disabled by config"
             continue
         t0 = time.perf_counter()
-        result: PhaseResult = phase.fn(**_arguments(phase, view, config, as_of, snapshot))
+        result: PhaseResult = phase.fn(**_arguments(phase, view, config, as_of, snapshot, summarizer))
         out.timings[phase.name] = round(time.perf_counter() - t0, 6)
         if result.skipped:
             out.skipped[phase.name] = result.skipped
@@ -132,6 +134,7 @@ def plan(
     phases: tuple[str, ...] | list[str] | None = None,
     check_rows: bool = True,
     write_to: str | Path | None = None,
+    summarizer: Summarizer | None = None,
 ) -> Plan:
     """Quarantine rows that break the store's invariants (``check_rows``), then run the roster (or
     the named ``phases``) in order, folding each diff in before the next phase.  With
@@ -143,26 +146,31 @@ def plan(
     row is quarantined, that result is thrown away and the phases run again on the clean snapshot —
     the diff is always the clean snapshot's, only the time differs.  (A phase that fails on a row
     the checks quarantine is rerun the same way; with nothing quarantined its error is raised.)
+
+    ``summarizer`` is handed to the phases that ask for one (4 and 10; :mod:`deep_sleep.run.llm`);
+    when it counts its work (``counters()``), what this plan cost goes into ``report.llm``.
     """
     as_of = utc(as_of)
+    counted = getattr(summarizer, "counters", None)
+    llm_before = counted() if counted else {}
     quarantined = pl.DataFrame(schema=QUARANTINE_SCHEMA)
     check_seconds: dict[str, float] = {}
     if not check_rows:
-        phased = _run_phases(snapshot, config, as_of, phases)
+        phased = _run_phases(snapshot, config, as_of, phases, summarizer)
     elif sum(f.height for f in snapshot.frames.values()) < OVERLAP_ROWS:
         snapshot, quarantined, check_seconds["quarantine"] = _checked(snapshot, as_of)
-        phased = _run_phases(snapshot, config, as_of, phases)
+        phased = _run_phases(snapshot, config, as_of, phases, summarizer)
     else:
         failure: Exception | None = None
         with ThreadPoolExecutor(1, thread_name_prefix="deep-sleep-quarantine") as pool:
             checking = pool.submit(_checked, snapshot, as_of)
             try:
-                optimistic: _Phased | None = _run_phases(snapshot, config, as_of, phases)
+                optimistic: _Phased | None = _run_phases(snapshot, config, as_of, phases, summarizer)
             except Exception as e:  # maybe a row the checks quarantine; decided below
                 optimistic, failure = None, e
             snapshot, quarantined, check_seconds["quarantine"] = checking.result()
         if quarantined.height:
-            phased = _run_phases(snapshot, config, as_of, phases)
+            phased = _run_phases(snapshot, config, as_of, phases, summarizer)
         elif optimistic is None:
             raise failure  # type: ignore[misc]
         else:
@@ -192,6 +200,7 @@ def plan(
         notes=phased.notes,
         diff_hash=diff_hash,
         quarantined=summarise(quarantined),
+        llm={k: v - llm_before.get(k, 0) for k, v in counted().items()} if counted else {},
     )
     return Plan(snapshot=snapshot, diff=diff, report=report, quarantined=quarantined)
 

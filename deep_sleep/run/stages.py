@@ -27,8 +27,10 @@ from deep_sleep.core.diff import Diff
 from deep_sleep.core.report import ConsolidationReport
 from deep_sleep.core.scope import Scope
 from deep_sleep.core.snapshot import Snapshot, utc
+from deep_sleep.core.summary import Summarizer
 from deep_sleep.run import handoff
 from deep_sleep.run.apply import apply_diff, record_run
+from deep_sleep.run.llm import summarizer_for
 from deep_sleep.run.plan import plan
 from deep_sleep.store.db import Store
 from deep_sleep.store.extract import extract
@@ -69,17 +71,18 @@ def extract_stage(store: Store, scope: Scope | str, as_of: datetime, config: Con
 
 def plan_stage(snapshot_dir: Path, config: ConsolidationConfig, as_of: datetime, out: Path,
                run_id: str | None = None, phases: tuple[str, ...] | None = None,
-               timings: dict[str, float] | None = None) -> Path:
+               timings: dict[str, float] | None = None, summarizer: Summarizer | None = None) -> Path:
     """Run the phases on a stored snapshot; write the diff and ``report.json`` to ``out``.
 
-    ``timings`` (e.g. the extract's seconds) are carried into the report.
+    ``timings`` (e.g. the extract's seconds) are carried into the report; ``summarizer`` goes to
+    phases 4 and 10 (:func:`deep_sleep.run.llm.summarizer_for`; None: the deterministic text).
     """
     t0 = time.perf_counter()
     snap = handoff.take("snapshot", snapshot_dir)
     if snap is None:
         snap = Snapshot.read(snapshot_dir)
     t1 = time.perf_counter()
-    result = plan(snap, config, as_of, phases, write_to=out)  # writes the diff while hashing it
+    result = plan(snap, config, as_of, phases, write_to=out, summarizer=summarizer)  # writes the diff while hashing it
     if result.quarantined.height:
         result.quarantined.write_parquet(Path(out) / QUARANTINE_FILE)
     handoff.put("plan", out, (result.snapshot, result.diff), rows=_rows(result.snapshot) + _rows(result.diff),
@@ -184,6 +187,8 @@ def consolidate_scope(
     t = time.perf_counter()
     snap_dir = extract_stage(store, scope, as_of, config, base / "snapshot")
     extract_seconds = {"extract": round(time.perf_counter() - t, 6)}
-    diff_dir = plan_stage(snap_dir, config, as_of, base / "diff", run_id=run_id, phases=phases, timings=extract_seconds)
+    summarizer = summarizer_for(config, store)  # None unless the model is enabled (SPEC §7)
+    diff_dir = plan_stage(snap_dir, config, as_of, base / "diff", run_id=run_id, phases=phases, timings=extract_seconds,
+                          summarizer=summarizer)
     validate_stage(snap_dir, diff_dir, config)
     return apply_stage(store, diff_dir, mode=mode, started_at=started)
