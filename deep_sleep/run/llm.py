@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime
 
 from deep_sleep.transforms.config import ConsolidationConfig
-from deep_sleep.core.errors import ConfigError
+from deep_sleep.core.errors import ConfigError, DeepSleepError
 from deep_sleep.core.llm_config import LlmConfig
 from deep_sleep.core.scope import Scope
 from deep_sleep.core.summary import Summarizer, Summary, SummaryRequest
@@ -69,17 +69,21 @@ def _prompt(batch: Sequence[SummaryRequest]) -> str:
     return json.dumps({"groups": groups}, ensure_ascii=False, indent=1)
 
 
+class MalformedAnswer(DeepSleepError, ValueError):
+    """The model's answer is not of the asked shape (its groups then fall back to the deterministic text)."""
+
+
 def _parse(text: str, n: int, max_chars: int) -> list[str | None]:
     """The summaries of ``g0``…``g{n-1}`` in ``text`` (None for each one missing or empty).
 
     Raises ValueError when ``text`` holds no JSON object of the asked shape."""
     match = re.search(r"\{.*\}", text, re.DOTALL)  # tolerate a sentence or a code fence around it
     if not match:
-        raise ValueError("no JSON object in the answer")
+        raise MalformedAnswer("no JSON object in the answer")
     data = json.loads(match.group(0))
     entries = data.get("summaries") if isinstance(data, dict) else None
     if not isinstance(entries, list):
-        raise ValueError('the answer has no "summaries" list')
+        raise MalformedAnswer('the answer has no "summaries" list')
     out: list[str | None] = [None] * n
     for entry in entries:
         if not isinstance(entry, dict):

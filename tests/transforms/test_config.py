@@ -35,6 +35,10 @@ def test_every_default_of_spec_3_is_kept():
         "gating": {"min_interval_hours": 24, "min_sessions": 20},
         "health": {"enabled": True, "idle_nights": 3, "max_conflict_rate": 0.2, "quarantine_jump_factor": 2.0,
                    "quarantine_jump_min": 10, "gated_factor": 2.0, "fail_nightly": True},
+        "llm": {"enabled": False, "api_key_env": "ANTHROPIC_API_KEY", "base_url": None, "model": "claude-haiku-4-5",
+                "groups_per_request": 8, "max_output_tokens_per_group": 160, "max_summary_chars": 2000,
+                "run_token_budget": 200000, "tenant_daily_token_budget": 2000000, "max_retries": 3,
+                "backoff_seconds": 1.0, "max_backoff_seconds": 30.0, "timeout_seconds": 30.0},
         "strengthen": {"enabled": True, "min_accesses": 2, "increment": 0.5, "cap": 10.0},
         "cooccurrence": {"enabled": True, "window_seconds": 900.0, "max_neighbours": 5},
         "tag_risk": {"enabled": True, "markers": ("risk", "danger", "failure", "loss", "negative", "decline", "warning",
@@ -119,5 +123,6 @@ def test_the_readme_configuration_table_lists_every_section_knob_and_default():
             found = re.search(rf"`{knob}` ([^,`(]+(?:, [a-z_]+)*)", rows[section])
             assert found, f"README's Configuration table does not list {section}.{knob}"
             shown = found.group(1).strip()
-            expected = ", ".join(value) if isinstance(value, tuple) else str(value).lower() if isinstance(value, bool) else value
+            expected = (", ".join(value) if isinstance(value, tuple) else str(value).lower()
+                        if isinstance(value, bool) or value is None else value)
             assert (shown == expected) if isinstance(expected, str) else (float(shown) == expected), (section, knob, shown)
