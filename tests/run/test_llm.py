@@ -13,8 +13,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import anthropic
 import polars as pl
 import pytest
+from deep_sleep.transforms.config import ConsolidationConfig
 
-from deep_sleep.core.config import ConsolidationConfig
 from deep_sleep.core.errors import ConfigError
 from deep_sleep.core.llm_config import LlmConfig
 from deep_sleep.core.snapshot import Snapshot
