@@ -74,6 +74,8 @@ SMALL_ROWS = 800  # JSON columns of frames up to this many rows are checked in P
 REASONS = (
     "null id",
     "duplicate id",
+    "null or empty key",
+    "duplicate key",
     "scope_path differs from the run's scope",
     "importance is not a finite number",
     "importance outside [1, 10]",
@@ -165,7 +167,10 @@ def _rule_plan(table: str, schema: tuple[tuple[str, pl.DataType], ...], scope_pa
     cost of building them."""
     columns = dict(schema)
     rules: list[tuple[str, str, object]] = []
-    if table in tables.MUTABLE:  # the access log's identity column is not read by any phase
+    if table == "soul_profiles":  # identified by (scope_path, key); the surrogate id is optional (SPEC §1)
+        rules += [("expr", "null or empty key", pl.col("key").is_null() | (pl.col("key").str.strip_chars() == "")),
+                  ("dupkey", "duplicate key", None)]
+    elif table in tables.MUTABLE:  # the access log's identity column is not read by any phase
         rules += [("expr", "null id", pl.col("id").is_null()), ("dup", "duplicate id", None)]
     if "scope_path" in columns:
         rules.append(("expr", "scope_path differs from the run's scope", pl.col("scope_path").fill_null("") != scope_path))
@@ -205,8 +210,8 @@ def _tests(table: str, frame: pl.DataFrame, scope_path: str, as_of: datetime, sm
     for kind, reason, what in _rule_plan(table, tuple(frame.schema.items()), scope_path):
         if kind == "expr":
             rules.append((reason, what))  # type: ignore[arg-type]
-        elif kind == "dup":
-            dup = _duplicated(frame.get_column("id"))
+        elif kind in ("dup", "dupkey"):
+            dup = _duplicated(frame.get_column("id" if kind == "dup" else "key"))
             if dup is not None:
                 rules.append((reason, dup))
         elif kind == "json":

@@ -13,6 +13,7 @@ snapshot written by hand replays.
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -51,7 +52,22 @@ def _as_stored(name: str, raw: pl.DataFrame, scope_path: str, columns: Collectio
     fill = {"scope_path": scope_path, "tenant_id": Scope.parse(scope_path).tenant_id}
     raw = raw.with_columns(pl.lit(v).alias(k) for k, v in fill.items()
                            if k not in raw.columns and (columns is None or k in columns))
-    return tables.conform(name, raw, only=columns)
+    frame = tables.conform(name, raw, only=columns)
+    if name == "soul_profiles" and "id" in frame.columns and "key" in frame.columns and frame.get_column("id").null_count():
+        frame = frame.with_columns(pl.coalesce(pl.col("id"), soul_profile_ids(scope_path, frame.get_column("key"))).alias("id"))
+    return frame
+
+
+# soul_profiles is identified by (scope_path, key) and its surrogate id is optional (SPEC §1): a row
+# without one gets a stand-in id, UUIDv5 of (scope_path, "soul_profiles", key), so diffs can name it;
+# the apply matches profiles by key, never by this id.
+_SOUL_ID_NAMESPACE = uuid.UUID("5d1e3c2a-8f4b-5b7e-9a61-0d5ee9000002")
+
+
+def soul_profile_ids(scope_path: str, keys: pl.Series) -> pl.Series:
+    """The stand-in id of each profile key (null for a null key)."""
+    return pl.Series("id", [None if k is None else str(uuid.uuid5(_SOUL_ID_NAMESPACE, f"{scope_path}|soul_profiles|{k}"))
+                            for k in keys.to_list()], dtype=pl.String)
 
 
 @dataclass(frozen=True)
