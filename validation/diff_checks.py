@@ -165,7 +165,6 @@ def _annotate(table: str, kind: str, frame: pl.DataFrame, diff: Diff, snapshot: 
     if kind in ("updates", "deletes"):
         ref = snap.select("id", pl.col("version").alias("_snapshot_version"), pl.lit(True).alias("_in_snapshot_row"),
                           *([pl.col("label").alias("_label")] if "label" in snap.columns else []))
-        ref = ref.filter(pl.col("id").is_not_null()).unique("id", keep="first", maintain_order=True)
         out = out.join(ref, on="id", how="left", maintain_order="left")
     if kind == "updates":
         gone = diff.table(table).deletes.get_column("id").implode()

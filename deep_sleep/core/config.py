@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from deep_sleep.core.errors import ConfigError
+from deep_sleep.core.quarantine_config import QuarantineConfig
 
 
 class _Knobs(BaseModel):
@@ -130,6 +131,7 @@ class ConsolidationConfig(BaseSettings):
     lookback_hours: float = Field(24, gt=0)
     quick_nap_interval: int = Field(10, ge=1)
     gating: GatingConfig = GatingConfig()
+    quarantine: QuarantineConfig = QuarantineConfig()
 
     strengthen: StrengthenConfig = StrengthenConfig()
     cooccurrence: CooccurrenceConfig = CooccurrenceConfig()

@@ -79,6 +79,9 @@ class Snapshot:
     previous_run_as_of: ``as_of`` of the scope's last applied run, or None.
     frames: table name → frame in the snapshot schema of :mod:`deep_sleep.core.tables`.
     source: the directory it was read from or written to, if any.
+    held_nodes: ids of live nodes that rows set aside by quarantine still touch (an edge of NaN
+        weight, say).  Phases must not delete them: their degree here ignores those rows, and a
+        delete would leave the quarantined rows pointing at nothing.  Empty unless quarantined.
     """
 
     scope_path: str
@@ -87,6 +90,7 @@ class Snapshot:
     frames: Mapping[str, pl.DataFrame] = field(default_factory=dict)
     source: Path | None = None
     schema_version: int = tables.SCHEMA_VERSION
+    held_nodes: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "frames", MappingProxyType(dict(self.frames)))
