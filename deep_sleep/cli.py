@@ -308,7 +308,13 @@ def cmd_nightly(args: argparse.Namespace) -> int:
     dq = summary["data_quality"]
     print(f"\n{summary['scopes']} scopes: {summary['due']} due, {summary['applied']} applied, {summary['failed']} failed, "
           f"{summary['skipped']} skipped" + (f"; data quality {'passed' if dq['success'] else 'FAILED'} ({dq['data_docs_path']})" if dq else ""))
-    return 1 if summary["failed"] or (dq and not dq["success"]) else 0  # exit 1: a problem was found
+    return nightly_exit_code(summary)
+
+
+def nightly_exit_code(summary: dict) -> int:
+    """1 when the night found a problem — a failed scope, or a data-quality suite that failed — else 0."""
+    dq = summary.get("data_quality")
+    return 1 if summary.get("failed") or (dq and not dq.get("success")) else 0
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
