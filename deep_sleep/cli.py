@@ -299,6 +299,7 @@ def cmd_nightly(args: argparse.Namespace) -> int:
         as_of=as_of, config_file=args.config, dsn=None, runs_dir=args.runs_dir,
         max_workers=args.max_workers, apply_concurrency=args.apply_concurrency, data_quality=not args.no_data_quality,
         task_runner=args.task_runner, dask_address=args.dask_address, prefect_apply_limit=not args.no_prefect_apply_limit,
+        progress=True,
     ))
     from deep_sleep.run.console import markdown_table
 

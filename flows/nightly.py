@@ -60,6 +60,7 @@ class NightlyParameters(BaseModel):
     task_runner: Literal["threads", "dask"] = "threads"
     dask_address: str | None = Field(None, description="scheduler address; default: a local cluster")
     dask_workers: int = Field(2, ge=1, description="workers of the local Dask cluster")
+    progress: bool = Field(False, description="print progress (scopes done / due, rows changed, elapsed) to stderr")
 
 
 def is_transient(exc: BaseException | None) -> bool:
@@ -156,6 +157,21 @@ def apply_slot(dsn: str, slots: int, poll_seconds: float = 0.05):
             time.sleep(poll_seconds)
 
 
+def _show_progress(applied: dict, due: int, clock: float) -> None:
+    """One stderr line per finished apply: scopes done / due, rows changed so far, elapsed."""
+    import sys
+
+    done = rows = 0
+    for fut in as_completed(list(applied.values())):
+        done += 1
+        try:
+            rows += sum(sum(k.values()) for k in (fut.result().get("rows_changed") or {}).values())
+        except BaseException:  # noqa: BLE001 - the scope's failure is reported in the summary
+            pass
+        print(f"deep-sleep nightly: {done}/{due} scopes done, {rows:,} rows changed, {time.perf_counter() - clock:.1f} s",
+              file=sys.stderr, flush=True)
+
+
 def _error_of(future) -> str:
     try:
         future.result()
@@ -187,12 +203,15 @@ def deep_sleep_nightly(params: NightlyParameters) -> dict[str, Any]:
     # An apply is submitted when its plan is done, so no worker thread sits waiting on an upstream future.
     path_of = {fut.task_run_id: path for path, fut in planned.items()}
     applied = {}
+    clock = time.perf_counter()
     for fut in as_completed(list(planned.values())):
         try:
             plan_result = fut.result()
         except BaseException:  # noqa: BLE001 - reported with the scope below
             continue
         applied[path_of[fut.task_run_id]] = apply_scope_task.submit(store.dsn, plan_result, started, params.apply_concurrency)
+    if params.progress:
+        _show_progress(applied, len(due), clock)
 
     rows: list[dict[str, Any]] = []
     for g in gates:

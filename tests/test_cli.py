@@ -17,7 +17,7 @@ from deep_sleep import cli
 from deep_sleep.cli import main
 from deep_sleep.core.scope import Scope
 from deep_sleep.run.stages import consolidate_scope, run_dir
-from tests.storeutil import edge, insert, node, scalar, small_graph
+from tests.storeutil import insert, node, scalar, small_graph
 
 SECRET = "hunter2"
 BAD_DSNS = [
@@ -136,6 +136,10 @@ def test_demo_then_every_command_on_the_same_store_with_no_flags(admin_dsn, tmp_
         # a second demo leaves a store with data alone unless asked
         assert main(["demo", "--tenants", "1", "--scopes-per-tenant", "1", "--nodes", "40"]) == 2
         assert "--reset" in capsys.readouterr().err
+        assert main(["demo", "--tenants", "1", "--scopes-per-tenant", "1", "--nodes", "40", "--reset"]) == 0
+        capsys.readouterr()
+        assert main(["report", "--markdown"]) == 0
+        assert capsys.readouterr().out.count("| applied |") == 2  # the fresh demo's two runs only
     finally:
         drop_database(admin_dsn, name)
 
