@@ -168,8 +168,10 @@ def _show_progress(applied: dict, due: int, clock: float) -> None:
             rows += sum(sum(k.values()) for k in (fut.result().get("rows_changed") or {}).values())
         except BaseException:  # noqa: BLE001 - the scope's failure is reported in the summary
             pass
-        print(f"deep-sleep nightly: {done}/{due} scopes done, {rows:,} rows changed, {time.perf_counter() - clock:.1f} s",
-              file=sys.stderr, flush=True)
+        # Written, not printed: the flow's log_prints would turn a print into a log record.
+        sys.stderr.write(f"deep-sleep nightly: {done}/{due} scopes done, {rows:,} rows changed, "
+                         f"{time.perf_counter() - clock:.1f} s\n")
+        sys.stderr.flush()
 
 
 def _error_of(future) -> str:
