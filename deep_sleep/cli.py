@@ -86,8 +86,10 @@ def require_scope(store, text: str):
 
     scope = Scope.coerce(text)
     exists = " OR ".join(f"EXISTS (SELECT 1 FROM {t} WHERE scope_path = %(p)s)" for t in _SCOPED)
+    if scope.depth == 1 and scope.levels[0][0] == "tenant":  # legacy rows (scope_path NULL) read as tenant/<id> (SPEC §1)
+        exists += " OR EXISTS (SELECT 1 FROM memory_nodes WHERE scope_path IS NULL AND tenant_id = %(t)s)"
     with store.pg() as con:
-        if con.execute(f"SELECT {exists}", {"p": scope.path}).fetchone()[0]:
+        if con.execute(f"SELECT {exists}", {"p": scope.path, "t": scope.tenant_id}).fetchone()[0]:
             return scope
     names = [Scope.parse(p).display() for p in known_scopes(store)]
     near = difflib.get_close_matches(scope.display(), names, n=3, cutoff=0.4) or names[:3]
@@ -378,7 +380,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from deep_sleep.store.db import DEFAULT_DATABASE, create_database, describe, embedded_dsn, with_database
 
     store = _store(args.dsn)
-    if known_scopes(store):
+    with store.pg() as con:
+        holds_scopes = con.execute("SELECT " + " OR ".join(f"EXISTS (SELECT 1 FROM {t})" for t in _SCOPED)).fetchone()[0]
+    if holds_scopes:
         if not args.reset:
             raise InputError(f"the store {describe(store)} already holds scopes; `deep-sleep demo --reset` drops and "
                              "recreates it with the demo data (or pass --dsn for another database)")
