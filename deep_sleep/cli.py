@@ -305,9 +305,13 @@ def cmd_nightly(args: argparse.Namespace) -> int:
     ))
     from deep_sleep.run.console import markdown_table
 
-    rows = [[r["scope"], r["status"], str(r.get("changes", "")), str(r.get("conflicts", "")), r.get("reason", "")[:80]]
-            for r in summary["rows"]]
-    print(markdown_table(["scope", "status", "changes", "conflicts", "reason"], rows))
+    rows = [[r["scope"], r["status"], str(r.get("changes", "")), str(r.get("conflicts", "")), str(r.get("quarantined", "")),
+             r.get("reason", "")[:80]] for r in summary["rows"]]
+    print(markdown_table(["scope", "status", "changes", "conflicts", "quarantined", "reason"], rows))
+    held = sum(r.get("quarantined") or 0 for r in summary["rows"])
+    if held:
+        print(f"\nquarantined {held} row(s) in all (left untouched; per scope and reason: deep-sleep report SCOPE, "
+              "or consolidation_quarantine)")
     dq = summary["data_quality"]
     print(f"\n{summary['scopes']} scopes: {summary['due']} due, {summary['applied']} applied, {summary['failed']} failed, "
           f"{summary['skipped']} skipped" + (f"; data quality {'passed' if dq['success'] else 'FAILED'} ({dq['data_docs_path']})" if dq else ""))

@@ -234,6 +234,7 @@ def deep_sleep_nightly(params: NightlyParameters) -> dict[str, Any]:
             "changes": sum(sum(k.values()) for k in report.rows_changed.values()),
             "conflicts": report.conflicts,
             "counters": ", ".join(f"{k}={v}" for k, v in moved.items()),
+            "quarantined": sum(n for reasons in report.quarantined.values() for n in reasons.values()),
             "run_id": report.run_id,
             "worker_pid": worker_pid,
         })
