@@ -20,7 +20,7 @@ $(VENV)/.installed: pyproject.toml
 setup: $(VENV)/.installed
 
 demo: setup           ## seed a small realistic store on the embedded Postgres and consolidate every scope
-	$(VENV)/bin/deep-sleep demo
+	$(VENV)/bin/deep-sleep demo --reset
 
 test: setup           ## the whole suite, on the embedded Postgres (or $$DEEP_SLEEP_DSN)
 	$(PY) -m pytest -q

@@ -60,6 +60,7 @@ class NightlyParameters(BaseModel):
     task_runner: Literal["threads", "dask"] = "threads"
     dask_address: str | None = Field(None, description="scheduler address; default: a local cluster")
     dask_workers: int = Field(2, ge=1, description="workers of the local Dask cluster")
+    progress: bool = Field(False, description="print progress (scopes done / due, rows changed, elapsed) to stderr")
 
 
 def _retry_transient(task, task_run, state) -> bool:
@@ -146,6 +147,23 @@ def apply_slot(dsn: str, slots: int, poll_seconds: float = 0.05):
             time.sleep(poll_seconds)
 
 
+def _show_progress(applied: dict, due: int, clock: float) -> None:
+    """One stderr line per finished apply: scopes done / due, rows changed so far, elapsed."""
+    import sys
+
+    done = rows = 0
+    for fut in as_completed(list(applied.values())):
+        done += 1
+        try:
+            rows += sum(sum(k.values()) for k in (fut.result().get("rows_changed") or {}).values())
+        except BaseException:  # noqa: BLE001 - the scope's failure is reported in the summary
+            pass
+        # Written, not printed: the flow's log_prints would turn a print into a log record.
+        sys.stderr.write(f"deep-sleep nightly: {done}/{due} scopes done, {rows:,} rows changed, "
+                         f"{time.perf_counter() - clock:.1f} s\n")
+        sys.stderr.flush()
+
+
 def _error_of(future) -> str:
     try:
         future.result()
@@ -177,12 +195,15 @@ def deep_sleep_nightly(params: NightlyParameters) -> dict[str, Any]:
     # An apply is submitted when its plan is done, so no worker thread sits waiting on an upstream future.
     path_of = {fut.task_run_id: path for path, fut in planned.items()}
     applied = {}
+    clock = time.perf_counter()
     for fut in as_completed(list(planned.values())):
         try:
             plan_result = fut.result()
         except BaseException:  # noqa: BLE001 - reported with the scope below
             continue
         applied[path_of[fut.task_run_id]] = apply_scope_task.submit(store.dsn, plan_result, started, params.apply_concurrency)
+    if params.progress:
+        _show_progress(applied, len(due), clock)
 
     rows: list[dict[str, Any]] = []
     for g in gates:
@@ -203,6 +224,7 @@ def deep_sleep_nightly(params: NightlyParameters) -> dict[str, Any]:
             "changes": sum(sum(k.values()) for k in report.rows_changed.values()),
             "conflicts": report.conflicts,
             "counters": ", ".join(f"{k}={v}" for k, v in moved.items()),
+            "quarantined": sum(n for reasons in report.quarantined.values() for n in reasons.values()),
             "run_id": report.run_id,
             "worker_pid": worker_pid,
         })

@@ -108,7 +108,7 @@ def label_recalls(snapshot: Snapshot, config: LabelRecallsConfig, as_of: datetim
     ``(recall.created_at, min(recall.created_at + lookback_hours, as_of)]`` — gives
     ``label = max(similarity, min_label)``; otherwise ``label = similarity / 2``.  Both write
     ``label_source = "implicit"``.  A row that has a label (explicit feedback from the online
-    path, or an earlier run's label) is never touched.
+    path, or an earlier run's label) is never touched, nor is one without a finite similarity.
 
     The label is given at the first run that sees the recall, with the evidence there is by
     then: a recall a few minutes before ``as_of`` has had little time to come back and is more
@@ -118,7 +118,9 @@ def label_recalls(snapshot: Snapshot, config: LabelRecallsConfig, as_of: datetim
     recalls = snapshot.table("recall_events")
     if not recalls.height:
         return skip("missing input: no recall events")
-    todo = recalls.filter(pl.col("label").is_null() & (pl.col("created_at") <= as_of))
+    # A recall without a finite similarity has no label to give (quarantine sets NaN/inf ones aside
+    # with a reason; a null one from a hand-written snapshot is left alone, so a rerun changes nothing).
+    todo = recalls.filter(pl.col("label").is_null() & (pl.col("created_at") <= as_of) & pl.col("similarity").is_finite())
     if not todo.height:
         return PhaseResult(counters={"recalls_labelled": 0})
     horizon = timedelta(hours=lookback_hours)

@@ -40,7 +40,9 @@ def prune_orphans(snapshot: Snapshot, config: PruneOrphansConfig, as_of: datetim
     included; self-loops do not count).  Degree is measured on the graph that survives this run: a
     neighbour deleted here does not count, so a chain of weak nodes hanging off the graph goes in one
     run and a rerun finds nothing new (peeling to a fixpoint).  A node matching both rules is deleted
-    with the ttl reason, as is any edge touching an expired node.
+    with the ttl reason, as is any edge touching an expired node.  A node that a quarantined row
+    still touches (``snapshot.held_nodes``, e.g. an edge of NaN weight) is never pruned: its degree
+    here ignores that row, and the quarantined row would be left pointing at a deleted node.
     """
     nodes = snapshot.table("memory_nodes")
     # Lazy scans, each collected right after its cheap first filter: an eager select or filter would
@@ -72,6 +74,10 @@ def prune_orphans(snapshot: Snapshot, config: PruneOrphansConfig, as_of: datetim
         .filter(~is_protected())
         .select("id", "version")
     )
+    if snapshot.held_nodes:
+        held = pl.Series(sorted(snapshot.held_nodes), dtype=pl.String).implode()
+        expired = expired.filter(~pl.col("id").is_in(held))
+        weak = weak.filter(~pl.col("id").is_in(held))
     if not (expired.height or weak.height):
         return PhaseResult(counters={"nodes_pruned": 0})
     seed = _seed(nodes.get_column("id"))

@@ -40,7 +40,8 @@ def soul_corrections(
     (the moment the profile took the value).  Every edit of any other key — and every edit without a
     ``value`` — is rejected, counted in ``soul_rejected`` and named in the notes.  A non-string JSON
     ``value`` is stored as its JSON text (``42``, ``true``, ``["a"]``).  ``soul_updates`` counts
-    profile rows inserted or changed.
+    profile rows inserted or changed.  A profile is identified by (scope_path, ``key``) (SPEC §1):
+    updates carry ``key`` and the apply matches on it.
     """
     start = window_start(snapshot, as_of, lookback_hours)
     # The cheap window, layer and prefix tests run lazily over only the columns used (no copy of the
@@ -87,7 +88,7 @@ def soul_corrections(
     updates = (
         profiles.join(latest, on="key", how="inner", suffix="_new")
         .filter(pl.col("value") != pl.col("value_new"))
-        .select("id", "version", pl.col("value_new").alias("value"), ts.alias("updated_at"))
+        .select("id", "version", "key", pl.col("value_new").alias("value"), ts.alias("updated_at"))
         .sort("id")
     )
     absent = latest.join(profiles.select("key"), on="key", how="anti")

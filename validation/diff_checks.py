@@ -127,10 +127,14 @@ def _cached_schema(table: str, kind: str, scope_path: str, tenant_id: str, caps:
     cols = _value_checks(table, kind)
     checks = [_rule(pl.struct("id", "phase").is_unique(), "one row per id and phase"), *_cap_checks(table, kind, caps)]
     if kind in ("updates", "deletes"):
-        cols["expected_version"] = pa.Column(int, nullable=False)
+        # Membership is by id; a row whose snapshot version is null (a hand-written snapshot of a
+        # table SPEC §1 gives no version) is referenced with a null expected_version (SPEC §8).
+        cols["expected_version"] = pa.Column(int, nullable=True)
         checks += [
-            _rule(pl.col("_snapshot_version").is_not_null(), "references a row of the snapshot"),
-            _rule(pl.col("_snapshot_version").is_null() | (pl.col("expected_version") == pl.col("_snapshot_version")),
+            _rule(pl.col("_in_snapshot_row").fill_null(False), "references a row of the snapshot"),
+            _rule(~pl.col("_in_snapshot_row").fill_null(False)
+                  | (pl.col("expected_version").is_null() & pl.col("_snapshot_version").is_null())
+                  | (pl.col("expected_version") == pl.col("_snapshot_version")).fill_null(False),
                   "expected_version equals the snapshot's version"),
         ]
     if kind == "updates":
@@ -159,7 +163,8 @@ def _annotate(table: str, kind: str, frame: pl.DataFrame, diff: Diff, snapshot: 
     snap = snapshot.table(table)
     out = frame.with_row_index("_row").with_columns(pl.len().over("phase").alias("_phase_rows"))
     if kind in ("updates", "deletes"):
-        ref = snap.select("id", pl.col("version").alias("_snapshot_version"), *([pl.col("label").alias("_label")] if "label" in snap.columns else []))
+        ref = snap.select("id", pl.col("version").alias("_snapshot_version"), pl.lit(True).alias("_in_snapshot_row"),
+                          *([pl.col("label").alias("_label")] if "label" in snap.columns else []))
         out = out.join(ref, on="id", how="left", maintain_order="left")
     if kind == "updates":
         gone = diff.table(table).deletes.get_column("id").implode()
@@ -330,7 +335,7 @@ def _failures(table: str, kind: str, annotated: pl.DataFrame, errors: SchemaErro
 
 
 # The snapshot columns validate_diff reads (the validate stage reads only these from Parquet).
-SNAPSHOT_COLUMNS = ("id", "version", "label", "source_id", "target_id", "relation")
+SNAPSHOT_COLUMNS = ("id", "version", "label", "source_id", "target_id", "relation", "key")
 
 
 def validate_diff(diff: Diff, snapshot: Snapshot, config: ConsolidationConfig | None = None, *, precheck: bool = True) -> pl.DataFrame:

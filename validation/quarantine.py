@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 
@@ -61,12 +62,18 @@ import numpy as np
 import polars as pl
 
 from deep_sleep.core import lookup, tables
+from deep_sleep.core.quarantine_config import QuarantineConfig
 from deep_sleep.core.duck import registered
 from deep_sleep.core.snapshot import Snapshot, utc
 
 QUARANTINE_SCHEMA = {"table": pl.String(), "id": pl.String(), "reason": pl.String(), "row": pl.String()}
 FUTURE_TOLERANCE = timedelta(minutes=5)
 CONTROL = r"[\x00-\x1f\x7f]"
+# Characters that make a label render as something else than it holds: line/paragraph separators
+# (U+2028/2029), zero-width characters and joiners (U+200B–U+200D, U+2060, U+FEFF), direction marks,
+# embeddings, overrides and isolates (U+200E/200F, U+202A–U+202E, U+2066–U+2069), and the other
+# invisible operators (U+2061–U+2064).
+INVISIBLE = "[\u200b-\u200f\u2028-\u202e\u2060-\u2064\u2066-\u2069\ufeff]"
 JSON_SHAPE = {"properties": "OBJECT", "metadata": "OBJECT", "steps": "ARRAY"}
 TIMESTAMPS = ("created_at", "updated_at", "accessed_at")
 SMALL_ROWS = 800  # JSON columns of frames up to this many rows are checked in Python (small path; crossover ~900 here)
@@ -74,11 +81,16 @@ SMALL_ROWS = 800  # JSON columns of frames up to this many rows are checked in P
 REASONS = (
     "null id",
     "duplicate id",
+    "null or empty key",
+    "duplicate key",
     "scope_path differs from the run's scope",
+    "tenant_id differs from the scope's root",
     "importance is not a finite number",
     "importance outside [1, 10]",
     "empty label",
     "control characters in label",
+    "invisible or direction-changing characters in label",
+    "label longer than max_label_chars",
     "unknown layer",
     "properties is not a JSON object",
     "metadata is not a JSON object",
@@ -86,6 +98,9 @@ REASONS = (
     "weight is negative or not finite",
     "empty content",
     "features must have 12 values",
+    "similarity is not a finite number",
+    "features are not finite numbers",
+    "timestamp before min_timestamp",
     "timestamp in the future",
     "edge endpoint is quarantined",
     "dangling edge: endpoint not a node of this scope",
@@ -166,7 +181,8 @@ def _duplicated(ids: pl.Series) -> pl.Series | None:
 
 
 @lru_cache(maxsize=256)
-def _rule_plan(table: str, schema: tuple[tuple[str, pl.DataType], ...], scope_path: str) -> tuple[tuple[str, str, object], ...]:
+def _rule_plan(table: str, schema: tuple[tuple[str, pl.DataType], ...], scope_path: str,
+               config: QuarantineConfig) -> tuple[tuple[str, str, object], ...]:
     """``table``'s rules for a frame of ``schema``, in REASONS order, as (kind, reason, what):
     ``expr`` (a ready expression), or the per-call ones: ``dup`` (duplicate ids), ``json``
     (``what`` = (column, shape)), ``future`` (``what`` = the timestamp columns).  Built once per
@@ -174,10 +190,16 @@ def _rule_plan(table: str, schema: tuple[tuple[str, pl.DataType], ...], scope_pa
     cost of building them."""
     columns = dict(schema)
     rules: list[tuple[str, str, object]] = []
-    if table in tables.MUTABLE:  # the access log's identity column is not read by any phase
+    if table == "soul_profiles":  # identified by (scope_path, key); the surrogate id is optional (SPEC §1)
+        rules += [("expr", "null or empty key", pl.col("key").is_null() | (pl.col("key").str.strip_chars() == "")),
+                  ("dupkey", "duplicate key", None)]
+    elif table in tables.MUTABLE:  # the access log's identity column is not read by any phase
         rules += [("expr", "null id", pl.col("id").is_null()), ("dup", "duplicate id", None)]
     if "scope_path" in columns:
         rules.append(("expr", "scope_path differs from the run's scope", pl.col("scope_path").fill_null("") != scope_path))
+    if "tenant_id" in columns:
+        tenant = scope_path.split("\x1f", 2)[1] if "\x1f" in scope_path else ""
+        rules.append(("expr", "tenant_id differs from the scope's root", pl.col("tenant_id") != tenant))  # null: a frame built without the column
     if "importance" in columns:
         rules += [
             ("expr", "importance is not a finite number", pl.col("importance").is_null() | ~pl.col("importance").is_finite()),
@@ -188,6 +210,8 @@ def _rule_plan(table: str, schema: tuple[tuple[str, pl.DataType], ...], scope_pa
             rules += [
                 ("expr", "empty label", pl.col(label).is_null() | (pl.col(label).str.strip_chars() == "")),
                 ("expr", "control characters in label", pl.col(label).str.contains(CONTROL)),
+                ("expr", "invisible or direction-changing characters in label", pl.col(label).str.contains(INVISIBLE)),
+                ("expr", "label longer than max_label_chars", pl.col(label).str.len_chars() > config.max_label_chars),
             ]
     if "layer" in columns:
         rules.append(("expr", "unknown layer", ~pl.col("layer").is_in(["semantic", "working"])))
@@ -201,30 +225,49 @@ def _rule_plan(table: str, schema: tuple[tuple[str, pl.DataType], ...], scope_pa
         rules.append(("expr", "empty content", pl.col("content").is_null() | (pl.col("content").str.strip_chars() == "")))
     if table == "recall_events":
         rules.append(("expr", "features must have 12 values", pl.col("features").list.len().fill_null(0) != 12))
+        rules += [
+            ("expr", "similarity is not a finite number", ~pl.col("similarity").is_finite()),  # null: not stored NaN
+            ("expr", "features are not finite numbers",
+             pl.col("features").list.eval(pl.element().is_null() | ~pl.element().is_finite()).list.any().fill_null(False)),
+        ]
     stamps = tuple(c for c in TIMESTAMPS if c in columns)
     if stamps:
+        floor = _micros_literal(utc(config.min_timestamp))
+        rules.append(("expr", "timestamp before min_timestamp", pl.any_horizontal([pl.col(c) < floor for c in stamps]).fill_null(False)))
         rules.append(("future", "timestamp in the future", stamps))
     return tuple(rules)
 
 
-def _tests(table: str, frame: pl.DataFrame, scope_path: str, as_of: datetime, small_rows: int) -> list[tuple[str, pl.Expr | pl.Series]]:
+def _micros_literal(at: datetime) -> pl.Expr:
+    """``at`` as a literal of the snapshot's timestamp type (an integer cast: lit(datetime) costs ~0.3 ms)."""
+    return pl.lit((at - _EPOCH) // timedelta(microseconds=1), dtype=pl.Int64).cast(tables.TS)
+
+
+def _future_limit(as_of: datetime, tolerance: timedelta) -> datetime:
+    """as_of + tolerance, or the last representable instant when that overflows (as_of in year 9999)."""
+    try:
+        return utc(as_of) + tolerance
+    except OverflowError:
+        return datetime.max.replace(tzinfo=UTC)
+
+
+def _tests(table: str, frame: pl.DataFrame, scope_path: str, as_of: datetime, small_rows: int,
+           config: QuarantineConfig) -> list[tuple[str, pl.Expr | pl.Series]]:
     """(reason, test) for every rule that applies to ``table``'s rows by themselves, in REASONS order.
     A test is an expression over ``frame`` or a ready boolean Series; null counts as false."""
     rules: list[tuple[str, pl.Expr | pl.Series]] = []
-    for kind, reason, what in _rule_plan(table, tuple(frame.schema.items()), scope_path):
+    for kind, reason, what in _rule_plan(table, tuple(frame.schema.items()), scope_path, config):
         if kind == "expr":
             rules.append((reason, what))  # type: ignore[arg-type]
-        elif kind == "dup":
-            dup = _duplicated(frame.get_column("id"))
+        elif kind in ("dup", "dupkey"):
+            dup = _duplicated(frame.get_column("id" if kind == "dup" else "key"))
             if dup is not None:
                 rules.append((reason, dup))
         elif kind == "json":
             column, shape = what  # type: ignore[misc]
             rules.append((reason, bad_json(frame.get_column(column), shape, small_rows)))
-        else:  # future: the limit as an integer literal cast to the column type (lit(datetime) costs ~0.3 ms)
-            limit = utc(as_of) + FUTURE_TOLERANCE
-            micros = (limit - _EPOCH) // timedelta(microseconds=1)
-            at = pl.lit(micros, dtype=pl.Int64).cast(tables.TS)
+        else:  # future: the limit as an integer literal cast to the column type
+            at = _micros_literal(_future_limit(as_of, timedelta(seconds=config.future_tolerance_seconds)))
             rules.append((reason, pl.any_horizontal([pl.col(c) > at for c in what]).fill_null(False)))  # type: ignore[union-attr]
     return rules
 
@@ -266,11 +309,13 @@ def _row_json(frame: pl.DataFrame) -> pl.Expr:
     return pl.struct([c for c in frame.columns if not c.startswith("_")]).struct.json_encode().alias("row")
 
 
-def quarantine(snapshot: Snapshot, as_of: datetime, *, small_rows: int = SMALL_ROWS) -> tuple[Snapshot, pl.DataFrame]:
+def quarantine(snapshot: Snapshot, as_of: datetime, config: QuarantineConfig | None = None, *,
+               small_rows: int = SMALL_ROWS) -> tuple[Snapshot, pl.DataFrame]:
     """Split ``snapshot`` into the clean snapshot and the quarantined rows (table, id, reason, row JSON).
 
     ``small_rows``: frames up to this many rows check JSON in Python (see the module notes; the
     answer does not depend on it)."""
+    config = config or QuarantineConfig()
     clean: dict[str, pl.DataFrame] = {}
     found = [pl.DataFrame(schema=QUARANTINE_SCHEMA)]
     order = sorted(snapshot.frames, key=lambda t: t == "memory_edges")  # nodes before edges
@@ -280,7 +325,7 @@ def quarantine(snapshot: Snapshot, as_of: datetime, *, small_rows: int = SMALL_R
         if not frame.height:
             clean[table] = frame
             continue
-        rules = _tests(table, frame, snapshot.scope_path, as_of, small_rows)
+        rules = _tests(table, frame, snapshot.scope_path, as_of, small_rows, config)
         if table == "memory_edges":
             rules += _edge_tests(frame, clean.get("memory_nodes", snapshot.table("memory_nodes")), bad_nodes)
         rows, reasons = _first_reasons(frame, rules)
@@ -300,7 +345,18 @@ def quarantine(snapshot: Snapshot, as_of: datetime, *, small_rows: int = SMALL_R
         keep[rows] = False
         clean[table] = frame.filter(pl.Series(keep))
     quarantined = pl.concat(found).sort("table", "id", "reason")
-    return snapshot.with_frames(clean), quarantined
+    out = snapshot.with_frames(clean)
+    held = _held_nodes(snapshot.table("memory_edges"), clean.get("memory_edges"), clean.get("memory_nodes"))
+    return (replace(out, held_nodes=out.held_nodes | held) if held else out), quarantined
+
+
+def _held_nodes(edges: pl.DataFrame, kept: pl.DataFrame | None, nodes: pl.DataFrame | None) -> frozenset[str]:
+    """The clean nodes a quarantined edge still touches: no phase may delete them (Snapshot.held_nodes)."""
+    if kept is None or nodes is None or kept.height == edges.height:
+        return frozenset()
+    gone = edges.join(kept.select("id"), on="id", how="anti") if kept.height else edges
+    ends = pl.concat([gone.get_column("source_id"), gone.get_column("target_id")]).drop_nulls()
+    return frozenset(ends.filter(ends.is_in(nodes.get_column("id").implode())).to_list())
 
 
 def quarantine_plain(snapshot: Snapshot, as_of: datetime) -> tuple[Snapshot, pl.DataFrame]:

@@ -111,13 +111,16 @@ def sqlalchemy_url(dsn: str) -> str:
     return url.render_as_string(hide_password=False)
 
 
+def _redact_text(text: str, dsn: str) -> str:
+    from deep_sleep.store.db import redact
+
+    return redact(text, dsn)
+
+
 def _redact(dsn: str) -> str:
-    if "://" not in dsn:
-        return re.sub(r"(password\s*=\s*)(\S+)", r"\1***", dsn)
-    parts = urlsplit(dsn)
-    if parts.password:
-        return urlunsplit(parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@")))
-    return dsn
+    from deep_sleep.store.db import redact
+
+    return redact(dsn, dsn)
 
 
 @contextlib.contextmanager
@@ -282,7 +285,7 @@ def run_store_suite(dsn: str, out_dir: Path, run_id: str | None = None, *, data_
     try:
         tables = discover(dsn)
     except psycopg.Error as exc:
-        raise StoreError(f"store suite: cannot read the catalog at {_redact(dsn)}: {exc}") from exc
+        raise StoreError(f"store suite: cannot read the catalog at {_redact(dsn)}: {_redact_text(str(exc), dsn)}") from None
     checks = checks_for(tables)
     timings["discover"] = time.perf_counter() - t0
 

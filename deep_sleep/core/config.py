@@ -36,6 +36,7 @@ from pydantic_settings import (
 
 from deep_sleep.core.errors import ConfigError
 from deep_sleep.core.llm_config import LlmConfig
+from deep_sleep.core.quarantine_config import QuarantineConfig
 
 
 class PhaseConfig(BaseModel):
@@ -78,6 +79,7 @@ class BaseConsolidationConfig(BaseSettings):
     gating: GatingConfig = GatingConfig()
     health: HealthConfig = HealthConfig()
     llm: LlmConfig = LlmConfig()  # optional Claude summaries of phases 4 and 10 (SPEC §7)
+    quarantine: QuarantineConfig = QuarantineConfig()
 
     @classmethod
     def settings_customise_sources(

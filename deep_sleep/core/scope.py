@@ -45,6 +45,18 @@ def _check_part(what: str, value: object, level: int) -> str:
     return value
 
 
+def _escape(part: str) -> str:
+    return part.replace("%", "%25").replace("/", "%2F") if ("/" in part or "%" in part) else part
+
+
+_ESCAPE = re.compile(r"%(2[fF]|25)")
+
+
+def _unescape(part: str) -> str:
+    """Only the two escapes :meth:`Scope.display` writes are read back; any other ``%`` is literal."""
+    return _ESCAPE.sub(lambda m: "/" if m.group(1) in ("2f", "2F") else "%", part) if "%" in part else part
+
+
 @dataclass(frozen=True, slots=True)
 class Scope:
     """An immutable, validated scope.  Build it with the factories, not the constructor.
@@ -102,9 +114,11 @@ class Scope:
         if isinstance(value, Scope):
             return value
         if isinstance(value, str) and SEP not in value and "/" in value:
-            parts = value.split("/")
+            parts = [_unescape(p) for p in value.split("/")]
             if len(parts) % 2:
-                raise ScopeError(f"scope {value!r}: write it as kind/id[/kind/id…], got an odd number of parts")
+                raise ScopeError(
+                    f"scope {value!r}: write it as kind/id[/kind/id…], got an odd number of parts "
+                    "(a '/' inside a kind or id is written %2F, a '%' as %25)")
             return cls(tuple((parts[i], parts[i + 1]) for i in range(0, len(parts), 2)))
         return cls.parse(value)
 
@@ -134,8 +148,13 @@ class Scope:
         return other_path in self.ancestor_paths()
 
     def display(self) -> str:
-        """Human form ``kind/id/kind/id`` (accepted back by :meth:`coerce`)."""
-        return "/".join(part for level in self.levels for part in level)
+        """Human form ``kind/id/kind/id`` (accepted back by :meth:`coerce`).  A ``/`` inside a kind or
+        id is written ``%2F`` and a ``%`` as ``%25``, so two scopes never display alike:
+
+            >>> Scope.root("org", "acme/brand/b1").display()
+            'org/acme%2Fbrand%2Fb1'
+        """
+        return "/".join(_escape(part) for level in self.levels for part in level)
 
     def __str__(self) -> str:
         return self.display()

@@ -13,6 +13,7 @@ snapshot written by hand replays.
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -28,14 +29,55 @@ from deep_sleep.core.scope import Scope, ScopeError
 
 MANIFEST = "manifest.json"
 
+# The columns a hand-written table file must have (SPEC §8: "any subset of columns beyond the key
+# columns"): what identifies its rows and what every phase reading the table needs.
+REQUIRED_COLUMNS: dict[str, tuple[str, ...]] = {
+    "memory_nodes": ("id", "layer", "label"),
+    "memory_edges": ("id", "source_id", "target_id", "relation"),
+    "episodic_events": ("id", "content"),
+    "memory_access_log": ("node_id", "accessed_at"),
+    "procedural_skills": ("id", "name"),
+    "prospective_triggers": ("id",),
+    "soul_profiles": ("key", "value"),
+    "pending_connections": ("id", "source_label", "target_label", "relation"),
+    "recall_events": ("id", "node_id"),
+    "reranker_models": (),
+}
+_EXPECTED = {  # column kind → (what SPEC §8 says, test of a Parquet column's type)
+    "uuid": ("canonical lowercase UUID text (string)", lambda t: t == pl.String),
+    "text": ("string", lambda t: t == pl.String),
+    "json": ("UTF-8 JSON text (string)", lambda t: t == pl.String),
+    "ts": ("timestamp (UTC microseconds)", lambda t: isinstance(t, pl.Datetime)),
+    "float": ("floating-point number", lambda t: t.is_numeric()),
+    "int": ("integer", lambda t: t.is_integer()),
+    "floats": ("list of floats", lambda t: isinstance(t, (pl.List, pl.Array)) and t.inner.is_numeric()),
+    "vector": ("fixed-size list of float32", lambda t: isinstance(t, (pl.List, pl.Array)) and t.inner.is_numeric()),
+}
+
+
+def check_columns(file: Path, table: str, schema: Mapping[str, pl.DataType]) -> None:
+    """A clear SnapshotError naming file, column, expected and found type — never a silent cast
+    (an int64 ``updated_at`` would read as 1970, an int64 ``id`` would make every edge dangle)."""
+    missing = [c for c in REQUIRED_COLUMNS.get(table, ()) if c not in schema]
+    if missing:
+        raise SnapshotError(f"{file}: column(s) {', '.join(missing)} missing; a {table} file needs at least "
+                            f"{', '.join(REQUIRED_COLUMNS[table])} (see README, 'Snapshot format')")
+    for name, col in tables.columns(table).items():
+        found = schema.get(name)
+        if found is None or found == pl.Null:
+            continue
+        what, ok = _EXPECTED[col.kind]
+        if not ok(found):
+            raise SnapshotError(f"{file}: column {name} holds {found}, expected {what} (SPEC §8)")
+
 
 def utc(ts: datetime | str) -> datetime:
     """Parse/normalise to an aware UTC datetime with microsecond precision (naive means UTC)."""
     if isinstance(ts, str):
         try:
             ts = datetime.fromisoformat(ts.replace("Z", "+00:00"))
-        except ValueError as exc:
-            raise InputError(f"{ts!r} is not an ISO 8601 timestamp (e.g. 2026-11-29T03:00:00Z)") from exc
+        except ValueError:
+            raise InputError(f"{ts!r} is not an ISO 8601 timestamp (e.g. 2026-11-29T03:00:00Z)") from None
     if ts.tzinfo is None:
         ts = ts.replace(tzinfo=UTC)
     return ts.astimezone(UTC)
@@ -51,7 +93,22 @@ def _as_stored(name: str, raw: pl.DataFrame, scope_path: str, columns: Collectio
     fill = {"scope_path": scope_path, "tenant_id": Scope.parse(scope_path).tenant_id}
     raw = raw.with_columns(pl.lit(v).alias(k) for k, v in fill.items()
                            if k not in raw.columns and (columns is None or k in columns))
-    return tables.conform(name, raw, only=columns)
+    frame = tables.conform(name, raw, only=columns)
+    if name == "soul_profiles" and "id" in frame.columns and "key" in frame.columns and frame.get_column("id").null_count():
+        frame = frame.with_columns(pl.coalesce(pl.col("id"), soul_profile_ids(scope_path, frame.get_column("key"))).alias("id"))
+    return frame
+
+
+# soul_profiles is identified by (scope_path, key) and its surrogate id is optional (SPEC §1): a row
+# without one gets a stand-in id, UUIDv5 of (scope_path, "soul_profiles", key), so diffs can name it;
+# the apply matches profiles by key, never by this id.
+_SOUL_ID_NAMESPACE = uuid.UUID("5d1e3c2a-8f4b-5b7e-9a61-0d5ee9000002")
+
+
+def soul_profile_ids(scope_path: str, keys: pl.Series) -> pl.Series:
+    """The stand-in id of each profile key (null for a null key)."""
+    return pl.Series("id", [None if k is None else str(uuid.uuid5(_SOUL_ID_NAMESPACE, f"{scope_path}|soul_profiles|{k}"))
+                            for k in keys.to_list()], dtype=pl.String)
 
 
 @dataclass(frozen=True)
@@ -63,6 +120,9 @@ class Snapshot:
     previous_run_as_of: ``as_of`` of the scope's last applied run, or None.
     frames: table name → frame in the snapshot schema of :mod:`deep_sleep.core.tables`.
     source: the directory it was read from or written to, if any.
+    held_nodes: ids of live nodes that rows set aside by quarantine still touch (an edge of NaN
+        weight, say).  Phases must not delete them: their degree here ignores those rows, and a
+        delete would leave the quarantined rows pointing at nothing.  Empty unless quarantined.
     """
 
     scope_path: str
@@ -71,6 +131,7 @@ class Snapshot:
     frames: Mapping[str, pl.DataFrame] = field(default_factory=dict)
     source: Path | None = None
     schema_version: int = tables.SCHEMA_VERSION
+    held_nodes: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "frames", MappingProxyType(dict(self.frames)))
@@ -139,9 +200,14 @@ class Snapshot:
                 "Create one with `deep-sleep snapshot SCOPE --out DIR` or see README, 'Snapshot format'."
             )
         try:
-            manifest = json.loads(mpath.read_text())
-        except json.JSONDecodeError as exc:
-            raise SnapshotError(f"{mpath}: not valid JSON ({exc})") from exc
+            manifest = json.loads(mpath.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise SnapshotError(f"{mpath}: not valid UTF-8 JSON ({exc})") from None
+        if not isinstance(manifest, dict):
+            raise SnapshotError(f"{mpath}: must hold a JSON object (scope_path, taken_at, tables, …), "
+                                f"found a JSON {type(manifest).__name__}; see README, 'Snapshot format'")
+        if not isinstance(manifest.get("tables") or {}, dict):
+            raise SnapshotError(f"{mpath}: 'tables' must be an object of table name → {{file, rows}}")
         for key in ("scope_path", "taken_at"):
             if not manifest.get(key):
                 raise SnapshotError(f"{mpath}: field {key!r} is required (see README, 'Snapshot format')")
@@ -158,20 +224,29 @@ class Snapshot:
         for name, entry in (manifest.get("tables") or {}).items():
             if name not in tables.TABLES:
                 raise SnapshotError(f"{mpath}: unknown table {name!r}; known tables: {', '.join(tables.TABLES)}")
+            if not isinstance(entry, dict):
+                raise SnapshotError(f"{mpath}: tables.{name} must be an object {{\"file\": …, \"rows\": …}}")
             file = src / (entry.get("file") or f"{name}.parquet")
             if not file.is_file():
                 raise SnapshotError(f"{mpath}: table {name} names {file.name}, which does not exist")
             try:
+                schema = pl.read_parquet_schema(file)
+            except Exception as exc:  # polars raises several types for a file that is not Parquet
+                raise SnapshotError(f"{file}: not a readable Parquet file ({type(exc).__name__}: {exc})") from None
+            check_columns(file, name, schema)
+            try:
                 if columns is None:
                     raw = pl.read_parquet(file)
                 else:
-                    wanted = [c for c in pl.read_parquet_schema(file) if c in columns]
+                    wanted = [c for c in schema if c in columns]
                     if not wanted:  # the reader needs nothing from this table (a hand-written one may lack ids)
                         continue
                     raw = pl.read_parquet(file, columns=wanted)
                 frame = _as_stored(name, raw, manifest["scope_path"], columns)
-            except ValueError as exc:
-                raise SnapshotError(f"{file}: {exc}") from exc
+            except SnapshotError:
+                raise
+            except Exception as exc:  # a truncated file, a value that cannot be cast
+                raise SnapshotError(f"{file}: {type(exc).__name__}: {exc}") from None
             rows = entry.get("rows")
             if rows is not None and rows != frame.height:
                 raise SnapshotError(f"{file}: manifest says {rows} rows, file has {frame.height}; the snapshot is incomplete")

@@ -8,6 +8,7 @@ The backend of ``deep-sleep report``.  Read-only; one short query per call.
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -96,9 +97,30 @@ def parse_run_id(run_id: str) -> str:
         raise LedgerError(f"run id {run_id!r} is not a UUID; list recent runs with `deep-sleep report`") from None
 
 
+_PREFIX = re.compile(r"[0-9a-fA-F-]{4,35}")
+
+
+def resolve_run_id(store: Store, run_id: str) -> str:
+    """The full id of ``run_id`` — a UUID, or an unambiguous prefix of at least 4 characters as
+    ``deep-sleep report`` shows them (8).  :class:`LedgerError` when none or several runs match."""
+    text = str(run_id).strip().lower()
+    if not _PREFIX.fullmatch(text):
+        return parse_run_id(text)
+    with store.pg() as con:
+        rows = [r[0] for r in con.execute(
+            "SELECT run_id::text FROM consolidation_runs WHERE run_id::text LIKE %s ORDER BY started_at DESC LIMIT 6",
+            (text + "%",))]
+    if not rows:
+        raise LedgerError(f"no run id starts with {text!r}; list recent runs with `deep-sleep report`")
+    if len(rows) > 1:
+        raise LedgerError(f"run id prefix {text!r} is ambiguous: it starts {', '.join(rows[:5])}"
+                          f"{' …' if len(rows) > 5 else ''}; give more characters")
+    return rows[0]
+
+
 def get_run(store: Store, run_id: str) -> RunRecord:
-    """The ledger row of ``run_id``; :class:`LedgerError` naming it when there is none."""
-    rid = parse_run_id(run_id)
+    """The ledger row of ``run_id`` (a UUID or an unambiguous prefix); :class:`LedgerError` naming it when there is none."""
+    rid = resolve_run_id(store, run_id)
     with store.pg() as con, con.cursor(row_factory=dict_row) as cur:
         row = cur.execute(_SELECT + " WHERE r.run_id = %s::uuid", (rid,)).fetchone()
     if row is None:
@@ -173,7 +195,9 @@ def print_runs(records: Sequence[RunRecord], title: str = "Deep Sleep — last r
         table.add_column(h, justify="right" if h in ("conflicts", "quarantined") else "left", overflow="fold")
     for row in rows:
         table.add_row(*row)
-    console = Console(width=max(120, Console().width))
+    # The terminal's width (80 when not a terminal), at most 120: long cells fold, the table never
+    # runs off the screen (issue 13).
+    console = Console(width=min(120, Console().width))
     console.print(table)
     for r in records:
         console.print(f"{r.run_id}  {r.scope}  {r.mode} {r.status}", highlight=False)

@@ -121,9 +121,9 @@ def _timed_write(diff: Diff, out: Path) -> float:
     return round(time.perf_counter() - t0, 6)
 
 
-def _checked(snapshot: Snapshot, as_of: datetime) -> tuple[Snapshot, pl.DataFrame, float]:
+def _checked(snapshot: Snapshot, as_of: datetime, config: ConsolidationConfig) -> tuple[Snapshot, pl.DataFrame, float]:
     t0 = time.perf_counter()
-    clean, quarantined = quarantine(snapshot, as_of)
+    clean, quarantined = quarantine(snapshot, as_of, config.quarantine)
     return clean, quarantined, round(time.perf_counter() - t0, 6)
 
 
@@ -158,12 +158,12 @@ def plan(
     if not check_rows:
         phased = _run_phases(snapshot, config, as_of, phases, summarizer)
     elif sum(f.height for f in snapshot.frames.values()) < OVERLAP_ROWS:
-        snapshot, quarantined, check_seconds["quarantine"] = _checked(snapshot, as_of)
+        snapshot, quarantined, check_seconds["quarantine"] = _checked(snapshot, as_of, config)
         phased = _run_phases(snapshot, config, as_of, phases, summarizer)
     else:
         failure: Exception | None = None
         with ThreadPoolExecutor(1, thread_name_prefix="deep-sleep-quarantine") as pool:
-            checking = pool.submit(_checked, snapshot, as_of)
+            checking = pool.submit(_checked, snapshot, as_of, config)
             try:
                 optimistic: _Phased | None = _run_phases(snapshot, config, as_of, phases, summarizer)
             except Exception as e:  # maybe a row the checks quarantine; decided below

@@ -164,7 +164,7 @@ def delete_sql(table: str, nodes_deleted: bool = False, source: str | None = Non
                          " AND NOT EXISTS (SELECT 1 FROM kept k WHERE k.id = t.target_id)")
     return (
         f"WITH {kept}gone AS (DELETE FROM {table} t USING {stage} s"
-        f" WHERE t.id = s.id::uuid AND t.scope_path = $1 AND t.version = s.expected_version{keep_incident}"
+        f" WHERE t.id = s.id::uuid AND t.scope_path = $1 AND {VERSION_GUARD}{keep_incident}"
         f" RETURNING t.*, s.reason AS _ds_reason),"
         f" archived AS (INSERT INTO consolidation_archive (run_id, table_name, row_id, op, reason, row)"
         f" SELECT $2::uuid, '{table}', gone.id::text, 'delete', gone._ds_reason, to_jsonb(gone) - '_ds_reason' FROM gone"
@@ -173,13 +173,25 @@ def delete_sql(table: str, nodes_deleted: bool = False, source: str | None = Non
     )
 
 
+# A null expected_version comes from a hand-written snapshot of a table without `version` (SPEC §8):
+# the row is then guarded on existence only (the join on its identity).
+VERSION_GUARD = "(s.expected_version IS NULL OR t.version = s.expected_version)"
+
+
 def update_sql(table: str, changed: list[str], source: str | None = None) -> str:
-    """Guarded update of the changed columns; parameters $1 scope_path.  Returns one count."""
+    """Guarded update of the changed columns; parameters $1 scope_path.  Returns one count.
+
+    ``soul_profiles`` is identified by (scope_path, key) (SPEC §1): rows that carry ``key`` are
+    matched by it (the id of a hand-written snapshot's profile may be a stand-in), others by id.
+    """
     cols = tables.columns(table)
+    by_key = table == "soul_profiles" and "key" in changed
+    changed = [c for c in changed if not (by_key and c == "key")]
     sets = ", ".join(f"{c} = COALESCE({cols[c].cast_sql('s.' + c)}, t.{c})" for c in changed)
+    match = "(CASE WHEN s.key IS NOT NULL THEN t.key = s.key ELSE t.id = s.id::uuid END)" if by_key else "t.id = s.id::uuid"
     return (
         f"WITH done AS (UPDATE {table} t SET {sets} FROM {source or stage_name(table, 'updates')} s"
-        f" WHERE t.id = s.id::uuid AND t.scope_path = $1 AND t.version = s.expected_version RETURNING 1)"
+        f" WHERE {match} AND t.scope_path = $1 AND {VERSION_GUARD} RETURNING 1)"
         f" SELECT count(*) AS n FROM done"
     )
 

