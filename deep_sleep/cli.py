@@ -274,7 +274,6 @@ def _explain(diff_dir: Path, report) -> None:
 def cmd_replay_range(args: argparse.Namespace) -> int:
     """Replay every stored snapshot of a scope taken in [--from, --to]; optionally compare two configs."""
     from deep_sleep.jobs.replay_range import range_markdown, replay_range
-    from deep_sleep.store.db import connect_store
     from deep_sleep.transforms.config import load_config
 
     results = replay_range(

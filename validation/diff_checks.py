@@ -249,7 +249,8 @@ def _annotate_plain(table: str, kind: str, frame: pl.DataFrame, diff: Diff, snap
     snap = snapshot.table(table)
     out = frame.with_row_index("_row").with_columns(pl.len().over("phase").alias("_phase_rows"))
     if kind in ("updates", "deletes"):
-        ref = snap.select("id", pl.col("version").alias("_snapshot_version"), *([pl.col("label").alias("_label")] if "label" in snap.columns else []))
+        ref = snap.select("id", pl.col("version").alias("_snapshot_version"), pl.lit(True).alias("_in_snapshot_row"),
+                          *([pl.col("label").alias("_label")] if "label" in snap.columns else []))
         out = out.join(ref, on="id", how="left", maintain_order="left")
     if kind == "updates":
         gone = diff.table(table).deletes.get_column("id").implode()

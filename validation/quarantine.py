@@ -359,12 +359,13 @@ def _held_nodes(edges: pl.DataFrame, kept: pl.DataFrame | None, nodes: pl.DataFr
     return frozenset(ends.filter(ends.is_in(nodes.get_column("id").implode())).to_list())
 
 
-def quarantine_plain(snapshot: Snapshot, as_of: datetime) -> tuple[Snapshot, pl.DataFrame]:
+def quarantine_plain(snapshot: Snapshot, as_of: datetime, config: QuarantineConfig | None = None) -> tuple[Snapshot, pl.DataFrame]:
     """What :func:`quarantine` computes, stated plainly: the same rules (:func:`_rule_plan`, the two
     edge rules), each a Polars expression over the whole frame (``is_duplicated``, ``is_in``,
     :func:`bad_json_plain`), the first reason by a ``when/then`` chain in REASONS order, the rows
     split by a filter.  ``quarantine`` must give exactly this; tests/validation/test_quarantine_paths.py
     checks it on generated corrupt snapshots."""
+    config = config or QuarantineConfig()
     clean: dict[str, pl.DataFrame] = {}
     found = [pl.DataFrame(schema=QUARANTINE_SCHEMA)]
     bad_nodes = pl.Series("id", [], dtype=pl.String)
@@ -374,16 +375,16 @@ def quarantine_plain(snapshot: Snapshot, as_of: datetime) -> tuple[Snapshot, pl.
             clean[table] = frame
             continue
         tests: list[tuple[str, pl.Expr | pl.Series]] = []
-        for kind, reason, what in _rule_plan(table, tuple(frame.schema.items()), snapshot.scope_path):
+        for kind, reason, what in _rule_plan(table, tuple(frame.schema.items()), snapshot.scope_path, config):
             if kind == "expr":
                 tests.append((reason, what))  # type: ignore[arg-type]
-            elif kind == "dup":
-                tests.append((reason, pl.col("id").is_duplicated()))
+            elif kind in ("dup", "dupkey"):
+                tests.append((reason, pl.col("id" if kind == "dup" else "key").is_duplicated()))
             elif kind == "json":
                 column, shape = what  # type: ignore[misc]
                 tests.append((reason, bad_json_plain(frame.get_column(column), shape)))
             else:  # future (a new kind of rule needs its plain statement here too)
-                limit = utc(as_of) + FUTURE_TOLERANCE
+                limit = _future_limit(as_of, timedelta(seconds=config.future_tolerance_seconds))
                 tests.append((reason, pl.any_horizontal([pl.col(c) > limit for c in what])))  # type: ignore[union-attr]
         if table == "memory_edges":
             live = clean.get("memory_nodes", snapshot.table("memory_nodes")).get_column("id").implode()
@@ -408,7 +409,9 @@ def quarantine_plain(snapshot: Snapshot, as_of: datetime) -> tuple[Snapshot, pl.
             if table == "memory_nodes":
                 bad_nodes = bad.get_column("id")
         clean[table] = work.filter(pl.col("_reason").is_null()).select(frame.columns)
-    return snapshot.with_frames(clean), pl.concat(found).sort("table", "id", "reason")
+    out = snapshot.with_frames(clean)
+    held = _held_nodes(snapshot.table("memory_edges"), clean.get("memory_edges"), clean.get("memory_nodes"))
+    return (replace(out, held_nodes=out.held_nodes | held) if held else out), pl.concat(found).sort("table", "id", "reason")
 
 
 def summarise(quarantined: pl.DataFrame) -> dict[str, dict[str, int]]:

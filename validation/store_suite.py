@@ -43,7 +43,6 @@ import json
 import logging
 import math
 import os
-import re
 import shutil
 import time
 import uuid

@@ -73,7 +73,10 @@ class ConsolidationReport:
         return replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        if not out["llm"]:  # only runs that used the model carry its costs: report.json stays as it was otherwise
+            del out["llm"]
+        return out
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True, default=str) + "\n"

@@ -43,10 +43,11 @@ def test_a_phase_asking_for_an_unknown_argument_is_a_phase_error():
     from deep_sleep.transforms.config import ConsolidationConfig
 
     from deep_sleep.run.plan import _arguments
+    from deep_sleep.transforms.strengthen import StrengthenConfig
 
     def strengthen(snapshot, weather):  # a real phase's name (its config section exists), an argument nobody offers
         raise AssertionError("not called")
 
     snap = Snapshot(scope_path="org\x1fa", taken_at=utc("2026-11-20T03:00:00Z"))
     with pytest.raises(PhaseError, match="strengthen asks for \\['weather'\\]"):
-        _arguments(Phase("1", strengthen, ()), snap, ConsolidationConfig(), snap.taken_at, snap)
+        _arguments(Phase("1", strengthen, StrengthenConfig, ()), snap, ConsolidationConfig(), snap.taken_at, snap)

@@ -8,6 +8,7 @@ The toy phase (``tests/transforms/toy_phase.py``) is added to a roster by one li
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -35,6 +36,8 @@ def test_every_default_of_spec_3_is_kept():
         "gating": {"min_interval_hours": 24, "min_sessions": 20},
         "health": {"enabled": True, "idle_nights": 3, "max_conflict_rate": 0.2, "quarantine_jump_factor": 2.0,
                    "quarantine_jump_min": 10, "gated_factor": 2.0, "fail_nightly": True},
+        "quarantine": {"max_label_chars": 2048, "min_timestamp": datetime(1990, 1, 1, tzinfo=UTC),
+                       "future_tolerance_seconds": 300.0},
         "llm": {"enabled": False, "api_key_env": "ANTHROPIC_API_KEY", "base_url": None, "model": "claude-haiku-4-5",
                 "groups_per_request": 8, "max_output_tokens_per_group": 160, "max_summary_chars": 2000,
                 "run_token_budget": 200000, "tenant_daily_token_budget": 2000000, "max_retries": 3,
@@ -124,5 +127,6 @@ def test_the_readme_configuration_table_lists_every_section_knob_and_default():
             assert found, f"README's Configuration table does not list {section}.{knob}"
             shown = found.group(1).strip()
             expected = (", ".join(value) if isinstance(value, tuple) else str(value).lower()
-                        if isinstance(value, bool) or value is None else value)
+                        if isinstance(value, bool) or value is None else value.isoformat()
+                        if isinstance(value, datetime) else value)
             assert (shown == expected) if isinstance(expected, str) else (float(shown) == expected), (section, knob, shown)

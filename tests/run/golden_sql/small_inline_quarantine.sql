@@ -11,40 +11,40 @@ SELECT pg_advisory_xact_lock(hashtextextended($1, 0));
 -- $1 = 'org\x1fgolden\x1fbrand\x1fb1'
 -- $2 = '00000000-0000-4000-8000-000000000001'
 -- $3 = JSON array of 1 row(s): id, expected_version, reason
-WITH gone AS (DELETE FROM memory_nodes t USING (SELECT * FROM jsonb_to_recordset($3::jsonb) AS x("id" text, "expected_version" bigint, "reason" text)) s WHERE t.id = s.id::uuid AND t.scope_path = $1 AND t.version = s.expected_version RETURNING t.*, s.reason AS _ds_reason), archived AS (INSERT INTO consolidation_archive (run_id, table_name, row_id, op, reason, row) SELECT $2::uuid, 'memory_nodes', gone.id::text, 'delete', gone._ds_reason, to_jsonb(gone) - '_ds_reason' FROM gone RETURNING 1) SELECT count(*) AS n FROM archived;
+WITH gone AS (DELETE FROM memory_nodes t USING (SELECT * FROM jsonb_to_recordset($3::jsonb) AS x("id" text, "expected_version" bigint, "reason" text)) s WHERE t.id = s.id::uuid AND t.scope_path = $1 AND (s.expected_version IS NULL OR t.version = s.expected_version) RETURNING t.*, s.reason AS _ds_reason), archived AS (INSERT INTO consolidation_archive (run_id, table_name, row_id, op, reason, row) SELECT $2::uuid, 'memory_nodes', gone.id::text, 'delete', gone._ds_reason, to_jsonb(gone) - '_ds_reason' FROM gone RETURNING 1) SELECT count(*) AS n FROM archived;
 
 -- 4. delete memory_edges.deletes: 1 row(s), inline JSON parameter
 -- $1 = 'org\x1fgolden\x1fbrand\x1fb1'
 -- $2 = '00000000-0000-4000-8000-000000000001'
 -- $3 = JSON array of 1 row(s): id, expected_version, reason
 -- $4 = JSON array of 1 row(s): id, expected_version, reason
-WITH kept AS (SELECT nd.id::uuid AS id FROM (SELECT * FROM jsonb_to_recordset($4::jsonb) AS x("id" text, "expected_version" bigint, "reason" text)) nd WHERE NOT EXISTS (SELECT 1 FROM consolidation_archive a WHERE a.run_id = $2::uuid AND a.table_name = 'memory_nodes' AND a.op = 'delete' AND a.row_id = nd.id::uuid::text)), gone AS (DELETE FROM memory_edges t USING (SELECT * FROM jsonb_to_recordset($3::jsonb) AS x("id" text, "expected_version" bigint, "reason" text)) s WHERE t.id = s.id::uuid AND t.scope_path = $1 AND t.version = s.expected_version AND NOT EXISTS (SELECT 1 FROM kept k WHERE k.id = t.source_id) AND NOT EXISTS (SELECT 1 FROM kept k WHERE k.id = t.target_id) RETURNING t.*, s.reason AS _ds_reason), archived AS (INSERT INTO consolidation_archive (run_id, table_name, row_id, op, reason, row) SELECT $2::uuid, 'memory_edges', gone.id::text, 'delete', gone._ds_reason, to_jsonb(gone) - '_ds_reason' FROM gone RETURNING 1) SELECT count(*) AS n FROM archived;
+WITH kept AS (SELECT nd.id::uuid AS id FROM (SELECT * FROM jsonb_to_recordset($4::jsonb) AS x("id" text, "expected_version" bigint, "reason" text)) nd WHERE NOT EXISTS (SELECT 1 FROM consolidation_archive a WHERE a.run_id = $2::uuid AND a.table_name = 'memory_nodes' AND a.op = 'delete' AND a.row_id = nd.id::uuid::text)), gone AS (DELETE FROM memory_edges t USING (SELECT * FROM jsonb_to_recordset($3::jsonb) AS x("id" text, "expected_version" bigint, "reason" text)) s WHERE t.id = s.id::uuid AND t.scope_path = $1 AND (s.expected_version IS NULL OR t.version = s.expected_version) AND NOT EXISTS (SELECT 1 FROM kept k WHERE k.id = t.source_id) AND NOT EXISTS (SELECT 1 FROM kept k WHERE k.id = t.target_id) RETURNING t.*, s.reason AS _ds_reason), archived AS (INSERT INTO consolidation_archive (run_id, table_name, row_id, op, reason, row) SELECT $2::uuid, 'memory_edges', gone.id::text, 'delete', gone._ds_reason, to_jsonb(gone) - '_ds_reason' FROM gone RETURNING 1) SELECT count(*) AS n FROM archived;
 
 -- 5. delete pending_connections.deletes: 1 row(s), inline JSON parameter
 -- $1 = 'org\x1fgolden\x1fbrand\x1fb1'
 -- $2 = '00000000-0000-4000-8000-000000000001'
 -- $3 = JSON array of 1 row(s): id, expected_version, reason
-WITH gone AS (DELETE FROM pending_connections t USING (SELECT * FROM jsonb_to_recordset($3::jsonb) AS x("id" text, "expected_version" bigint, "reason" text)) s WHERE t.id = s.id::uuid AND t.scope_path = $1 AND t.version = s.expected_version RETURNING t.*, s.reason AS _ds_reason), archived AS (INSERT INTO consolidation_archive (run_id, table_name, row_id, op, reason, row) SELECT $2::uuid, 'pending_connections', gone.id::text, 'delete', gone._ds_reason, to_jsonb(gone) - '_ds_reason' FROM gone RETURNING 1) SELECT count(*) AS n FROM archived;
+WITH gone AS (DELETE FROM pending_connections t USING (SELECT * FROM jsonb_to_recordset($3::jsonb) AS x("id" text, "expected_version" bigint, "reason" text)) s WHERE t.id = s.id::uuid AND t.scope_path = $1 AND (s.expected_version IS NULL OR t.version = s.expected_version) RETURNING t.*, s.reason AS _ds_reason), archived AS (INSERT INTO consolidation_archive (run_id, table_name, row_id, op, reason, row) SELECT $2::uuid, 'pending_connections', gone.id::text, 'delete', gone._ds_reason, to_jsonb(gone) - '_ds_reason' FROM gone RETURNING 1) SELECT count(*) AS n FROM archived;
 
 -- 6. update memory_nodes.updates: 3 row(s), inline JSON parameter
 -- $1 = 'org\x1fgolden\x1fbrand\x1fb1'
 -- $2 = JSON array of 3 row(s): id, expected_version, importance, last_decayed_at
-WITH done AS (UPDATE memory_nodes t SET importance = COALESCE(s.importance, t.importance), last_decayed_at = COALESCE(s.last_decayed_at, t.last_decayed_at) FROM (SELECT * FROM jsonb_to_recordset($2::jsonb) AS x("id" text, "expected_version" bigint, "importance" double precision, "last_decayed_at" timestamptz)) s WHERE t.id = s.id::uuid AND t.scope_path = $1 AND t.version = s.expected_version RETURNING 1) SELECT count(*) AS n FROM done;
+WITH done AS (UPDATE memory_nodes t SET importance = COALESCE(s.importance, t.importance), last_decayed_at = COALESCE(s.last_decayed_at, t.last_decayed_at) FROM (SELECT * FROM jsonb_to_recordset($2::jsonb) AS x("id" text, "expected_version" bigint, "importance" double precision, "last_decayed_at" timestamptz)) s WHERE t.id = s.id::uuid AND t.scope_path = $1 AND (s.expected_version IS NULL OR t.version = s.expected_version) RETURNING 1) SELECT count(*) AS n FROM done;
 
 -- 7. update episodic_events.updates: 2 row(s), inline JSON parameter
 -- $1 = 'org\x1fgolden\x1fbrand\x1fb1'
 -- $2 = JSON array of 2 row(s): id, expected_version, metadata
-WITH done AS (UPDATE episodic_events t SET metadata = COALESCE(s.metadata::jsonb, t.metadata) FROM (SELECT * FROM jsonb_to_recordset($2::jsonb) AS x("id" text, "expected_version" bigint, "metadata" text)) s WHERE t.id = s.id::uuid AND t.scope_path = $1 AND t.version = s.expected_version RETURNING 1) SELECT count(*) AS n FROM done;
+WITH done AS (UPDATE episodic_events t SET metadata = COALESCE(s.metadata::jsonb, t.metadata) FROM (SELECT * FROM jsonb_to_recordset($2::jsonb) AS x("id" text, "expected_version" bigint, "metadata" text)) s WHERE t.id = s.id::uuid AND t.scope_path = $1 AND (s.expected_version IS NULL OR t.version = s.expected_version) RETURNING 1) SELECT count(*) AS n FROM done;
 
 -- 8. update pending_connections.updates: 2 row(s), inline JSON parameter
 -- $1 = 'org\x1fgolden\x1fbrand\x1fb1'
 -- $2 = JSON array of 2 row(s): id, expected_version, consumed_by_run, outcome
-WITH done AS (UPDATE pending_connections t SET consumed_by_run = COALESCE(s.consumed_by_run::uuid, t.consumed_by_run), outcome = COALESCE(s.outcome, t.outcome) FROM (SELECT * FROM jsonb_to_recordset($2::jsonb) AS x("id" text, "expected_version" bigint, "consumed_by_run" text, "outcome" text)) s WHERE t.id = s.id::uuid AND t.scope_path = $1 AND t.version = s.expected_version RETURNING 1) SELECT count(*) AS n FROM done;
+WITH done AS (UPDATE pending_connections t SET consumed_by_run = COALESCE(s.consumed_by_run::uuid, t.consumed_by_run), outcome = COALESCE(s.outcome, t.outcome) FROM (SELECT * FROM jsonb_to_recordset($2::jsonb) AS x("id" text, "expected_version" bigint, "consumed_by_run" text, "outcome" text)) s WHERE t.id = s.id::uuid AND t.scope_path = $1 AND (s.expected_version IS NULL OR t.version = s.expected_version) RETURNING 1) SELECT count(*) AS n FROM done;
 
 -- 9. update soul_profiles.updates: 1 row(s), inline JSON parameter
 -- $1 = 'org\x1fgolden\x1fbrand\x1fb1'
 -- $2 = JSON array of 1 row(s): id, expected_version, value
-WITH done AS (UPDATE soul_profiles t SET value = COALESCE(s.value, t.value) FROM (SELECT * FROM jsonb_to_recordset($2::jsonb) AS x("id" text, "expected_version" bigint, "value" text)) s WHERE t.id = s.id::uuid AND t.scope_path = $1 AND t.version = s.expected_version RETURNING 1) SELECT count(*) AS n FROM done;
+WITH done AS (UPDATE soul_profiles t SET value = COALESCE(s.value, t.value) FROM (SELECT * FROM jsonb_to_recordset($2::jsonb) AS x("id" text, "expected_version" bigint, "value" text)) s WHERE t.id = s.id::uuid AND t.scope_path = $1 AND (s.expected_version IS NULL OR t.version = s.expected_version) RETURNING 1) SELECT count(*) AS n FROM done;
 
 -- 10. insert memory_edges.inserts: 2 row(s), inline JSON parameter
 -- $1 = 'org\x1fgolden\x1fbrand\x1fb1'

@@ -30,20 +30,20 @@ CREATE TEMP TABLE _ds_prospective_triggers_updates AS SELECT * FROM (SELECT * FR
 -- 8. delete memory_nodes.deletes: 2 row(s), read from temporary table _ds_memory_nodes_deletes (staged above)
 -- $1 = 'org\x1fgolden\x1fbrand\x1fb1'
 -- $2 = '00000000-0000-4000-8000-000000000001'
-WITH gone AS (DELETE FROM memory_nodes t USING _ds_memory_nodes_deletes s WHERE t.id = s.id::uuid AND t.scope_path = $1 AND t.version = s.expected_version RETURNING t.*, s.reason AS _ds_reason), archived AS (INSERT INTO consolidation_archive (run_id, table_name, row_id, op, reason, row) SELECT $2::uuid, 'memory_nodes', gone.id::text, 'delete', gone._ds_reason, to_jsonb(gone) - '_ds_reason' FROM gone RETURNING 1) SELECT count(*) AS n FROM archived;
+WITH gone AS (DELETE FROM memory_nodes t USING _ds_memory_nodes_deletes s WHERE t.id = s.id::uuid AND t.scope_path = $1 AND (s.expected_version IS NULL OR t.version = s.expected_version) RETURNING t.*, s.reason AS _ds_reason), archived AS (INSERT INTO consolidation_archive (run_id, table_name, row_id, op, reason, row) SELECT $2::uuid, 'memory_nodes', gone.id::text, 'delete', gone._ds_reason, to_jsonb(gone) - '_ds_reason' FROM gone RETURNING 1) SELECT count(*) AS n FROM archived;
 
 -- 9. delete memory_edges.deletes: 3 row(s), read from temporary table _ds_memory_edges_deletes (staged above)
 -- $1 = 'org\x1fgolden\x1fbrand\x1fb1'
 -- $2 = '00000000-0000-4000-8000-000000000001'
-WITH kept AS (SELECT nd.id::uuid AS id FROM _ds_memory_nodes_deletes nd WHERE NOT EXISTS (SELECT 1 FROM consolidation_archive a WHERE a.run_id = $2::uuid AND a.table_name = 'memory_nodes' AND a.op = 'delete' AND a.row_id = nd.id::uuid::text)), gone AS (DELETE FROM memory_edges t USING _ds_memory_edges_deletes s WHERE t.id = s.id::uuid AND t.scope_path = $1 AND t.version = s.expected_version AND NOT EXISTS (SELECT 1 FROM kept k WHERE k.id = t.source_id) AND NOT EXISTS (SELECT 1 FROM kept k WHERE k.id = t.target_id) RETURNING t.*, s.reason AS _ds_reason), archived AS (INSERT INTO consolidation_archive (run_id, table_name, row_id, op, reason, row) SELECT $2::uuid, 'memory_edges', gone.id::text, 'delete', gone._ds_reason, to_jsonb(gone) - '_ds_reason' FROM gone RETURNING 1) SELECT count(*) AS n FROM archived;
+WITH kept AS (SELECT nd.id::uuid AS id FROM _ds_memory_nodes_deletes nd WHERE NOT EXISTS (SELECT 1 FROM consolidation_archive a WHERE a.run_id = $2::uuid AND a.table_name = 'memory_nodes' AND a.op = 'delete' AND a.row_id = nd.id::uuid::text)), gone AS (DELETE FROM memory_edges t USING _ds_memory_edges_deletes s WHERE t.id = s.id::uuid AND t.scope_path = $1 AND (s.expected_version IS NULL OR t.version = s.expected_version) AND NOT EXISTS (SELECT 1 FROM kept k WHERE k.id = t.source_id) AND NOT EXISTS (SELECT 1 FROM kept k WHERE k.id = t.target_id) RETURNING t.*, s.reason AS _ds_reason), archived AS (INSERT INTO consolidation_archive (run_id, table_name, row_id, op, reason, row) SELECT $2::uuid, 'memory_edges', gone.id::text, 'delete', gone._ds_reason, to_jsonb(gone) - '_ds_reason' FROM gone RETURNING 1) SELECT count(*) AS n FROM archived;
 
 -- 10. update memory_nodes.updates: 2100 row(s), read from temporary table _ds_memory_nodes_updates (staged above)
 -- $1 = 'org\x1fgolden\x1fbrand\x1fb1'
-WITH done AS (UPDATE memory_nodes t SET importance = COALESCE(s.importance, t.importance), last_decayed_at = COALESCE(s.last_decayed_at, t.last_decayed_at) FROM _ds_memory_nodes_updates s WHERE t.id = s.id::uuid AND t.scope_path = $1 AND t.version = s.expected_version RETURNING 1) SELECT count(*) AS n FROM done;
+WITH done AS (UPDATE memory_nodes t SET importance = COALESCE(s.importance, t.importance), last_decayed_at = COALESCE(s.last_decayed_at, t.last_decayed_at) FROM _ds_memory_nodes_updates s WHERE t.id = s.id::uuid AND t.scope_path = $1 AND (s.expected_version IS NULL OR t.version = s.expected_version) RETURNING 1) SELECT count(*) AS n FROM done;
 
 -- 11. update prospective_triggers.updates: 2 row(s), read from temporary table _ds_prospective_triggers_updates (staged above)
 -- $1 = 'org\x1fgolden\x1fbrand\x1fb1'
-WITH done AS (UPDATE prospective_triggers t SET status = COALESCE(s.status, t.status) FROM _ds_prospective_triggers_updates s WHERE t.id = s.id::uuid AND t.scope_path = $1 AND t.version = s.expected_version RETURNING 1) SELECT count(*) AS n FROM done;
+WITH done AS (UPDATE prospective_triggers t SET status = COALESCE(s.status, t.status) FROM _ds_prospective_triggers_updates s WHERE t.id = s.id::uuid AND t.scope_path = $1 AND (s.expected_version IS NULL OR t.version = s.expected_version) RETURNING 1) SELECT count(*) AS n FROM done;
 
 -- 12. insert pending_connections.inserts: 2 row(s), read from temporary table _ds_pending_connections_inserts (staged above)
 -- $1 = 'org\x1fgolden\x1fbrand\x1fb1'
