@@ -65,6 +65,21 @@ def checksum(store: Store, scope: Scope) -> dict[str, str]:
                                (scope.path,)).fetchone()[0] for t in DOMAIN}
 
 
+LEDGER = ("run_id", "scope_path", "mode", "as_of", "status", "counters", "phases_run", "phases_skipped", "rows_changed",
+          "conflicts", "diff_hash", "diff_uri", "errors", "quarantined")  # all but clocks (started/finished, timings)
+
+
+def run_records(store: Store) -> dict[str, str]:
+    """The ledger rows and the archive's before-images, as checksums (an interrupted apply leaves neither)."""
+    with store.pg() as con:
+        return {
+            "consolidation_runs": con.execute(f"SELECT md5(coalesce(string_agg(jsonb_build_array({', '.join(LEDGER)})::text, '|' "
+                                              "ORDER BY run_id), '')) FROM consolidation_runs").fetchone()[0],
+            "consolidation_archive": con.execute("SELECT md5(coalesce(string_agg(jsonb_build_array(run_id, table_name, row_id, op, reason, row)::text, "
+                                                 "'|' ORDER BY run_id, table_name, row_id, op), '')) FROM consolidation_archive").fetchone()[0],
+        }
+
+
 class Writer(threading.Thread):
     """A live agent: updates its own share of nodes -- the columns the apply writes too (importance,
     properties, access_count) -- and inserts new ones, remembering what it committed on each node
@@ -205,14 +220,14 @@ def crash_template(admin_dsn, tmp_path_factory):
     snap_dir = extract_stage(store, scope, NOW, config, work / "snapshot")
     diff_dir = plan_stage(snap_dir, config, NOW, work / "diff", run_id=str(uuid.uuid4()))
     assert validate_stage(snap_dir, diff_dir, config).status == "planned"
-    before = checksum(store, scope)
+    before = {**checksum(store, scope), **run_records(store)}
     # the after-state, from an uninterrupted apply on a clone
     ref = _clone(admin_dsn, name, f"{name}_ref")
     t = time.perf_counter()
     apply_stage(ref, diff_dir)
     seconds = time.perf_counter() - t
-    after = checksum(ref, scope)
-    assert after != before
+    after = {**checksum(ref, scope), **run_records(ref)}
+    assert all(after[k] != before[k] for k in after)  # the run changes every domain table, the ledger and the archive
     yield {"admin": admin_dsn, "name": name, "scope": scope, "diff_dir": diff_dir, "before": before, "after": after, "seconds": seconds}
     for db in (name, f"{name}_ref", f"{name}_trial"):
         drop_database(admin_dsn, db)
@@ -225,14 +240,18 @@ def test_sigkill_at_random_moments_leaves_before_or_after_and_reruns_converge(cr
     script.write_text(KILLED_APPLY)
     env = {**os.environ, "PYTHONPATH": str(Path.cwd())}
     outcomes = {"before": 0, "after": 0}
+    opened: list[bool] = []
     for trial in range(20):
         store = _clone(t["admin"], t["name"], f"{t['name']}_trial")
         marker = tmp_path / f"m{trial}"
         proc = subprocess.Popen([sys.executable, str(script), store.dsn, str(t["diff_dir"]), str(marker)], env=env)
         deadline = time.monotonic() + 60
-        while not marker.exists():
-            assert time.monotonic() < deadline and proc.poll() is None
-            time.sleep(0.01)
+        with psycopg.connect(store.dsn, autocommit=True) as con:  # kill only inside the apply's open write transaction
+            while not con.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() "
+                                  "AND xact_start IS NOT NULL AND backend_xid IS NOT NULL").fetchone()[0]:
+                assert time.monotonic() < deadline and proc.poll() is None, f"trial {trial}: the apply never opened its transaction"
+                time.sleep(0.005)
+        opened.append(not marker.exists() or marker.read_text() == "starting")
         time.sleep(rng.uniform(0, 1.3 * t["seconds"]))
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
@@ -243,12 +262,14 @@ def test_sigkill_at_random_moments_leaves_before_or_after_and_reruns_converge(cr
                 if not busy:
                     break
                 time.sleep(0.02)
-        state = checksum(store, t["scope"])
-        assert state in (t["before"], t["after"]), f"trial {trial}: the store is neither before nor after"
+        state = {**checksum(store, t["scope"]), **run_records(store)}
+        assert state in (t["before"], t["after"]), (f"trial {trial}: the store is neither before nor after",
+                                                    [k for k in state if state[k] not in (t["before"][k], t["after"][k])])
         outcomes["before" if state == t["before"] else "after"] += 1
         applied = scalar(store, "SELECT count(*) FROM consolidation_runs WHERE status = 'applied'")
         assert applied == (0 if state == t["before"] else 1)
         if state == t["before"]:  # a rerun converges to the after-state
             assert apply_stage(store, t["diff_dir"]).status == "applied"
-            assert checksum(store, t["scope"]) == t["after"]
+            assert {**checksum(store, t["scope"]), **run_records(store)} == t["after"]
+    assert all(opened)  # every kill came after the transaction had opened, none before the child got going
     assert outcomes["before"] > 0  # most kills land inside the transaction
