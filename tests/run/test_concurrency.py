@@ -71,14 +71,33 @@ def checksum(store: Store, scope: Scope) -> dict[str, str]:
                                (scope.path,)).fetchone()[0] for t in DOMAIN}
 
 
+LEDGER = ("run_id", "scope_path", "mode", "as_of", "status", "counters", "phases_run", "phases_skipped", "rows_changed",
+          "conflicts", "diff_hash", "diff_uri", "errors", "quarantined")  # all but clocks (started/finished, timings)
+
+
+def run_records(store: Store) -> dict[str, str]:
+    """The ledger rows and the archive's before-images, as checksums (an interrupted apply leaves neither)."""
+    with store.pg() as con:
+        return {
+            "consolidation_runs": con.execute(f"SELECT md5(coalesce(string_agg(jsonb_build_array({', '.join(LEDGER)})::text, '|' "
+                                              "ORDER BY run_id), '')) FROM consolidation_runs").fetchone()[0],
+            "consolidation_archive": con.execute("SELECT md5(coalesce(string_agg(jsonb_build_array(run_id, table_name, row_id, op, reason, row)::text, "
+                                                 "'|' ORDER BY run_id, table_name, row_id, op), '')) FROM consolidation_archive").fetchone()[0],
+        }
+
+
 class Writer(threading.Thread):
-    """A live agent: updates its own share of nodes (label, access_count) and inserts new ones,
-    remembering the last value it committed for each."""
+    """A live agent: updates its own share of nodes -- the columns the apply writes too (importance,
+    properties, access_count) -- and inserts new ones, remembering what it committed on each node
+    and when each write began and returned (``time.time()``, to place it against the apply)."""
 
     def __init__(self, dsn: str, scope: Scope, ids: list[str], name: str, stop: threading.Event):
         super().__init__(daemon=True)
         self.dsn, self.scope, self.ids, self.tag, self.stop = dsn, scope, ids, name, stop
-        self.last: dict[str, str] = {}
+        self.last: dict[str, tuple[float, str]] = {}  # node -> (importance, properties.live) last committed
+        self.count: dict[str, int] = {}  # node -> successful writes (its access_count, which starts at 0)
+        self.first: dict[str, float] = {}  # node -> when its first successful write began
+        self.spans: list[tuple[float, float]] = []  # (began, returned) of every successful update
         self.inserted: list[str] = []
         self.gone: set[str] = set()
         self.writes = 0
@@ -90,10 +109,16 @@ class Writer(threading.Thread):
             with psycopg.connect(self.dsn, autocommit=True) as con:
                 while not self.stop.is_set():
                     nid = rng.choice(self.ids)
-                    label = f"live {self.tag} #{self.writes}"
-                    cur = con.execute("UPDATE memory_nodes SET label = %s, access_count = access_count + 1 WHERE id = %s", (label, nid))
+                    importance = 2 + (self.writes % 500) / 100  # in [2, 7): the next run decays it
+                    live = f"{self.tag} #{self.writes}"
+                    began = time.time()
+                    cur = con.execute("UPDATE memory_nodes SET importance = %s, properties = properties || jsonb_build_object('live', %s::text), "
+                                      "access_count = access_count + 1 WHERE id = %s", (importance, live, nid))
                     if cur.rowcount == 1:
-                        self.last[nid] = label
+                        self.spans.append((began, time.time()))
+                        self.last[nid] = (importance, live)
+                        self.count[nid] = self.count.get(nid, 0) + 1
+                        self.first.setdefault(nid, began)
                     else:  # consolidation deleted (and archived) the node before this write: nothing to write to
                         self.last.pop(nid, None)
                         self.gone.add(nid)
@@ -115,42 +140,58 @@ def test_live_writers_during_a_large_apply_lose_nothing(store, scope, tmp_path):
     assert validate_stage(snap_dir, diff_dir, config).status == "planned"
     with store.pg() as con:
         ids = [r[0] for r in con.execute("SELECT id::text FROM memory_nodes WHERE scope_path = %s ORDER BY id", (scope.path,))]
+        decays = {r[0] for r in con.execute("SELECT id::text FROM memory_nodes WHERE scope_path = %s AND importance > 1 "
+                                            "AND importance < 8", (scope.path,))}  # bulk_scope's nodes are all 60 days old
     stop = threading.Event()
     shares = [ids[i::4] for i in range(4)]  # each writer owns its nodes: the last write per node is known
     writers = [Writer(store.dsn, scope, share, f"w{i}", stop) for i, share in enumerate(shares)]
     for w in writers:
         w.start()
     time.sleep(0.5)  # live turns land between the snapshot and the apply ...
+    apply_began = time.time()
     report = apply_stage(store, diff_dir)  # ... and during it
+    apply_ended = time.time()
     time.sleep(0.2)
     stop.set()
     for w in writers:
         w.join(timeout=30)
         assert w.error is None, w.error
     assert report.status == "applied"
-    assert sum(w.writes for w in writers) > 100
-    # every live write is present: the last label each writer committed, every inserted node
+    # writes that began after the apply began and returned before it ended: committed inside its transaction
+    inside = sum(1 for w in writers for b, e in w.spans if apply_began < b and e < apply_ended)
+    assert inside > 0 and sum(1 for w in writers for b, _ in w.spans if b < apply_began) > 0
+    # every live write is present, row by row, in the columns the apply writes
     with store.pg() as con:
-        labels = dict(con.execute("SELECT id::text, label FROM memory_nodes WHERE scope_path = %s", (scope.path,)).fetchall())
-    lost = [(nid, label) for w in writers for nid, label in w.last.items() if labels.get(nid) != label]
+        rows = {r[0]: r[1:] for r in con.execute(
+            "SELECT id::text, importance, properties->>'live', access_count, last_decayed_at FROM memory_nodes WHERE scope_path = %s",
+            (scope.path,))}
+    lost = [(nid, want, rows.get(nid)) for w in writers for nid, want in w.last.items()
+            if nid not in rows or (rows[nid][0], rows[nid][1]) != want or rows[nid][2] != w.count[nid]]
     assert lost == []
-    assert all(i in labels for w in writers for i in w.inserted)
+    # a node first written before the apply began changed after the snapshot: the apply must have
+    # skipped its decay (a conflict); a node nobody wrote got it
+    early = {nid for w in writers for nid, t in w.first.items() if t < apply_began and nid in w.last}
+    assert early and [nid for nid in early if rows[nid][3] is not None] == []
+    written = {nid for w in writers for nid in w.first} | {g for w in writers for g in w.gone}
+    untouched = (decays & rows.keys()) - written
+    assert untouched and [nid for nid in untouched if rows[nid][3] != NOW] == []
+    assert all(i in rows for w in writers for i in w.inserted)
     # a write that found no row hit a node the run had deleted before it: that node is archived by the run
     gone = sorted({g for w in writers for g in w.gone})
     assert scalar(store, "SELECT count(*) FROM consolidation_archive WHERE run_id = %s AND row_id = ANY(%s)",
                   report.run_id, gone) == len(gone)
-    assert report.conflicts > 0
+    assert report.conflicts >= len(early & decays)
     assert scalar(store, "SELECT conflicts FROM consolidation_runs WHERE run_id = %s", report.run_id) == report.conflicts
     # the next run consolidates what the live writers made it skip (the decay of those nodes)
-    skipped_decays = scalar(store, "SELECT count(*) FROM memory_nodes WHERE scope_path = %s AND label LIKE 'live w%%' "
-                                   "AND last_decayed_at IS NULL AND importance > 1 AND importance < 8", scope.path)
-    assert skipped_decays > 0
+    skipped = sorted(nid for nid in early if rows[nid][0] < 8)
     again = consolidate_scope(store, scope, config, as_of=NOW, base_dir=tmp_path / "runs")
     assert again.status == "applied" and again.conflicts == 0
     # each was decayed, or (importance < 4, at most one neighbour, a week old) pruned
-    assert again.counters["nodes_decayed"] + again.counters["nodes_pruned"] >= skipped_decays
-    assert scalar(store, "SELECT count(*) FROM memory_nodes WHERE scope_path = %s AND label LIKE 'live w%%' "
-                         "AND last_decayed_at IS NULL AND importance > 1 AND importance < 8", scope.path) == 0
+    with store.pg() as con:
+        left = dict(con.execute("SELECT id::text, last_decayed_at FROM memory_nodes WHERE id = ANY(%s::uuid[])", (skipped,)).fetchall())
+    assert [nid for nid, at in left.items() if at != NOW] == []
+    assert scalar(store, "SELECT count(*) FROM consolidation_archive WHERE run_id = %s AND row_id = ANY(%s)",
+                  again.run_id, sorted(set(skipped) - left.keys())) == len(set(skipped) - left.keys())
 
 
 KILLED_APPLY = textwrap.dedent(
@@ -185,14 +226,14 @@ def crash_template(admin_dsn, tmp_path_factory):
     snap_dir = extract_stage(store, scope, NOW, config, work / "snapshot")
     diff_dir = plan_stage(snap_dir, config, NOW, work / "diff", run_id=str(uuid.uuid4()))
     assert validate_stage(snap_dir, diff_dir, config).status == "planned"
-    before = checksum(store, scope)
+    before = {**checksum(store, scope), **run_records(store)}
     # the after-state, from an uninterrupted apply on a clone
     ref = _clone(admin_dsn, name, f"{name}_ref")
     t = time.perf_counter()
     apply_stage(ref, diff_dir)
     seconds = time.perf_counter() - t
-    after = checksum(ref, scope)
-    assert after != before
+    after = {**checksum(ref, scope), **run_records(ref)}
+    assert all(after[k] != before[k] for k in after)  # the run changes every domain table, the ledger and the archive
     yield {"admin": admin_dsn, "name": name, "scope": scope, "diff_dir": diff_dir, "before": before, "after": after, "seconds": seconds}
     for db in (name, f"{name}_ref", f"{name}_trial"):
         drop_database(admin_dsn, db)
@@ -205,14 +246,18 @@ def test_sigkill_at_random_moments_leaves_before_or_after_and_reruns_converge(cr
     script.write_text(KILLED_APPLY)
     env = {**os.environ, "PYTHONPATH": str(Path.cwd())}
     outcomes = {"before": 0, "after": 0}
+    opened: list[bool] = []
     for trial in range(20):
         store = _clone(t["admin"], t["name"], f"{t['name']}_trial")
         marker = tmp_path / f"m{trial}"
         proc = subprocess.Popen([sys.executable, str(script), store.dsn, str(t["diff_dir"]), str(marker)], env=env)
         deadline = time.monotonic() + 60
-        while not marker.exists():
-            assert time.monotonic() < deadline and proc.poll() is None
-            time.sleep(0.01)
+        with psycopg.connect(store.dsn, autocommit=True) as con:  # kill only inside the apply's open write transaction
+            while not con.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() "
+                                  "AND xact_start IS NOT NULL AND backend_xid IS NOT NULL").fetchone()[0]:
+                assert time.monotonic() < deadline and proc.poll() is None, f"trial {trial}: the apply never opened its transaction"
+                time.sleep(0.005)
+        opened.append(not marker.exists() or marker.read_text() == "starting")
         time.sleep(rng.uniform(0, 1.3 * t["seconds"]))
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
@@ -223,12 +268,14 @@ def test_sigkill_at_random_moments_leaves_before_or_after_and_reruns_converge(cr
                 if not busy:
                     break
                 time.sleep(0.02)
-        state = checksum(store, t["scope"])
-        assert state in (t["before"], t["after"]), f"trial {trial}: the store is neither before nor after"
+        state = {**checksum(store, t["scope"]), **run_records(store)}
+        assert state in (t["before"], t["after"]), (f"trial {trial}: the store is neither before nor after",
+                                                    [k for k in state if state[k] not in (t["before"][k], t["after"][k])])
         outcomes["before" if state == t["before"] else "after"] += 1
         applied = scalar(store, "SELECT count(*) FROM consolidation_runs WHERE status = 'applied'")
         assert applied == (0 if state == t["before"] else 1)
         if state == t["before"]:  # a rerun converges to the after-state
             assert apply_stage(store, t["diff_dir"]).status == "applied"
-            assert checksum(store, t["scope"]) == t["after"]
+            assert {**checksum(store, t["scope"]), **run_records(store)} == t["after"]
+    assert all(opened)  # every kill came after the transaction had opened, none before the child got going
     assert outcomes["before"] > 0  # most kills land inside the transaction

@@ -5,6 +5,7 @@ that hold, and reruns that converge to an empty diff (these three phases may def
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
@@ -35,6 +36,7 @@ MARKER_SETS = (
 )
 ACTION_TYPES = ("deploy_service", "Run-Migration", "restart workers", " - ")
 SKILL_NAMES = ("Deploy billing service", "Key rotation", "Send invoice", "Billing deploy")
+DEFAULT_MIN_COOCCURRENCES = load_config().synthetic_links.min_cooccurrences  # drawn too (SPEC: "more than 2")
 MAX_RUNS = 60  # more than any backlog of these sizes needs; each capped run makes progress
 
 
@@ -87,7 +89,7 @@ def snapshots(draw):
     skills = [s for k, s in enumerate(skills) if s["pattern_key"] is None or s["pattern_key"] not in {t["pattern_key"] for t in skills[:k]}]
     config = {
         "episodic_summary": {"threshold": draw(st.integers(1, 15)), "batch_size": draw(st.integers(2, 6)), "max_batches": draw(st.integers(1, 3))},
-        "synthetic_links": {"min_cooccurrences": draw(st.integers(0, 1)), "max_pairs": draw(st.integers(0, 4)), "max_sources": draw(st.integers(1, 3))},
+        "synthetic_links": {"min_cooccurrences": draw(st.integers(0, DEFAULT_MIN_COOCCURRENCES)), "max_pairs": draw(st.integers(0, 4)), "max_sources": draw(st.integers(1, 3))},
         "procedural_promotion": {"min_occurrences": draw(st.integers(1, 3)), "max_per_run": draw(st.integers(0, 6)),
                                  "duplicate_cosine": draw(st.sampled_from([0.5, 0.65, 0.99]))},
     }
@@ -97,7 +99,43 @@ def snapshots(draw):
         "episodic_events": _frame("episodic_events", events),
         "procedural_skills": _frame("procedural_skills", skills),
     }
-    return Snapshot(SCOPE, AS_OF, None, frames), load_config(overrides=config)
+    return Snapshot(SCOPE, AS_OF, None, frames), load_config(overrides=config), draw(st.integers(0, 2**32 - 1))
+
+
+def _shuffled(snapshot: Snapshot, seed: int) -> Snapshot:
+    """The same rows in another order, every table."""
+    return replace(snapshot, frames={t: f.sample(fraction=1.0, shuffle=True, seed=seed) if f.height else f
+                                     for t, f in snapshot.frames.items()})
+
+
+def _synthetic_links_by_hand(snap: Snapshot, config) -> set[tuple[str, str, tuple[str, ...]]]:
+    """SPEC §3 phase 11 in plain loops: (source, target, source_episodic_ids) of every edge it creates."""
+    c = config.synthetic_links
+    start = AS_OF - timedelta(days=c.lookback_days)
+    best: dict[str, tuple] = {}
+    for n in snap.table("memory_nodes").iter_rows(named=True):
+        if n["layer"] == "semantic":
+            key = (-n["importance"], -n["updated_at"].timestamp(), n["id"])
+            if n["label"] not in best or key < best[n["label"]]:
+                best[n["label"]] = key
+    resolve = {label: key[2] for label, key in best.items()}
+    seen: dict[tuple[str, str], list[str]] = {}
+    for e in snap.table("episodic_events").iter_rows(named=True):
+        if not (start < e["created_at"] <= AS_OF):
+            continue
+        refs = set()
+        for kind, x in re.findall(r"\[(semantic|SOUL):([^\[\]]+)\]", e["content"]):
+            label = x if kind == "semantic" else "SOUL:" + x
+            if label in resolve:
+                refs.add(resolve[label])
+        for a in refs:
+            for b in refs:
+                if a < b:
+                    seen.setdefault((a, b), []).append(e["id"])
+    linked = {tuple(sorted((r["source_id"], r["target_id"]))) for r in snap.table("memory_edges").iter_rows(named=True)
+              if r["relation"] == "SYNTHETIC_LINK"}
+    pairs = sorted(((-len(ev), a, b) for (a, b), ev in seen.items() if len(ev) > c.min_cooccurrences and (a, b) not in linked))
+    return {(a, b, tuple(sorted(seen[(a, b)])[:c.max_sources])) for _, a, b in pairs[:c.max_pairs]}
 
 
 def _frame(table: str, rows: list[dict]) -> pl.DataFrame:
@@ -156,13 +194,18 @@ def _check_caps_and_ids(phase: str, diff, snap: Snapshot, config) -> None:
 @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(snapshots())
 def test_episodic_phases_invariants(case):
-    snapshot, config = case
+    snapshot, config, seed = case
     for phase in PHASES:
         # The generated rows are clean: skip the snapshot quarantine (the test below keeps it).
         first = plan(snapshot, config, AS_OF, phases=[phase], check_rows=False)
-        again = plan(snapshot, config, AS_OF, phases=[phase], check_rows=False)
+        again = plan(_shuffled(snapshot, seed), config, AS_OF, phases=[phase], check_rows=False)  # rows in another order
         assert first.diff.content_hash() == again.diff.content_hash(), phase
         snap = first.snapshot
+        if phase == "synthetic_links":
+            made = first.diff.table("memory_edges").inserts
+            got = {(r["source_id"], r["target_id"], tuple(json.loads(r["properties"])["source_episodic_ids"]))
+                   for r in made.iter_rows(named=True)} if made.height else set()
+            assert got == _synthetic_links_by_hand(snap, config)
         assert validate_diff(first.diff, snap, config).height == 0, (phase, validate_diff(first.diff, snap, config))
         _check_caps_and_ids(phase, first.diff, snap, config)
         # rerun on the applied result at the same as_of: empty, unless a per-run cap deferred work,
@@ -186,7 +229,7 @@ def test_episodic_phases_invariants(case):
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(snapshots())
 def test_the_three_phases_together_give_a_valid_diff(case):
-    snapshot, config = case
+    snapshot, config, seed = case
     result = plan(snapshot, config, AS_OF, phases=list(PHASES))
     assert validate_diff(result.diff, result.snapshot, config).height == 0
-    assert result.diff.content_hash() == plan(snapshot, config, AS_OF, phases=list(PHASES)).diff.content_hash()
+    assert result.diff.content_hash() == plan(_shuffled(snapshot, seed), config, AS_OF, phases=list(PHASES)).diff.content_hash()

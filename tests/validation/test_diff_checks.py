@@ -36,21 +36,23 @@ def _nodes(snap, ids):
 
 
 def _bad_diffs(snap, ids, scope):
+    """check → (a diff that breaks it, the phase and the row id the failure must name)."""
     other = "org\x1fsomeone-else"
     hot = ids["hot"][0]
+    stranger, outsider, dangling = str(uuid.uuid4()), str(uuid.uuid4()), str(uuid.uuid4())
     return {
-        "importance within [1, 10]": Diff.of("memory_nodes", "strengthen", updates=_nodes(snap, [hot]).with_columns(importance=pl.lit(11.0))),
-        "expected_version equals the snapshot's version": Diff.of("memory_nodes", "strengthen", updates=_nodes(snap, [hot]).with_columns(version=pl.lit(99, pl.Int64), importance=pl.lit(6.0))),
-        "references a row of the snapshot": Diff.of("memory_nodes", "prune_orphans", deletes=pl.DataFrame({"id": [str(uuid.uuid4())], "version": [1]}), reason="x"),
-        "protected labels (SOUL:, AGENT_IDENTITY:) are never deleted": Diff.of("memory_nodes", "prune_orphans", deletes=_nodes(snap, ids["soul"]), reason="x"),
-        "no surviving edge points at a deleted node": Diff.of("memory_nodes", "prune_orphans", deletes=_nodes(snap, [hot]), reason="x"),
-        "scope_path equals the run's scope": Diff.of("memory_nodes", "meta_nodes", inserts=pl.DataFrame({"id": [str(uuid.uuid4())], "scope_path": [other], "tenant_id": [scope.tenant_id], "layer": ["semantic"], "label": ["META:x"], "importance": [5.0]})),
-        "one row per id and phase": Diff.of("memory_nodes", "meta_nodes", inserts=pl.DataFrame({"id": [ids["hot"][1]] * 2, "scope_path": [scope.path] * 2, "tenant_id": [scope.tenant_id] * 2, "layer": ["semantic"] * 2, "label": ["META:y"] * 2, "importance": [5.0] * 2})),
-        "edge ends are live nodes of the scope": Diff.of("memory_edges", "pending_edges", inserts=pl.DataFrame({"id": [str(uuid.uuid4())], "scope_path": [scope.path], "tenant_id": [scope.tenant_id], "source_id": [hot], "target_id": [str(uuid.uuid4())], "relation": ["R"], "weight": [1.0]})),
-        "no row both updated and deleted": Diff({"memory_nodes": TableDiff(
+        "importance within [1, 10]": (Diff.of("memory_nodes", "strengthen", updates=_nodes(snap, [hot]).with_columns(importance=pl.lit(11.0))), "strengthen", hot),
+        "expected_version equals the snapshot's version": (Diff.of("memory_nodes", "strengthen", updates=_nodes(snap, [hot]).with_columns(version=pl.lit(99, pl.Int64), importance=pl.lit(6.0))), "strengthen", hot),
+        "references a row of the snapshot": (Diff.of("memory_nodes", "prune_orphans", deletes=pl.DataFrame({"id": [stranger], "version": [1]}), reason="x"), "prune_orphans", stranger),
+        "protected labels (SOUL:, AGENT_IDENTITY:) are never deleted": (Diff.of("memory_nodes", "prune_orphans", deletes=_nodes(snap, ids["soul"]), reason="x"), "prune_orphans", ids["soul"][0]),
+        "no surviving edge points at a deleted node": (Diff.of("memory_nodes", "prune_orphans", deletes=_nodes(snap, [hot]), reason="x"), "prune_orphans", hot),
+        "scope_path equals the run's scope": (Diff.of("memory_nodes", "meta_nodes", inserts=pl.DataFrame({"id": [outsider], "scope_path": [other], "tenant_id": [scope.tenant_id], "layer": ["semantic"], "label": ["META:x"], "importance": [5.0]})), "meta_nodes", outsider),
+        "one row per id and phase": (Diff.of("memory_nodes", "meta_nodes", inserts=pl.DataFrame({"id": [ids["hot"][1]] * 2, "scope_path": [scope.path] * 2, "tenant_id": [scope.tenant_id] * 2, "layer": ["semantic"] * 2, "label": ["META:y"] * 2, "importance": [5.0] * 2})), "meta_nodes", ids["hot"][1]),
+        "edge ends are live nodes of the scope": (Diff.of("memory_edges", "pending_edges", inserts=pl.DataFrame({"id": [dangling], "scope_path": [scope.path], "tenant_id": [scope.tenant_id], "source_id": [hot], "target_id": [str(uuid.uuid4())], "relation": ["R"], "weight": [1.0]})), "pending_edges", dangling),
+        "no row both updated and deleted": (Diff({"memory_nodes": TableDiff(
             updates=Diff.of("memory_nodes", "x", updates=_nodes(snap, ids["cold"]).with_columns(importance=pl.lit(6.0))).table("memory_nodes").updates,
-            deletes=Diff.of("memory_nodes", "y", deletes=_nodes(snap, ids["cold"]), reason="r").table("memory_nodes").deletes)}),
-        "updates never change scope_path or tenant_id": Diff.of("memory_nodes", "strengthen", updates=_nodes(snap, [hot]).with_columns(scope_path=pl.lit("org\x1fsomeone-else"))),
+            deletes=Diff.of("memory_nodes", "y", deletes=_nodes(snap, ids["cold"]), reason="r").table("memory_nodes").deletes)}), "x", ids["cold"][0]),
+        "updates never change scope_path or tenant_id": (Diff.of("memory_nodes", "strengthen", updates=_nodes(snap, [hot]).with_columns(scope_path=pl.lit("org\x1fsomeone-else"))), "strengthen", hot),
     }
 
 
@@ -59,13 +61,13 @@ def test_each_crafted_bad_diff_is_rejected_by_name_row_and_phase(store, scope, g
     # the validate stage reads only SNAPSHOT_COLUMNS: the verdicts must be the same
     pruned = Snapshot.read(snap.write(tmp_path / "snap"), columns=SNAPSHOT_COLUMNS)
     assert pruned.table("memory_nodes").columns != snap.table("memory_nodes").columns
-    for check, diff in _bad_diffs(snap, graph, scope).items():
+    for check, (diff, phase, row_id) in _bad_diffs(snap, graph, scope).items():
         failures = validate_diff(diff, snap)
         assert failures.equals(validate_diff(diff, pruned)), check
         assert check in failures.get_column("check").to_list(), (check, failures)
-        row = failures.filter(pl.col("check") == check).row(0, named=True)
-        assert row["phase"] and row["table"] in ("memory_nodes", "memory_edges")
-        assert row["id"] is not None
+        named = failures.filter(pl.col("check") == check).select("table", "phase", "id").unique().rows()
+        table = "memory_edges" if check == "edge ends are live nodes of the scope" else "memory_nodes"
+        assert named == [(table, phase, row_id)], (check, named)
 
 
 def test_a_real_plan_passes_validation(store, scope, graph):
@@ -78,7 +80,7 @@ def test_a_real_plan_passes_validation(store, scope, graph):
 def test_failed_validation_is_recorded_and_nothing_is_applied(store, scope, graph, tmp_path):
     snap = extract(store, scope)
     snap_dir = snap.write(tmp_path / "snapshot")
-    bad = _bad_diffs(snap, graph, scope)["scope_path equals the run's scope"]
+    bad = _bad_diffs(snap, graph, scope)["scope_path equals the run's scope"][0]
     diff_dir = tmp_path / "diff"
     bad.write(diff_dir)
     run_id = str(uuid.uuid4())
