@@ -312,6 +312,27 @@ def cmd_undo(args: argparse.Namespace) -> int:
     return 0 if result.complete else 1
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    from deep_sleep.core.diff import Diff
+    from deep_sleep.core.scope import Scope
+    from deep_sleep.core.snapshot import Snapshot
+    from deep_sleep.run.preview import PREVIEW_FILE, preview, preview_markdown
+    from deep_sleep.run.stages import plan_scope
+    from deep_sleep.store.db import connect_store
+    from deep_sleep.transforms.config import load_config
+
+    planned = plan_scope(connect_store(args.dsn), args.scope, load_config(args.config), _as_of(args.as_of),
+                         args.runs_dir)
+    records = preview(Snapshot.read(planned.snapshot_dir), Diff.read(planned.diff_dir))
+    records.write_parquet(planned.diff_dir / PREVIEW_FILE)
+    print(preview_markdown(records, per_phase=args.per_phase, title=f"Plan for {Scope.parse(planned.report.scope_path)} at {planned.report.as_of}"))
+    print(f"\nnothing was applied; snapshot {planned.snapshot_dir}, diff {planned.diff_dir}")
+    if planned.report.status == "failed":
+        print("validation FAILED — a run would apply nothing:\n" + "\n".join(planned.report.errors))
+        return 1
+    return 0
+
+
 def cmd_gc(args: argparse.Namespace) -> int:
     from deep_sleep.jobs.gc import gc, gc_markdown
     from deep_sleep.run.stages import runs_dir
@@ -549,6 +570,14 @@ def build_parser() -> argparse.ArgumentParser:
     u = sub.add_parser("undo", help="restore a run's before-images unless rows changed since")
     u.add_argument("run_id")
     u.set_defaults(func=cmd_undo)
+
+    pl_ = sub.add_parser("plan", help="what tonight's run of SCOPE would change, record by record (applies nothing)")
+    pl_.add_argument("scope")
+    pl_.add_argument("--as-of", default=None)
+    pl_.add_argument("--config", default=None)
+    pl_.add_argument("--per-phase", type=int, default=10, help="records shown per phase (all are in preview.parquet)")
+    pl_.add_argument("--runs-dir", default=None)
+    pl_.set_defaults(func=cmd_plan)
 
     g = sub.add_parser("gc", help="remove run directories and archive rows older than --keep-days "
                                   "(runs that can still be undone are kept unless --force)")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 from urllib.parse import quote
@@ -176,6 +177,25 @@ def consolidate_scope(
     phases: tuple[str, ...] | None = None,
 ) -> ConsolidationReport:
     """All four stages in this process, without Prefect (used by tests and the benchmark)."""
+    planned = plan_scope(store, scope, config, as_of, base_dir, phases)
+    return apply_stage(store, planned.diff_dir, mode=mode, started_at=planned.started_at)
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    """A run up to its last stage: where its snapshot and diff went, and its validated report."""
+
+    snapshot_dir: Path
+    diff_dir: Path
+    report: ConsolidationReport
+    started_at: datetime
+
+
+def plan_scope(store: Store, scope: Scope | str, config: ConsolidationConfig | None = None,
+               as_of: datetime | None = None, base_dir: str | Path | None = None,
+               phases: tuple[str, ...] | None = None) -> PlannedRun:
+    """Extract, transform and validate exactly as a run does, and stop before the apply (SPEC §9
+    "Plan"): the same stages, no ``dry_run`` flag anywhere.  ``deep-sleep plan`` shows the result."""
     from datetime import UTC
 
     scope = Scope.coerce(scope)
@@ -190,5 +210,5 @@ def consolidate_scope(
     summarizer = summarizer_for(config, store)  # None unless the model is enabled (SPEC §7)
     diff_dir = plan_stage(snap_dir, config, as_of, base / "diff", run_id=run_id, phases=phases, timings=extract_seconds,
                           summarizer=summarizer)
-    validate_stage(snap_dir, diff_dir, config)
-    return apply_stage(store, diff_dir, mode=mode, started_at=started)
+    report = validate_stage(snap_dir, diff_dir, config)
+    return PlannedRun(snap_dir, diff_dir, report, started)
