@@ -397,13 +397,22 @@ def cmd_nightly(args: argparse.Namespace) -> int:
     dq = summary["data_quality"]
     print(f"\n{summary['scopes']} scopes: {summary['due']} due, {summary['applied']} applied, {summary['failed']} failed, "
           f"{summary['skipped']} skipped" + (f"; data quality {'passed' if dq['success'] else 'FAILED'} ({dq['data_docs_path']})" if dq else ""))
+    if summary.get("health"):
+        from deep_sleep.jobs.health import Alert, health_markdown
+
+        print("\n" + health_markdown([Alert(**a) for a in summary["health"]]))
+    if summary.get("retention"):
+        r = summary["retention"]
+        print(f"retention: removed {r['directories']} run directories ({r['bytes'] / 1e6:.1f} MB), "
+              f"{r['archive_rows']} archive rows")
     return nightly_exit_code(summary)
 
 
 def nightly_exit_code(summary: dict) -> int:
-    """1 when the night found a problem — a failed scope, or a data-quality suite that failed — else 0."""
+    """1 when the night found a problem — a failed scope, a data-quality suite that failed, a
+    run-health alert — else 0."""
     dq = summary.get("data_quality")
-    return 1 if summary.get("failed") or (dq and not dq.get("success")) else 0
+    return 1 if summary.get("failed") or (dq and not dq.get("success")) or summary.get("health") else 0
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -26,9 +26,10 @@ from typing import Any, Literal
 
 from deep_sleep.transforms.config import ConsolidationConfig, load_config
 from prefect import flow, get_run_logger, task
-from prefect.artifacts import create_table_artifact
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.futures import as_completed
+from prefect.states import Failed
 from prefect.task_runners import ThreadPoolTaskRunner
 from pydantic import BaseModel, Field
 
@@ -36,6 +37,8 @@ from deep_sleep.core.report import ConsolidationReport
 from deep_sleep.core.scope import Scope
 from deep_sleep.core.snapshot import utc
 from deep_sleep.jobs.gating import due_scopes
+from deep_sleep.jobs.gc import gc
+from deep_sleep.jobs.health import Alert, health, health_markdown
 from deep_sleep.run import stages
 from deep_sleep.store.db import Store, connect_store
 from deep_sleep.store.errors import is_transient
@@ -234,9 +237,12 @@ def deep_sleep_nightly(params: NightlyParameters) -> dict[str, Any]:
         out = stages.runs_dir(params.runs_dir) / "_nightly" / f"{as_of.strftime('%Y%m%dT%H%M%SZ')}_{night_id}" / "data_quality"
         quality = data_quality_task(store.dsn, str(out), night_id)
 
+    alerts = health_task(store.dsn, as_of, config) if config.health.enabled else []
+    removed = retention_task(store.dsn, params.runs_dir, config) if config.retention.keep_days is not None else None
+
     counts = {s: sum(r["status"] == s for r in rows) for s in ("applied", "failed", "skipped")}
     summary = {"night_id": night_id, "as_of": as_of.isoformat(), "scopes": len(gates), "due": len(due), **counts,
-               "data_quality": quality, "rows": rows}
+               "data_quality": quality, "health": alerts, "retention": removed, "rows": rows}
     create_table_artifact(
         key="deep-sleep-nightly",
         table=[{k: r.get(k, "") for k in ("scope", "status", "reason", "changes", "conflicts", "counters")} for r in rows],
@@ -244,14 +250,39 @@ def deep_sleep_nightly(params: NightlyParameters) -> dict[str, Any]:
                      f"{counts['failed']} failed, {counts['skipped']} skipped"
                      + (f"; data quality {'passed' if quality['success'] else 'FAILED'}: {quality['data_docs_path']}" if quality else "")),
     )
+    if alerts:
+        create_markdown_artifact(key="deep-sleep-health", markdown=health_markdown([Alert(**a) for a in alerts]),
+                                 description=f"Deep Sleep run health {as_of.isoformat()}: {len(alerts)} alert(s)")
     for r in rows:
         if r["status"] == "failed":
             logger.warning("scope %s failed: %s", r["scope"], r["reason"])
+    for a in alerts:
+        logger.warning("health alert %s for %s: %s", a["check"], Scope.parse(a["scope_path"]).display(), a["message"])
+    if alerts and config.health.fail_nightly:  # the flow run ends Failed; the summary stays its result
+        return Failed(message=f"{len(alerts)} run-health alert(s); see the deep-sleep-health artifact", data=summary)
     return summary
 
 
+@task(name="run-health", cache_policy=NO_CACHE)
+def health_task(dsn: str, as_of: datetime, config: ConsolidationConfig) -> list[dict[str, str]]:
+    """The run-health alerts of the whole store after the night (set-based, once per night)."""
+    alerts = health(connect_store(dsn), as_of, config.health, config.gating.min_interval_hours)
+    return [{"scope_path": a.scope_path, "check": a.check, "message": a.message} for a in alerts]
+
+
+@task(name="retention", cache_policy=NO_CACHE)
+def retention_task(dsn: str, runs_dir: str | None, config: ConsolidationConfig) -> dict[str, int]:
+    """Old run directories and archive rows removed (``retention.keep_days``; see deep_sleep.jobs.gc)."""
+    result = gc(connect_store(dsn), stages.runs_dir(runs_dir), config.retention.keep_days, force=config.retention.force)
+    return {"directories": len(result.removed), "bytes": result.bytes_freed, "archive_rows": result.archive_rows_removed,
+            "marked_not_undoable": len(result.runs_marked_not_undoable)}
+
+
 def run_nightly(params: NightlyParameters) -> dict[str, Any]:
-    """Run the nightly flow with the task runner the parameters ask for."""
+    """Run the nightly flow with the task runner the parameters ask for; the night's summary.
+
+    A night whose run-health alerts fail it (``health.fail_nightly``) ends in a Failed flow run and
+    still returns its summary (``summary["health"]`` lists the alerts); any other failure raises."""
     if params.task_runner == "dask":
         from prefect_dask import DaskTaskRunner
 
@@ -260,5 +291,10 @@ def run_nightly(params: NightlyParameters) -> dict[str, Any]:
         else:
             runner = DaskTaskRunner(cluster_kwargs={"n_workers": params.dask_workers, "threads_per_worker": 1,
                                                     "processes": True, "dashboard_address": None})
-        return deep_sleep_nightly.with_options(task_runner=runner)(params)
-    return deep_sleep_nightly.with_options(task_runner=ThreadPoolTaskRunner(max_workers=params.max_workers))(params)
+    else:
+        runner = ThreadPoolTaskRunner(max_workers=params.max_workers)
+    state = deep_sleep_nightly.with_options(task_runner=runner)(params, return_state=True)
+    result = state.result(raise_on_failure=False)
+    if isinstance(result, BaseException):
+        raise result
+    return result

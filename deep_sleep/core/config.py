@@ -66,6 +66,16 @@ class HealthConfig(BaseModel):
     fail_nightly: bool = Field(True, description="the nightly exits 1 (flow run not Completed) when an alert fires")
 
 
+class RetentionConfig(BaseModel):
+    """What the nightly removes after its run (``deep-sleep gc`` by hand): run directories and archive
+    rows older than ``keep_days`` (None: keep everything).  What a still-undoable run needs is kept
+    unless ``force`` (the run is then marked not undoable)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    keep_days: float | None = Field(None, ge=0)
+    force: bool = False
+
+
 class BaseConsolidationConfig(BaseSettings):
     """The knobs of a run that belong to no phase; :func:`assemble` adds one section per phase.
     Frozen: build a new one to change it."""
@@ -78,6 +88,7 @@ class BaseConsolidationConfig(BaseSettings):
     quick_nap_interval: int = Field(10, ge=1)
     gating: GatingConfig = GatingConfig()
     health: HealthConfig = HealthConfig()
+    retention: RetentionConfig = RetentionConfig()
     llm: LlmConfig = LlmConfig()  # optional Claude summaries of phases 4 and 10 (SPEC §7)
     quarantine: QuarantineConfig = QuarantineConfig()
 

@@ -30,3 +30,26 @@ def test_nightly_prints_progress(prefect_harness, store, tmp_path, capfd):
     assert int(lines[-1][1].replace(",", "")) > 0
     by_scope = {r["scope"]: r["quarantined"] for r in summary["rows"]}  # the summary the CLI prints
     assert by_scope == {scopes[0].display(): 1, scopes[1].display(): 0}
+
+
+def test_a_health_alert_fails_the_night_and_keeps_its_summary(prefect_harness, store, tmp_path):
+    """Issue 16, run health: an alert ends the flow run Failed (configurable) with the summary as its result."""
+    from deep_sleep.flows.nightly import NightlyParameters, deep_sleep_nightly, run_nightly
+
+    tag = uuid.uuid4().hex[:8]
+    forgotten = Scope.root("org", f"forgot{tag}")  # rows for days, never consolidated
+    insert(store, "memory_nodes", [node(forgotten, "topic: old", NOW - timedelta(hours=100))])
+    ran = Scope.root("org", f"ran{tag}")
+    small_graph(store, ran, NOW)
+    params = NightlyParameters(as_of=NOW, dsn=store.dsn, runs_dir=str(tmp_path / "runs"), scopes=[ran.display()],
+                               data_quality=False)
+    state = deep_sleep_nightly(params, return_state=True)
+    assert state.is_failed() and "run-health alert" in state.message
+    summary = state.result(raise_on_failure=False)
+    assert summary["applied"] == 1
+    mine = [a for a in summary["health"] if a["scope_path"] == forgotten.path]
+    assert [a["check"] for a in mine] == ["gated_too_long"]
+    assert run_nightly(params.model_copy(update={"as_of": NOW + timedelta(minutes=1)}))["health"]  # the CLI's path
+    relaxed = params.model_copy(update={"as_of": NOW + timedelta(minutes=2), "config": {"health": {"fail_nightly": False}}})
+    state = deep_sleep_nightly(relaxed, return_state=True)
+    assert state.is_completed() and state.result()["health"]

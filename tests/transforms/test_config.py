@@ -36,6 +36,7 @@ def test_every_default_of_spec_3_is_kept():
         "gating": {"min_interval_hours": 24, "min_sessions": 20},
         "health": {"enabled": True, "idle_nights": 3, "max_conflict_rate": 0.2, "quarantine_jump_factor": 2.0,
                    "quarantine_jump_min": 10, "gated_factor": 2.0, "fail_nightly": True},
+        "retention": {"keep_days": None, "force": False},
         "quarantine": {"max_label_chars": 2048, "min_timestamp": datetime(1990, 1, 1, tzinfo=UTC),
                        "future_tolerance_seconds": 300.0},
         "llm": {"enabled": False, "api_key_env": "ANTHROPIC_API_KEY", "base_url": None, "model": "claude-haiku-4-5",
