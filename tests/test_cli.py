@@ -53,8 +53,8 @@ def _no_prefect(monkeypatch):
     """Fail the test if a command starts Prefect's machinery."""
     def boom(*_a, **_k):
         raise AssertionError("Prefect was started")
-    monkeypatch.setattr(cli, "_quiet_prefect", boom)
-    monkeypatch.setattr(cli, "_run_flow", boom)
+    monkeypatch.setattr(cli.common, "_quiet_prefect", boom)
+    monkeypatch.setattr(cli.common, "_run_flow", boom)
 
 
 # -- item 6: no credential ever printed -------------------------------------------------------

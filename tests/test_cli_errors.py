@@ -24,8 +24,10 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 def _refused(result: subprocess.CompletedProcess, command: str, *named: str) -> None:
     assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
     assert "Traceback" not in result.stderr and "Traceback" not in result.stdout, result.stderr
-    message = result.stderr.strip()
-    assert message.startswith(f"deep-sleep {command}: error: "), message
+    # the last line is the error (a command that reached a store names it on the line before)
+    message = result.stderr.strip().splitlines()[-1]
+    assert message.startswith(f"deep-sleep {command}: error: "), result.stderr
+    assert all(line.startswith("deep-sleep") for line in result.stderr.strip().splitlines()), result.stderr
     for text in named:
         assert text in message, (text, message)
 

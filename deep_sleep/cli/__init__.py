@@ -1,0 +1,186 @@
+"""``deep-sleep`` — the command line.
+
+    deep-sleep demo                                   seed a small store, consolidate every scope
+    deep-sleep seed --tenants 3 --nodes 200           seed synthetic scopes
+    deep-sleep run org/acme                           one scope's run (the same stages as the flow; Prefect if asked)
+    deep-sleep snapshot org/acme --out DIR            extract a snapshot directory
+    deep-sleep replay DIR --as-of ISO --out DIFF_DIR  transform + validate a stored snapshot (no database)
+
+Scopes are written ``kind/id/kind/id`` (or as the raw ``\\x1f``-joined scope_path); a ``/`` inside
+an id is written ``%2F``.  Every argument is checked — scope known to the store, ``--as-of`` within
+bounds, ``--out`` usable, DSN reachable — before any Prefect machinery starts; every command that
+touches a store says which one on stderr, and no message ever shows a password.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from deep_sleep.cli.review import (
+    cmd_compare,
+    cmd_gc,
+    cmd_health,
+    cmd_plan,
+    cmd_replay,
+    cmd_replay_range,
+    cmd_report,
+    cmd_undo,
+)
+from deep_sleep.cli.runs import (
+    cmd_backfill,
+    cmd_demo,
+    cmd_nightly,
+    cmd_run,
+    cmd_seed,
+    cmd_serve,
+    cmd_snapshot,
+    nightly_exit_code,
+)
+
+__all__ = ['build_parser', 'main', 'nightly_exit_code']
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="deep-sleep", description="Offline memory consolidation for agent memory stores.")
+    p.add_argument("--dsn", default=None, help="PostgreSQL DSN (default: $DEEP_SLEEP_DSN, else the embedded server)")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    d = sub.add_parser("demo", help="seed a small realistic store and consolidate every scope")
+    d.add_argument("--tenants", type=int, default=2)
+    d.add_argument("--scopes-per-tenant", type=int, default=2)
+    d.add_argument("--nodes", type=int, default=300, help="nodes per scope")
+    d.add_argument("--seed", type=int, default=7)
+    d.add_argument("--runs-dir", default=None)
+    d.add_argument("--reset", action="store_true", help="drop and recreate the store's database first")
+    d.add_argument("--prefect", action="store_true", help="run each scope through the Prefect flow")
+    d.set_defaults(func=cmd_demo)
+
+    s = sub.add_parser("seed", help="generate and bulk-load synthetic scopes")
+    s.add_argument("--tenants", type=int, default=3)
+    s.add_argument("--scopes-per-tenant", type=int, default=2)
+    s.add_argument("--nodes", type=int, default=200, help="nodes per scope")
+    s.add_argument("--seed", type=int, default=7)
+    s.add_argument("--now", default=None, help="ISO time the synthetic history ends at (default: now)")
+    s.set_defaults(func=cmd_seed)
+
+    r = sub.add_parser("run", help="run the deep_sleep flow for one scope")
+    r.add_argument("scope")
+    r.add_argument("--as-of", default=None)
+    r.add_argument("--config", default=None, help="TOML configuration file")
+    r.add_argument("--runs-dir", default=None)
+    r.add_argument("--force", action="store_true", help="accept an --as-of before the last applied run or far in the future")
+    r.add_argument("--prefect", action="store_true",
+                   help="run through the Prefect flow even without PREFECT_API_URL (starts a temporary server: ~20 s)")
+    r.set_defaults(func=cmd_run)
+
+    n = sub.add_parser("snapshot", help="extract one scope into a snapshot directory")
+    n.add_argument("scope")
+    n.add_argument("--out", required=True)
+    n.set_defaults(func=cmd_snapshot)
+
+    y = sub.add_parser("replay", help="transform + validate a snapshot directory into a diff directory (no database)")
+    y.add_argument("snapshot_dir")
+    y.add_argument("--as-of", required=True)
+    y.add_argument("--out", required=True)
+    y.add_argument("--config", default=None)
+    y.add_argument("--compare-config", default=None, help="replay again under this config and compare (per phase)")
+    y.add_argument("--explain", action="store_true", help="also print the statements an apply of the diff would run")
+    y.set_defaults(func=cmd_replay)
+
+    rr = sub.add_parser("replay-range", help="replay the stored snapshots of a scope over a date range (no writes)")
+    rr.add_argument("scope")
+    rr.add_argument("--from", dest="from_", required=True)
+    rr.add_argument("--to", required=True)
+    rr.add_argument("--runs-dir", default=None)
+    rr.add_argument("--config", default=None)
+    rr.add_argument("--compare-config", default=None)
+    rr.add_argument("--out", default=None)
+    rr.add_argument("--ledger", action="store_true", help="take each run's as_of and recorded hash from the store's ledger")
+    rr.set_defaults(func=cmd_replay_range)
+
+    c = sub.add_parser("compare", help="compare two diff directories per phase")
+    c.add_argument("diff_a")
+    c.add_argument("diff_b")
+    c.add_argument("--out", default=None)
+    c.add_argument("--markdown", action="store_true")
+    c.set_defaults(func=cmd_compare)
+
+    u = sub.add_parser("undo", help="restore a run's before-images unless rows changed since")
+    u.add_argument("run_id")
+    u.set_defaults(func=cmd_undo)
+
+    pl_ = sub.add_parser("plan", help="what tonight's run of SCOPE would change, record by record (applies nothing)")
+    pl_.add_argument("scope")
+    pl_.add_argument("--as-of", default=None)
+    pl_.add_argument("--config", default=None)
+    pl_.add_argument("--per-phase", type=int, default=10, help="records shown per phase (all are in preview.parquet)")
+    pl_.add_argument("--runs-dir", default=None)
+    pl_.set_defaults(func=cmd_plan)
+
+    g = sub.add_parser("gc", help="remove run directories and archive rows older than --keep-days "
+                                  "(runs that can still be undone are kept unless --force)")
+    g.add_argument("--keep-days", type=float, required=True)
+    g.add_argument("--force", action="store_true", help="also remove what an undoable run needs; it is then "
+                                                          "marked not undoable in the ledger")
+    g.add_argument("--dry-run", action="store_true", help="list what would be removed, remove nothing")
+    g.add_argument("--runs-dir", default=None)
+    g.set_defaults(func=cmd_gc)
+
+    h = sub.add_parser("health", help="run-health alerts over the ledger and the store (exit 1 when one fires)")
+    h.add_argument("--as-of", default=None)
+    h.add_argument("--scope", default=None, help="only this scope's alerts")
+    h.add_argument("--config", default=None)
+    h.set_defaults(func=cmd_health)
+
+    rp = sub.add_parser("report", help="the last runs from the ledger")
+    rp.add_argument("scope", nargs="?", default=None)
+    rp.add_argument("--limit", type=int, default=20)
+    rp.add_argument("--markdown", action="store_true")
+    rp.set_defaults(func=cmd_report)
+
+    ni = sub.add_parser("nightly", help="one night over every due scope (deep_sleep_nightly)")
+    ni.add_argument("--as-of", default=None)
+    ni.add_argument("--config", default=None)
+    ni.add_argument("--runs-dir", default=None)
+    ni.add_argument("--force", action="store_true", help="accept an --as-of far in the future")
+    ni.add_argument("--max-workers", type=int, default=4)
+    ni.add_argument("--apply-concurrency", type=int, default=2)
+    ni.add_argument("--no-data-quality", action="store_true")
+    ni.add_argument("--no-prefect-apply-limit", action="store_true",
+                    help="cap applies only with the store's apply slots, not also with the Prefect tag limit")
+    ni.add_argument("--task-runner", choices=["threads", "dask"], default="threads")
+    ni.add_argument("--dask-address", default=None)
+    ni.set_defaults(func=cmd_nightly)
+
+    bf = sub.add_parser("backfill", help="write scope_path for legacy rows (resumable, small batches)")
+    bf.add_argument("--job", default="scope-backfill", help="checkpoint name: rerun with the same name to resume")
+    bf.add_argument("--batch-size", type=int, default=5000)
+    bf.add_argument("--lock-timeout-ms", type=int, default=200)
+    bf.add_argument("--pause-ms", type=int, default=0, help="sleep between batches, to yield to live traffic")
+    bf.add_argument("--max-retries", type=int, default=50)
+    bf.add_argument("--table", action="append", default=None, help="only this table (repeatable)")
+    bf.add_argument("--dry-run", action="store_true", help="count legacy rows per table and tenant; write nothing")
+    bf.add_argument("--validate-only", action="store_true")
+    bf.add_argument("--json", action="store_true")
+    bf.add_argument("--no-progress", action="store_true")
+    bf.set_defaults(func=cmd_backfill)
+
+    sv = sub.add_parser("serve", help="serve the nightly/replay/backfill deployments (needs PREFECT_API_URL)")
+    sv.add_argument("--cron", default="0 3 * * *", help="nightly schedule (default 03:00 UTC)")
+    sv.add_argument("--runs-dir", default=None)
+    sv.set_defaults(func=cmd_serve)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from deep_sleep.core.errors import DeepSleepError
+
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except DeepSleepError as exc:  # ours, raised on purpose: the message names the input and the fix
+        print(f"deep-sleep {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+

@@ -1,0 +1,162 @@
+"""What every command shares: argument checks before anything starts (scope known, --as-of in bounds,
+--out usable, DSN reachable), the store a command uses, and running one scope."""
+
+from __future__ import annotations
+
+import os
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+
+def _quiet_prefect() -> None:
+    # Before Prefect is imported: no telemetry (the network is closed here), quiet logs.
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("DO_NOT_TRACK", "1")
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "WARNING")
+    # The temporary local server migrates its SQLite database on first start; on a busy 2-core
+    # machine that can take longer than Prefect's default 20 s.
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+    # Tasks waiting for an apply slot poll at most every 0.5 s (Prefect's default 30 s idles slots).
+    os.environ.setdefault("PREFECT_SERVER_CONCURRENCY_MAXIMUM_CONCURRENCY_SLOT_WAIT_SECONDS", "0.5")
+
+
+def _as_of(value: str | None) -> datetime | None:
+    from deep_sleep.core.snapshot import utc
+
+    return utc(value) if value else None
+
+
+def _store(dsn: str | None):
+    """Connect (checking the DSN first) and say on stderr which store this command uses."""
+    from deep_sleep.store.db import connect_store, describe
+
+    store = connect_store(dsn)
+    print(f"deep-sleep: store {describe(store)}", file=sys.stderr)
+    return store
+
+
+def _hide_dsn(dsn: str | None) -> None:
+    """Hand a DSN to the flows through the environment, never as a flow parameter: Prefect keeps
+    parameters in its database and shows them in the UI."""
+    if dsn:
+        os.environ["DEEP_SLEEP_DSN"] = dsn
+
+
+def _out_dir(value: str, what: str = "--out") -> Path:
+    from deep_sleep.core.errors import InputError
+
+    out = Path(value)
+    if out.exists() and not out.is_dir():
+        raise InputError(f"{what} {out} is an existing file; give a directory (it is created if missing)")
+    return out
+
+
+_SCOPED = ("memory_nodes", "episodic_events", "memory_edges", "recall_events", "procedural_skills", "soul_profiles",
+           "pending_connections", "prospective_triggers", "memory_access_log")
+
+
+def known_scopes(store) -> list[str]:
+    """Every scope_path that holds a row of any table, sorted."""
+    sql = " UNION ".join(f"SELECT DISTINCT scope_path FROM {t} WHERE scope_path IS NOT NULL" for t in _SCOPED)
+    with store.pg() as con:
+        return sorted(r[0] for r in con.execute(sql))
+
+
+def require_scope(store, text: str):
+    """The scope ``text`` names, if the store holds rows of it; else an error naming the nearest
+    existing scopes ("did you mean")."""
+    import difflib
+
+    from deep_sleep.core.errors import InputError
+    from deep_sleep.core.scope import Scope
+
+    scope = Scope.coerce(text)
+    exists = " OR ".join(f"EXISTS (SELECT 1 FROM {t} WHERE scope_path = %(p)s)" for t in _SCOPED)
+    if scope.depth == 1 and scope.levels[0][0] == "tenant":  # legacy rows (scope_path NULL) read as tenant/<id> (SPEC §1)
+        exists += " OR EXISTS (SELECT 1 FROM memory_nodes WHERE scope_path IS NULL AND tenant_id = %(t)s)"
+    with store.pg() as con:
+        if con.execute(f"SELECT {exists}", {"p": scope.path, "t": scope.tenant_id}).fetchone()[0]:
+            return scope
+    names = [Scope.parse(p).display() for p in known_scopes(store)]
+    near = difflib.get_close_matches(scope.display(), names, n=3, cutoff=0.4) or names[:3]
+    hint = f" Did you mean {', '.join(near)}?" if near else " The store holds no scope at all: seed one with `deep-sleep demo`."
+    raise InputError(f"scope {scope.display()} has no rows in this store; nothing to consolidate.{hint}")
+
+
+AS_OF_MARGIN_HOURS = float(os.environ.get("DEEP_SLEEP_AS_OF_MARGIN_HOURS", "1"))
+
+
+def check_as_of(store, as_of: datetime | None, scope=None, *, force: bool = False,
+                margin_hours: float | None = None, now: datetime | None = None) -> None:
+    """Refuse an ``as_of`` more than ``margin_hours`` (``DEEP_SLEEP_AS_OF_MARGIN_HOURS``, 1) past the
+    wall clock, or earlier than ``scope``'s last applied run, unless ``force``."""
+    from datetime import timedelta
+
+    from deep_sleep.core.errors import InputError
+
+    if as_of is None or force:
+        return
+    margin = AS_OF_MARGIN_HOURS if margin_hours is None else margin_hours
+    now = now or datetime.now(UTC)
+    if as_of > now + timedelta(hours=margin):
+        raise InputError(f"--as-of {as_of.isoformat()} is {(as_of - now).total_seconds() / 3600:.1f} h after the wall clock "
+                         f"(the margin is {margin:g} h, DEEP_SLEEP_AS_OF_MARGIN_HOURS); a run there would decay and prune "
+                         "as if that time had come. Pass --force if you mean it.")
+    if scope is not None:
+        with store.pg() as con:
+            last = con.execute("SELECT max(as_of) FROM consolidation_runs WHERE scope_path = %s AND status = 'applied'",
+                               (scope.path,)).fetchone()[0]
+        if last is not None and as_of < last:
+            raise InputError(f"--as-of {as_of.isoformat()} is earlier than {scope.display()}'s last applied run "
+                             f"(as_of {last.isoformat()}); its window would re-consolidate what that run did. "
+                             "Pass --force if you mean it.")
+
+
+def _consolidate(store, scope, as_of: datetime | None, config_file: str | None, dsn: str | None, runs_dir: str | None,
+                 prefect: bool):
+    """One scope's run: through the Prefect flow when ``prefect`` (or PREFECT_API_URL is set), else the
+    very same stages in this process (stages.consolidate_scope) — no temporary Prefect server to start,
+    so a one-scope run answers in seconds."""
+    from deep_sleep.core.report import ConsolidationReport
+    from deep_sleep.run.stages import consolidate_scope
+    from deep_sleep.transforms.config import load_config
+
+    if prefect or os.environ.get("PREFECT_API_URL"):
+        _hide_dsn(dsn)
+        from deep_sleep.core.errors import ValidationFailed
+
+        try:
+            return ConsolidationReport.from_dict(_run_flow(scope.display(), as_of, config_file, None, runs_dir))
+        except ValidationFailed as exc:
+            print(f"deep-sleep run: {exc}", file=sys.stderr)
+            return None
+    return consolidate_scope(store, scope, load_config(config_file), as_of, runs_dir)
+
+
+def _print_run(report) -> None:
+    """Where a run's files went and what quarantine set aside — on every run's terminal output."""
+    if report.quarantined:
+        rows = sum(n for reasons in report.quarantined.values() for n in reasons.values())
+        print(f"\nquarantined {rows} row(s) (left untouched in the store, not consolidated):")
+        for table, reasons in sorted(report.quarantined.items()):
+            for reason, n in sorted(reasons.items()):
+                print(f"  {table}: {n} × {reason}")
+    if report.snapshot_uri:
+        print(f"snapshot: {report.snapshot_uri}")
+    if report.diff_uri:
+        print(f"diff and report.json: {report.diff_uri}")
+
+
+def _run_flow(scope: str, as_of: datetime | None, config_file: str | None, dsn: str | None, runs_dir: str | None):
+    from deep_sleep.core.scope import Scope
+    from deep_sleep.transforms.config import load_config
+
+    # Bad input is refused here, before the flow starts: a failing flow run logs its traceback.
+    Scope.coerce(scope)
+    load_config(config_file)
+    _quiet_prefect()
+    from deep_sleep.flows.consolidate import DeepSleepParameters, deep_sleep
+
+    return deep_sleep(DeepSleepParameters(scope=scope, as_of=as_of, config_file=config_file, dsn=dsn, runs_dir=runs_dir))
