@@ -86,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     y.add_argument("--config", default=None)
     y.add_argument("--compare-config", default=None, help="replay again under this config and compare (per phase)")
     y.add_argument("--explain", action="store_true", help="also print the statements an apply of the diff would run")
+    y.add_argument("--scope", default=None, help="for a shard snapshot (many scopes): the scope to replay")
     y.set_defaults(func=cmd_replay)
 
     rr = sub.add_parser("replay-range", help="replay the stored snapshots of a scope over a date range (no writes)")

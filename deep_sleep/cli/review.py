@@ -25,6 +25,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         raise InputError("replay: --explain prints the statements of one diff; leave out --compare-config to use it")
     config = load_config(args.config)
     out = _out_dir(args.out)
+    args.snapshot_dir = _one_scope(Path(args.snapshot_dir), args.scope, out)
     if args.compare_config:
         from deep_sleep.jobs.compare import comparison_markdown, print_comparison
         from deep_sleep.jobs.replay_range import replay_stored
@@ -41,6 +42,24 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if args.explain:
         _explain(out, report)
     return 1 if report.status == "failed" else 0
+
+
+def _one_scope(snapshot_dir: Path, scope: str | None, out: Path) -> Path:
+    """The snapshot directory to replay: ``snapshot_dir`` itself, or for a shard snapshot (SPEC §8) the
+    ``--scope`` asked for, written out as a single-scope snapshot beside the diff."""
+    from deep_sleep.core.errors import InputError
+    from deep_sleep.core.scope import Scope
+    from deep_sleep.core.shard import Shard
+
+    shard = Shard.read(snapshot_dir)
+    if len(shard.scope_paths) == 1 and scope is None:
+        return snapshot_dir
+    if scope is None:
+        listed = ", ".join(str(Scope.parse(s)) for s in shard.scope_paths[:5])
+        raise InputError(f"{snapshot_dir} is a shard snapshot of {len(shard.scope_paths)} scopes ({listed}"
+                         f"{'…' if len(shard.scope_paths) > 5 else ''}); choose one with --scope")
+    one = shard.scope(Scope.coerce(scope).path)
+    return one.write(out.parent / f"{out.name}.snapshot")
 
 
 def _explain(diff_dir: Path, report) -> None:

@@ -102,3 +102,22 @@ def test_bad_shard_manifests_name_the_problem(tmp_path):
     (out / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(SnapshotError, match="non-empty list"):
         Shard.read(out)
+
+
+def test_replay_of_one_scope_of_a_shard_equals_the_replay_of_its_own_snapshot(tmp_path):
+    """SPEC §8: `deep-sleep replay SHARD_DIR --scope S` replays one scope; the diff hash is the single-scope one."""
+    from deep_sleep.cli import main
+    from deep_sleep.core.report import ConsolidationReport
+
+    snaps = _snapshots(3)
+    Shard.from_snapshots(snaps).write(tmp_path / "shard")
+    target = sorted(snaps, key=lambda s: s.scope_path)[1]
+    target.write(tmp_path / "single")
+    args = ["--dsn", "postgresql://nobody@127.0.0.1:1/none", "replay"]
+    assert main([*args, str(tmp_path / "single"), "--as-of", T.isoformat(), "--out", str(tmp_path / "a")]) in (0, 1)
+    assert main([*args, str(tmp_path / "shard"), "--as-of", T.isoformat(), "--out", str(tmp_path / "b"),
+                 "--scope", target.scope_path]) in (0, 1)
+    a, b = ConsolidationReport.read(tmp_path / "a"), ConsolidationReport.read(tmp_path / "b")
+    assert a.diff_hash == b.diff_hash and a.counters == b.counters and a.scope_path == b.scope_path
+    assert any(a.counters.values())
+    assert main([*args, str(tmp_path / "shard"), "--as-of", T.isoformat(), "--out", str(tmp_path / "c")]) == 2
