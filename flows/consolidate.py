@@ -24,6 +24,7 @@ from deep_sleep.core.report import ConsolidationReport
 from deep_sleep.core.scope import Scope
 from deep_sleep.core.snapshot import utc
 from deep_sleep.run import stages
+from deep_sleep.run.llm import summarizer_for
 from deep_sleep.run.console import report_markdown
 from deep_sleep.store.db import Store, connect_store
 
@@ -47,9 +48,10 @@ def extract_task(store: Store, scope: str, as_of: datetime, config: Consolidatio
 
 @task(name="transform", cache_policy=NO_CACHE)
 def transform_task(snapshot_dir: str, config: ConsolidationConfig, as_of: datetime, out: str, run_id: str,
-                   phases: list[str] | None, timings: dict[str, float]) -> str:
+                   phases: list[str] | None, timings: dict[str, float], store: Store | None = None) -> str:
+    summarizer = summarizer_for(config, store)  # None unless the model is enabled (SPEC §7)
     return str(stages.plan_stage(Path(snapshot_dir), config, as_of, Path(out), run_id=run_id,
-                                 phases=tuple(phases) if phases else None, timings=timings))
+                                 phases=tuple(phases) if phases else None, timings=timings, summarizer=summarizer))
 
 
 @task(name="validate", cache_policy=NO_CACHE)
@@ -82,7 +84,7 @@ def deep_sleep(params: DeepSleepParameters) -> dict[str, Any]:
     t = time.perf_counter()
     snapshot_dir = extract_task(store, scope.path, as_of, config, str(base / "snapshot"))
     extract_seconds = {"extract": round(time.perf_counter() - t, 6)}
-    diff_dir = transform_task(snapshot_dir, config, as_of, str(base / "diff"), run_id, params.phases, extract_seconds)
+    diff_dir = transform_task(snapshot_dir, config, as_of, str(base / "diff"), run_id, params.phases, extract_seconds, store)
     validate_task(snapshot_dir, diff_dir, config)
     report = apply_task(store, diff_dir, started)
     report_task(report)

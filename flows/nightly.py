@@ -40,6 +40,7 @@ from deep_sleep.jobs.gating import due_scopes
 from deep_sleep.jobs.gc import gc
 from deep_sleep.jobs.health import Alert, health, health_markdown
 from deep_sleep.run import stages
+from deep_sleep.run.llm import summarizer_for
 from deep_sleep.store.db import Store, connect_store
 from deep_sleep.store.errors import is_transient
 
@@ -85,7 +86,8 @@ def plan_scope_task(dsn: str, scope_path: str, as_of: datetime, config: Consolid
     t = time.perf_counter()
     snap_dir = stages.extract_stage(store, scope_path, as_of, config, base / "snapshot")
     diff_dir = stages.plan_stage(snap_dir, config, as_of, base / "diff", run_id=run_id,
-                                 timings={"extract": round(time.perf_counter() - t, 6)})
+                                 timings={"extract": round(time.perf_counter() - t, 6)},
+                                 summarizer=summarizer_for(config, store))  # None unless the model is enabled
     report = stages.validate_stage(snap_dir, diff_dir, config)
     return {"scope_path": scope_path, "diff_dir": str(diff_dir), "status": report.status, "worker_pid": os.getpid()}
 

@@ -276,3 +276,21 @@ def test_a_rerun_with_the_cached_summaries_changes_nothing_and_the_model_off_tak
     updates = off.diff.tables["memory_nodes"].updates
     assert updates.height == META_GROUPS
     assert all("summary_model" not in json.loads(p) for p in updates["properties"])
+
+
+@pytest.mark.flow
+def test_the_nightly_flow_hands_the_model_to_the_phases(api, store, scope, monkeypatch, tmp_path, prefect_harness):
+    """The Prefect nightly (not only consolidate_scope) builds the summarizer when the model is enabled."""
+    from deep_sleep.flows.nightly import NightlyParameters, run_nightly
+
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
+    now = datetime.now(UTC)
+    insert(store, "memory_nodes", [node(scope, f"project: part {i}", now - timedelta(hours=2)) for i in range(4)])
+    summary = run_nightly(NightlyParameters(
+        as_of=now, dsn=store.dsn, runs_dir=str(tmp_path), scopes=[scope.display()], data_quality=False,
+        config={"llm": _llm(api).model_dump(), "health": {"enabled": False}}))
+    assert summary["applied"] == 1, summary["rows"]
+    assert api.group_counts() == [1]
+    props = json.loads(scalar(store, "SELECT properties::text FROM memory_nodes WHERE scope_path = %s AND label = 'META:project'",
+                              scope.path))
+    assert props["summary_model"] == "claude-haiku-4-5"
