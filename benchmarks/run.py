@@ -154,6 +154,7 @@ def bench_scale(admin_dsn: str, scale: int, work: Path) -> dict:
         "transform_stage_nodes_per_second": round(nodes / stages["transform"]),
         "copy_seconds": {k: v for k, v in copy.items() if k != "rows"},
         "ratio_total_to_copy": round(stages["total"] / copy["copy_total"], 2) if copy["copy_total"] else None,
+        "diff_hash": report.diff_hash,
         "diff_rows": report.rows_changed,
         "conflicts": report.conflicts,
         "counters": {k: v for k, v in report.counters.items() if v},
