@@ -30,7 +30,7 @@ from deep_sleep.core import tables
 from deep_sleep.core.errors import InputError, ScopeError, SnapshotError
 from deep_sleep.core.files import write_atomic
 from deep_sleep.core.scope import Scope
-from deep_sleep.core.snapshot import MANIFEST, Snapshot, iso, utc
+from deep_sleep.core.snapshot import MANIFEST, Snapshot, iso, table_of, utc
 
 
 @dataclass(frozen=True)
@@ -95,12 +95,8 @@ class Shard:
 
     # -- reading one scope -------------------------------------------------------------------
     def table(self, name: str) -> pl.DataFrame:
-        frame = self.frames.get(name)
-        if frame is None:
-            if name not in tables.TABLES:
-                raise InputError(f"unknown table {name!r}; Deep Sleep knows {', '.join(tables.TABLES)}")
-            return tables.empty(name)
-        return frame
+        """The rows of ``name`` for every scope (an empty frame of the right schema when absent)."""
+        return table_of(self.frames, name)
 
     def _offsets(self, name: str) -> np.ndarray:
         """Row offsets of each scope's run in ``name`` (len(scope_paths) + 1 values)."""

@@ -111,6 +111,16 @@ def soul_profile_ids(scope_path: str, keys: pl.Series) -> pl.Series:
                             for k in keys.to_list()], dtype=pl.String)
 
 
+def table_of(frames: Mapping[str, pl.DataFrame], name: str) -> pl.DataFrame:
+    """``frames[name]``, or an empty frame of the table's schema when absent; an unknown table is an error."""
+    frame = frames.get(name)
+    if frame is None:
+        if name not in tables.TABLES:
+            raise InputError(f"unknown table {name!r}; Deep Sleep knows {', '.join(tables.TABLES)}")
+        return tables.empty(name)
+    return frame
+
+
 @dataclass(frozen=True)
 class Snapshot:
     """An immutable view of one scope.
@@ -146,12 +156,7 @@ class Snapshot:
 
     def table(self, name: str) -> pl.DataFrame:
         """The rows of ``name`` (an empty frame of the right schema when absent)."""
-        frame = self.frames.get(name)
-        if frame is None:
-            if name not in tables.TABLES:
-                raise InputError(f"unknown table {name!r}; Deep Sleep knows {', '.join(tables.TABLES)}")
-            return tables.empty(name)
-        return frame
+        return table_of(self.frames, name)
 
     def with_frames(self, frames: Mapping[str, pl.DataFrame]) -> Snapshot:
         return replace(self, frames={**self.frames, **frames})

@@ -73,15 +73,20 @@ def _to_polars(table: str, arrow: pa.Table) -> pl.DataFrame:
     return tables.conform(table, frame)
 
 
+def _begin_snapshot(cur) -> datetime:
+    """Make this transaction one consistent, read-only snapshot (its first statement); its start time."""
+    cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+    cur.execute("SELECT now() AS taken_at")
+    return cur.fetch_arrow_table().column(0)[0].as_py()
+
+
 def extract(store: Store, scope: Scope | str, log_since: datetime | None = None) -> Snapshot:
     """Read one scope consistently.  ``taken_at`` is the store's transaction start time."""
     scope = Scope.coerce(scope)
     with store.adbc() as con:
         cur = con.cursor()
         try:
-            cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-            cur.execute("SELECT now() AS taken_at")
-            taken_at = cur.fetch_arrow_table().column(0)[0].as_py()
+            taken_at = _begin_snapshot(cur)
             cur.execute(PREVIOUS_RUN_SQL, parameters=(scope.path,))
             previous = cur.fetch_arrow_table().column(0)[0].as_py()
             # Access events a quick nap already counted are not counted again by the nightly.
@@ -151,9 +156,7 @@ def extract_shard(store: Store, scopes: list[Scope | str], log_since: datetime |
     with store.adbc() as con:
         cur = con.cursor()
         try:
-            cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-            cur.execute("SELECT now() AS taken_at")
-            taken_at = cur.fetch_arrow_table().column(0)[0].as_py()
+            taken_at = _begin_snapshot(cur)
             cur.execute(SHARD_LEDGER_SQL, parameters=(literal,))
             ledger = {r["scope_path"]: r for r in cur.fetch_arrow_table().to_pylist()}
             previous = {p: (utc(ledger[p]["previous"]) if p in ledger and ledger[p]["previous"] else None) for p in paths}
