@@ -6,7 +6,7 @@ import argparse
 from datetime import UTC, datetime
 from pathlib import Path
 
-from deep_sleep.cli.common import _as_of, _out_dir, _store
+from deep_sleep.cli.common import _as_of, _out_dir, _store, require_scope
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -24,18 +24,19 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
         raise InputError("replay: --explain prints the statements of one diff; leave out --compare-config to use it")
     config = load_config(args.config)
+    as_of = _as_of(args.as_of)
     out = _out_dir(args.out)
     args.snapshot_dir = _one_scope(Path(args.snapshot_dir), args.scope, out)
     if args.compare_config:
         from deep_sleep.jobs.compare import comparison_markdown, print_comparison
         from deep_sleep.jobs.replay_range import replay_stored
 
-        result = replay_stored(args.snapshot_dir, config, load_config(args.compare_config), as_of=_as_of(args.as_of), out=out)
+        result = replay_stored(args.snapshot_dir, config, load_config(args.compare_config), as_of=as_of, out=out)
         (out / "comparison.md").write_text(comparison_markdown(result.comparison))
         print_comparison(result.comparison)
         print(f"\ndiffs, reports and the comparison written to {out}")
         return 0
-    plan_stage(Path(args.snapshot_dir), config, _as_of(args.as_of), out)
+    plan_stage(Path(args.snapshot_dir), config, as_of, out)
     report = validate_stage(Path(args.snapshot_dir), out, config)
     print(report_markdown(report))
     print(f"\ndiff written to {out} (hash {report.diff_hash})")
@@ -51,6 +52,14 @@ def _one_scope(snapshot_dir: Path, scope: str | None, out: Path) -> Path:
     from deep_sleep.core.scope import Scope
     from deep_sleep.core.shard import Shard
 
+    import json
+
+    try:
+        manifest = json.loads((snapshot_dir / "manifest.json").read_text())
+    except (OSError, ValueError):
+        manifest = None  # not a shard: the single-scope reader names the problem
+    if not (isinstance(manifest, dict) and "scopes" in manifest) and scope is None:
+        return snapshot_dir
     shard = Shard.read(snapshot_dir)
     if len(shard.scope_paths) == 1 and scope is None:
         return snapshot_dir
@@ -128,11 +137,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from deep_sleep.core.snapshot import Snapshot
     from deep_sleep.run.preview import PREVIEW_FILE, preview, preview_markdown
     from deep_sleep.run.stages import plan_scope
-    from deep_sleep.store.db import connect_store
     from deep_sleep.transforms.config import load_config
 
-    planned = plan_scope(connect_store(args.dsn), args.scope, load_config(args.config), _as_of(args.as_of),
-                         args.runs_dir)
+    as_of = _as_of(args.as_of)
+    config = load_config(args.config)
+    store = _store(args.dsn)
+    scope = require_scope(store, args.scope)  # an unknown scope names the nearest ones
+    planned = plan_scope(store, scope, config, as_of, args.runs_dir)
     records = preview(Snapshot.read(planned.snapshot_dir), Diff.read(planned.diff_dir))
     records.write_parquet(planned.diff_dir / PREVIEW_FILE)
     print(preview_markdown(records, per_phase=args.per_phase, title=f"Plan for {Scope.parse(planned.report.scope_path)} at {planned.report.as_of}"))

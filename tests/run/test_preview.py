@@ -47,3 +47,10 @@ def test_the_cli_plan_prints_and_writes_the_complete_list(store, scope, runs_dir
     assert code == 0 and "nothing was applied" in out and "strengthen" in out
     written = list(runs_dir.rglob(PREVIEW_FILE))
     assert len(written) == 1 and pl.read_parquet(written[0]).height >= 4
+
+
+def test_plan_of_an_unknown_scope_names_the_nearest(store, scope, runs_dir, capsys):
+    small_graph(store, scope, NOW)
+    code = main(["--dsn", store.dsn, "plan", scope.display() + "x", "--runs-dir", str(runs_dir)])
+    assert code == 2 and "did you mean" in capsys.readouterr().err.lower()
+    assert not list(runs_dir.rglob(PREVIEW_FILE))
