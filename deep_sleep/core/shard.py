@@ -181,7 +181,7 @@ class Shard:
         mpath = src / MANIFEST
         try:
             manifest = json.loads(mpath.read_text())
-        except (OSError, json.JSONDecodeError):
+        except (OSError, ValueError):  # unreadable, not UTF-8, not JSON: the single-scope reader names it
             manifest = None
         if not isinstance(manifest, dict) or "scopes" not in manifest:
             return cls.of(Snapshot.read(src))  # its errors name the problem
