@@ -33,6 +33,7 @@ from prefect.states import Failed
 from prefect.task_runners import ThreadPoolTaskRunner
 from pydantic import BaseModel, Field
 
+from deep_sleep.core.errors import DeepSleepError
 from deep_sleep.core.report import ConsolidationReport
 from deep_sleep.core.scope import Scope
 from deep_sleep.core.snapshot import utc
@@ -239,7 +240,8 @@ def deep_sleep_nightly(params: NightlyParameters) -> dict[str, Any]:
         out = stages.runs_dir(params.runs_dir) / "_nightly" / f"{as_of.strftime('%Y%m%dT%H%M%SZ')}_{night_id}" / "data_quality"
         quality = data_quality_task(store.dsn, str(out), night_id)
 
-    alerts = health_task(store.dsn, as_of, config) if config.health.enabled else []
+    # Alerts about the scopes this night considered (all of the store's, or the listed ones).
+    alerts = health_task(store.dsn, as_of, config, [g.scope_path for g in gates]) if config.health.enabled else []
     removed = retention_task(store.dsn, params.runs_dir, config) if config.retention.keep_days is not None else None
 
     counts = {s: sum(r["status"] == s for r in rows) for s in ("applied", "failed", "skipped")}
@@ -261,15 +263,26 @@ def deep_sleep_nightly(params: NightlyParameters) -> dict[str, Any]:
     for a in alerts:
         logger.warning("health alert %s for %s: %s", a["check"], Scope.parse(a["scope_path"]).display(), a["message"])
     if alerts and config.health.fail_nightly:  # the flow run ends Failed; the summary stays its result
-        return Failed(message=f"{len(alerts)} run-health alert(s); see the deep-sleep-health artifact", data=summary)
+        message = f"{len(alerts)} run-health alert(s); see the deep-sleep-health artifact"
+        return Failed(message=message, data=NightFailedHealth(message, summary))
     return summary
 
 
 @task(name="run-health", cache_policy=NO_CACHE)
-def health_task(dsn: str, as_of: datetime, config: ConsolidationConfig) -> list[dict[str, str]]:
-    """The run-health alerts of the whole store after the night (set-based, once per night)."""
+def health_task(dsn: str, as_of: datetime, config: ConsolidationConfig, scopes: list[str]) -> list[dict[str, str]]:
+    """The run-health alerts of ``scopes`` after the night (set-based, once per night)."""
+    wanted = set(scopes)
     alerts = health(connect_store(dsn), as_of, config.health, config.gating.min_interval_hours)
-    return [{"scope_path": a.scope_path, "check": a.check, "message": a.message} for a in alerts]
+    return [{"scope_path": a.scope_path, "check": a.check, "message": a.message} for a in alerts if a.scope_path in wanted]
+
+
+class NightFailedHealth(DeepSleepError):
+    """The night ran, and run-health alerts fired (``health.fail_nightly``): the flow run ends Failed
+    with this as its result; ``summary`` is the night's summary, alerts included."""
+
+    def __init__(self, message: str, summary: dict[str, Any]):
+        super().__init__(message)
+        self.summary = summary
 
 
 @task(name="retention", cache_policy=NO_CACHE)
@@ -297,6 +310,8 @@ def run_nightly(params: NightlyParameters) -> dict[str, Any]:
         runner = ThreadPoolTaskRunner(max_workers=params.max_workers)
     state = deep_sleep_nightly.with_options(task_runner=runner)(params, return_state=True)
     result = state.result(raise_on_failure=False)
+    if isinstance(result, NightFailedHealth):
+        return result.summary
     if isinstance(result, BaseException):
         raise result
     return result

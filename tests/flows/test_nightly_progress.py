@@ -33,23 +33,37 @@ def test_nightly_prints_progress(prefect_harness, store, tmp_path, capfd):
 
 
 def test_a_health_alert_fails_the_night_and_keeps_its_summary(prefect_harness, store, tmp_path):
-    """Issue 16, run health: an alert ends the flow run Failed (configurable) with the summary as its result."""
-    from deep_sleep.flows.nightly import NightlyParameters, deep_sleep_nightly, run_nightly
+    """Issue 16, run health: an alert about a scope of the night ends the flow run Failed (configurable)
+    with the summary as its result; alerts about scopes the night did not consider are not its own."""
+    from deep_sleep.flows.nightly import NightFailedHealth, NightlyParameters, deep_sleep_nightly, run_nightly
 
     tag = uuid.uuid4().hex[:8]
-    forgotten = Scope.root("org", f"forgot{tag}")  # rows for days, never consolidated
-    insert(store, "memory_nodes", [node(forgotten, "topic: old", NOW - timedelta(hours=100))])
-    ran = Scope.root("org", f"ran{tag}")
-    small_graph(store, ran, NOW)
-    params = NightlyParameters(as_of=NOW, dsn=store.dsn, runs_dir=str(tmp_path / "runs"), scopes=[ran.display()],
-                               data_quality=False)
-    state = deep_sleep_nightly(params, return_state=True)
+    elsewhere = Scope.root("org", f"forgot{tag}")  # never consolidated for days, but not in this night
+    insert(store, "memory_nodes", [node(elsewhere, "topic: old", NOW - timedelta(hours=100))])
+    a, b = Scope.root("org", f"ran{tag}a"), Scope.root("org", f"ran{tag}b")
+    for s in (a, b):
+        small_graph(store, s, NOW)
+    params = NightlyParameters(as_of=NOW, dsn=store.dsn, runs_dir=str(tmp_path / "runs"),
+                               scopes=[a.display(), b.display()], data_quality=False)
+
+    def night(hours: int, **update):
+        return params.model_copy(update={"as_of": NOW + timedelta(hours=hours), **update})
+
+    def broken(scope: Scope, n: int, at: int) -> None:  # rows the quarantine sets aside
+        insert(store, "memory_nodes", [node(scope, f"project: broken {at} {i}", NOW + timedelta(hours=at - 1),
+                                            importance=float("nan")) for i in range(n)])
+
+    first = run_nightly(params)
+    assert first["applied"] == 2 and first["health"] == []  # the other scope's alert is not this night's
+    broken(a, 12, 25)  # a dozen broken rows where none were before: a quarantine jump
+    summary = run_nightly(night(25))  # the CLI's path: the summary, although the flow run failed
+    assert [(x["scope_path"], x["check"]) for x in summary["health"]] == [(a.path, "quarantine_jump")]
+    broken(b, 12, 50)
+    state = deep_sleep_nightly(night(50), return_state=True)
     assert state.is_failed() and "run-health alert" in state.message
-    summary = state.result(raise_on_failure=False)
-    assert summary["applied"] == 1
-    mine = [a for a in summary["health"] if a["scope_path"] == forgotten.path]
-    assert [a["check"] for a in mine] == ["gated_too_long"]
-    assert run_nightly(params.model_copy(update={"as_of": NOW + timedelta(minutes=1)}))["health"]  # the CLI's path
-    relaxed = params.model_copy(update={"as_of": NOW + timedelta(minutes=2), "config": {"health": {"fail_nightly": False}}})
-    state = deep_sleep_nightly(relaxed, return_state=True)
-    assert state.is_completed() and state.result()["health"]
+    failure = state.result(raise_on_failure=False)
+    assert isinstance(failure, NightFailedHealth) and failure.summary["applied"] == 2
+    assert [(x["scope_path"], x["check"]) for x in failure.summary["health"]] == [(b.path, "quarantine_jump")]
+    broken(a, 30, 75)
+    state = deep_sleep_nightly(night(75, config={"health": {"fail_nightly": False}}), return_state=True)
+    assert state.is_completed() and [x["check"] for x in state.result()["health"]] == ["quarantine_jump"]
