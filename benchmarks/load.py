@@ -67,9 +67,9 @@ def _pct(xs: list[float]) -> dict[str, float]:
 
 
 def _client(cid: int, dsn: str, scopes: list[str], go, seconds: float, max_turns: int, out: dict) -> None:
-    from deep_sleep.core.config import ConsolidationConfig
+    from deep_sleep.transforms.config import ConsolidationConfig
     from deep_sleep.dev.seed import WORDS
-    from deep_sleep.online.turn import recall, record_turn
+    from deep_sleep.online import recall, record_turn
 
     rng = random.Random(cid)
     config = ConsolidationConfig()
@@ -147,7 +147,7 @@ def _client_proc(cids: list[int], dsn: str, scopes: list[str], go, seconds: floa
 
 
 def _nightly_proc(dsn: str, scopes: list[str], go, seconds: float, q) -> None:
-    from deep_sleep.core.config import ConsolidationConfig
+    from deep_sleep.transforms.config import ConsolidationConfig
     from deep_sleep.run.stages import apply_stage, extract_stage, plan_stage, validate_stage
     from deep_sleep.store.db import Store
 
