@@ -28,6 +28,8 @@ import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
+from benchmarks.run import copy_baseline
+
 
 def _p(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
@@ -73,36 +75,16 @@ def seed(admin_dsn: str, spec, reuse: bool):
     return store, spec.now.isoformat()
 
 
-def copy_baseline(store) -> dict:
-    """Seconds to COPY every fleet row of the extracted columns out to Arrow and back in."""
-    from deep_sleep.core import tables
-
-    out_s = in_s = 0.0
-    rows = {}
-    with store.adbc() as con:
-        cur = con.cursor()
-        for table in tables.TABLES:
-            cols = ", ".join(c.select_sql for c in tables.TABLES[table])
-            t = time.perf_counter()
-            cur.execute(f"SELECT {cols} FROM {table}")
-            data = cur.fetch_arrow_table()
-            out_s += time.perf_counter() - t
-            rows[table] = data.num_rows
-            if data.num_rows:
-                keep = [f.name for f in data.schema if "opaque" not in str(f.type)]
-                t = time.perf_counter()
-                cur.adbc_ingest(f"_bench_{table}", data.select(keep), mode="create", temporary=True)
-                in_s += time.perf_counter() - t
-                cur.execute(f"DROP TABLE _bench_{table}")
-            del data
-        con.rollback()
-    return {"copy_out": round(out_s, 2), "copy_in": round(in_s, 2), "copy_total": round(out_s + in_s, 2), "rows": rows}
-
-
 def per_scope_path(store, scopes: list[str], as_of: datetime, work: Path) -> dict:
     """Today's per-scope stages in a plain loop over ``scopes``; seconds per stage and per scope."""
     from deep_sleep.transforms.config import ConsolidationConfig
-    from deep_sleep.run.stages import apply_stage, extract_stage, plan_stage, validate_stage
+
+    from deep_sleep.run.stages import (
+        apply_stage,
+        extract_stage,
+        plan_stage,
+        validate_stage,
+    )
 
     config = ConsolidationConfig()
     stages = dict.fromkeys(("extract", "transform", "validate", "apply"), 0.0)
@@ -159,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     as_of = datetime.fromisoformat(now)
 
     _p("COPY baseline (every row out and back in)")
-    copy = copy_baseline(store)
+    copy = copy_baseline(store)  # benchmarks.run's, over whole tables
     _p(f"  COPY out {copy['copy_out']}s + in {copy['copy_in']}s = {copy['copy_total']}s for {sum(copy['rows'].values()):,} rows")
 
     step = max(1, args.scopes // max(1, args.sample))

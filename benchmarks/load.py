@@ -68,6 +68,7 @@ def _pct(xs: list[float]) -> dict[str, float]:
 
 def _client(cid: int, dsn: str, scopes: list[str], go, seconds: float, max_turns: int, out: dict) -> None:
     from deep_sleep.transforms.config import ConsolidationConfig
+
     from deep_sleep.dev.seed import WORDS
     from deep_sleep.online import recall, record_turn
 
@@ -147,11 +148,17 @@ def _client_proc(cids: list[int], dsn: str, scopes: list[str], go, seconds: floa
 
 
 def _nightly_proc(dsn: str, scopes: list[str], go, seconds: float, q) -> None:
-    from deep_sleep.transforms.config import ConsolidationConfig
-    from deep_sleep.run.stages import apply_stage, extract_stage, plan_stage, validate_stage
-    from deep_sleep.store.db import Store
-
     import uuid
+
+    from deep_sleep.transforms.config import ConsolidationConfig
+
+    from deep_sleep.run.stages import (
+        apply_stage,
+        extract_stage,
+        plan_stage,
+        validate_stage,
+    )
+    from deep_sleep.store.db import Store
 
     store, config = Store(dsn), ConsolidationConfig()
     work = Path(tempfile.mkdtemp(prefix="ds-load-nightly-"))
@@ -264,7 +271,6 @@ def run(dsn: str, scopes: list[str], clients: int, procs: int, seconds: float, m
     for _ in range(len(ps)):
         kind, _key, _ = q.get(timeout=600)
         assert kind == "ready", kind
-    start_at = time.time()
     go.set()
     load_start = os.getloadavg()[0]
     sampler.start()

@@ -44,38 +44,49 @@ def _fresh_store(admin_dsn: str, name: str):
     return create_database(admin_dsn, name)
 
 
-def copy_baseline(store, scope_path: str) -> dict[str, float]:
-    """Seconds to COPY the scope's extracted rows out to Arrow and back in (temp tables)."""
+def copy_baseline(store, scope_path: str | None = None) -> dict:
+    """Seconds to COPY the extracted columns of every table out to Arrow and back in (temporary
+    tables), table by table: the scope's rows, or with ``scope_path`` None every row (a fleet)."""
     from deep_sleep.core import tables
     from deep_sleep.store.extract import select_sql
 
+    out_s = in_s = 0.0
+    rows = {}
     with store.adbc() as con:
         cur = con.cursor()
-        t = time.perf_counter()
-        arrow = {}
         for table in tables.TABLES:
-            cur.execute(select_sql(table, bounded=False), parameters=(scope_path,))
-            arrow[table] = cur.fetch_arrow_table()
-        out_s = time.perf_counter() - t
-        t = time.perf_counter()
-        for table, data in arrow.items():
+            t = time.perf_counter()
+            if scope_path is None:
+                cur.execute(f"SELECT {', '.join(c.select_sql for c in tables.TABLES[table])} FROM {table}")
+            else:
+                cur.execute(select_sql(table, bounded=False), parameters=(scope_path,))
+            data = cur.fetch_arrow_table()
+            out_s += time.perf_counter() - t
+            rows[table] = data.num_rows
             if data.num_rows:
                 # the opaque pgvector extension type cannot be ingested as-is; drop it (no embeddings in the bench)
                 keep = [f.name for f in data.schema if "opaque" not in str(f.type)]
+                t = time.perf_counter()
                 cur.adbc_ingest(f"_bench_{table}", data.select(keep), mode="create", temporary=True)
-        in_s = time.perf_counter() - t
+                in_s += time.perf_counter() - t
+                cur.execute(f"DROP TABLE _bench_{table}")
+            del data  # one table in memory at a time
         con.rollback()
-        rows = {t: a.num_rows for t, a in arrow.items()}
     return {"copy_out": round(out_s, 3), "copy_in": round(in_s, 3), "copy_total": round(out_s + in_s, 3), "rows": rows}
 
 
 def bench_scale(admin_dsn: str, scale: int, work: Path) -> dict:
     from deep_sleep.transforms import phase_names
-
     from deep_sleep.transforms.config import ConsolidationConfig
+
     from deep_sleep.core.report import ConsolidationReport
     from deep_sleep.dev.seed import SeedSpec, generate, load, scopes_of
-    from deep_sleep.run.stages import apply_stage, extract_stage, plan_stage, validate_stage
+    from deep_sleep.run.stages import (
+        apply_stage,
+        extract_stage,
+        plan_stage,
+        validate_stage,
+    )
 
     store = _fresh_store(admin_dsn, "deep_sleep_bench")
     now = datetime.now(UTC).replace(microsecond=0)
