@@ -6,6 +6,7 @@ import functools
 import os
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -14,7 +15,9 @@ import polars as pl
 import pyarrow as pa
 from deep_sleep.transforms.errors import PhaseError
 
+from deep_sleep.core import tables
 from deep_sleep.core.diff import Diff
+from deep_sleep.core.shard import Shard
 from deep_sleep.core.snapshot import Snapshot
 
 PROTECTED_PREFIXES = ("SOUL:", "AGENT_IDENTITY:")
@@ -24,16 +27,111 @@ ID_NAMESPACE = uuid.UUID("5d1e3c2a-8f4b-5b7e-9a61-0d5ee9000001")
 
 @dataclass(frozen=True)
 class PhaseResult:
-    """What a phase returns: its diff, its counters, and why it did not run (if it did not)."""
+    """What a phase returns: its diff, its counters, and why it did not run (if it did not).
+
+    A phase run on a :class:`~deep_sleep.core.shard.Shard` (many scopes at once, see
+    :func:`shard_native`) reports per scope as well: ``by_scope`` has a ``scope_path`` column and one
+    column per counter (a scope without a row counted 0), ``skipped_scopes`` maps each scope the phase
+    did not run for to the reason (``skipped`` then means "skipped for every scope"), and
+    ``scope_notes`` the scopes' notes.  ``counters`` stays the total.
+    """
 
     diff: Diff = field(default_factory=Diff.empty)
     counters: dict[str, int] = field(default_factory=dict)
     skipped: str | None = None
     notes: tuple[str, ...] = ()
+    by_scope: pl.DataFrame | None = None
+    skipped_scopes: Mapping[str, str] = field(default_factory=dict)
+    scope_notes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 def skip(reason: str) -> PhaseResult:
     return PhaseResult(skipped=reason)
+
+
+def shard_native(fn):
+    """Mark a phase function as partitioned by scope: it may be called once on a whole
+    :class:`~deep_sleep.core.shard.Shard` (every group, join, rank, cap and threshold per
+    ``scope_path``) and then reports per scope (:class:`PhaseResult` ``by_scope``, ``skipped_scopes``,
+    ``scope_notes``; :func:`scoped_result` builds them).  It must not ask for ``scope_path``.  The
+    runner calls an unmarked phase once per scope, on that scope's slice of the shard."""
+    fn.shard_native = True
+    return fn
+
+
+# -- many scopes at once (a Shard; a Snapshot is a shard of one) --------------------------------
+def scope_paths(snapshot: Snapshot | Shard) -> tuple[str, ...]:
+    return snapshot.scope_paths if isinstance(snapshot, Shard) else (snapshot.scope_path,)
+
+
+def scopes(snapshot: Snapshot | Shard) -> pl.DataFrame:
+    """One row per scope of the snapshot or shard: ``scope_path``, ``tenant_id``, ``previous_run_as_of``."""
+    paths = scope_paths(snapshot)
+    prev = snapshot.previous_run_as_of if isinstance(snapshot, Shard) else {snapshot.scope_path: snapshot.previous_run_as_of}
+    return pl.DataFrame(
+        {"scope_path": list(paths), "tenant_id": [p.split("\x1f", 2)[1] if "\x1f" in p else None for p in paths],
+         "previous_run_as_of": [prev[p] for p in paths]},
+        schema={"scope_path": pl.String, "tenant_id": pl.String, "previous_run_as_of": tables.TS},
+    )
+
+
+def window_starts(snapshot: Snapshot | Shard, as_of: datetime, lookback_hours: float) -> pl.DataFrame:
+    """``scope_path``, ``window_start``: :func:`window_start` of every scope (its own previous run)."""
+    start = as_of - timedelta(hours=lookback_hours)
+    return scopes(snapshot).select(
+        "scope_path",
+        pl.max_horizontal(pl.col("previous_run_as_of"), pl.lit(start).dt.cast_time_unit("us")).alias("window_start"),
+    )
+
+
+def with_window(frame: pl.DataFrame | pl.LazyFrame, snapshot: Snapshot | Shard, as_of: datetime,
+                lookback_hours: float) -> pl.DataFrame | pl.LazyFrame:
+    """``frame`` with its scope's ``window_start`` column (rows keep their order)."""
+    starts = window_starts(snapshot, as_of, lookback_hours)
+    if starts.height == 1:  # one scope: a literal, no join
+        return frame.with_columns(pl.lit(starts.item(0, "window_start")).alias("window_start"))
+    if isinstance(frame, pl.LazyFrame):
+        starts = starts.lazy()
+    return frame.join(starts, on="scope_path", how="left", maintain_order="left")
+
+
+def in_scope_window(column: str, as_of: datetime) -> pl.Expr:
+    """``column ∈ (window_start, as_of]`` on a frame from :func:`with_window`."""
+    return (pl.col(column) > pl.col("window_start")) & (pl.col(column) <= as_of)
+
+
+def tenant_of(scope_path: str = "scope_path") -> pl.Expr:
+    """The tenant id (the first level's id) of each ``scope_path``."""
+    return pl.col(scope_path).str.split_exact("\x1f", 2).struct.field("field_1")
+
+
+def scoped_created_ids(paths: pl.Series, phase: str, keys: pl.Series) -> pl.Series:
+    """:func:`created_ids` of each (scope_path, key) pair: UUIDv5 of (scope_path, phase, key)."""
+    if paths.n_unique() <= 1:
+        return created_ids(paths[0] if paths.len() else "", phase, keys)
+    full = pl.select(pl.concat_str(paths, pl.lit(f"|{phase}|"), keys)).to_series().alias(keys.name)
+    return created_ids("", "", full, prefix="")
+
+
+def scoped_result(diff: Diff, counts: pl.DataFrame | None, counters: tuple[str, ...],
+                  skipped_scopes: Mapping[str, str] | None = None,
+                  scope_notes: Mapping[str, tuple[str, ...]] | None = None) -> PhaseResult:
+    """A shard-native phase's result: ``counts`` has ``scope_path`` and (some of) ``counters`` as
+    columns (missing ones are 0); totals are summed from it."""
+    if counts is None or not counts.height:
+        counts = pl.DataFrame(schema={"scope_path": pl.String, **dict.fromkeys(counters, pl.Int64)})
+    counts = counts.select("scope_path", *(pl.col(c).cast(pl.Int64).fill_null(0) if c in counts.columns
+                                           else pl.lit(0, dtype=pl.Int64).alias(c) for c in counters))
+    totals = {c: int(counts.get_column(c).sum()) for c in counters}
+    return PhaseResult(diff=diff, counters=totals, by_scope=counts, skipped_scopes=dict(skipped_scopes or {}),
+                       scope_notes=dict(scope_notes or {}))
+
+
+def scopes_without(snapshot: Snapshot | Shard, table: str, reason: str, rows: pl.DataFrame | None = None) -> dict[str, str]:
+    """``{scope: reason}`` for every scope with no row in ``rows`` (default: the snapshot's ``table``)."""
+    frame = snapshot.table(table) if rows is None else rows
+    present = set(frame.get_column("scope_path").unique().to_list()) if frame.height else set()
+    return {s: reason for s in scope_paths(snapshot) if s not in present}
 
 
 def window_start(snapshot: Snapshot, as_of: datetime, lookback_hours: float) -> datetime:
@@ -77,12 +175,13 @@ def created_id(scope_path: str, phase: str, key: str) -> str:
     return str(uuid.uuid5(ID_NAMESPACE, f"{scope_path}|{phase}|{key}"))
 
 
-def created_ids(scope_path: str, phase: str, keys: pl.Series) -> pl.Series:
+def created_ids(scope_path: str, phase: str, keys: pl.Series, prefix: str | None = None) -> pl.Series:
     """UUIDv5 of (scope_path, phase, natural key) for each key, in order — identical to :func:`created_id`.
+    (``prefix``: the text before each key instead of ``scope_path|phase|``; :func:`scoped_created_ids`.)
 
     Vectorized: SHA-1 in DuckDB, then the UUID text cut out of the hex digests with numpy (RFC 4122 §4.3).
     """
-    prefix = f"{scope_path}|{phase}|"
+    prefix = f"{scope_path}|{phase}|" if prefix is None else prefix
     if keys.len() < 256:  # a short Python loop beats the round trip
         return pl.Series(keys.name, [str(uuid.uuid5(ID_NAMESPACE, prefix + k)) for k in keys.to_list()], dtype=pl.String)
     # SHA-1 is the cost (~0.4 µs a key): large batches are hashed in parts on worker threads, each

@@ -136,12 +136,40 @@ class Diff:
     def content_hash(self) -> str:
         """sha256 of a canonical encoding: tables by name, kinds in :data:`KINDS` order, columns by
         name, rows by (phase, id), each column in :mod:`deep_sleep.core.canonical`'s byte format (its
-        values, not its storage: an Int32 and an Int64 column of equal values hash alike)."""
+        values, not its storage: an Int32 and an Int64 column of equal values hash alike).
+
+        A column without a single value in the frame is left out: a null means "not changed" (or the
+        store's default), so such a column says nothing — and a scope's rows read out of a shard's
+        diff (:meth:`by_scope`), where other scopes' phases added columns, hash as a run of that scope
+        alone."""
         h = hashlib.sha256(b"deep-sleep diff hash 2\n")
         for name, kind, canon in self._canonical_frames(reorder_columns=False):
             h.update(f"{name}.{kind}\n".encode())
-            canonical.digest_frame(h, canon, sorted(canon.columns))
+            canonical.digest_frame(h, canon, sorted(c for c in canon.columns if canon.get_column(c).null_count() < canon.height))
         return h.hexdigest()
+
+    def by_scope(self, only: Iterable[str] | None = None) -> dict[str, Diff]:
+        """A shard's diff (every frame with a ``scope_path`` column) as one diff per scope: its rows
+        alone, with the ``scope_path`` the shard added to updates and deletes taken off and the columns
+        no row of the scope has a value in dropped — the diff a run of that scope alone gives.
+        ``only``: just these scopes."""
+        wanted = None if only is None else set(only)
+        out: dict[str, dict[str, dict[str, pl.DataFrame]]] = {}
+        for name, td in self.tables.items():
+            for kind, frame in td.frames().items():
+                if not frame.height:
+                    continue
+                if "scope_path" not in frame.columns:
+                    raise DiffError(f"{name}.{kind}: a shard's diff needs a scope_path on every row")
+                if wanted is not None:
+                    frame = frame.filter(pl.col("scope_path").is_in(pl.Series(sorted(wanted), dtype=pl.String).implode()))
+                for (scope,), part in frame.partition_by("scope_path", as_dict=True, maintain_order=True).items():
+                    if kind != "inserts":
+                        part = part.drop("scope_path")
+                    keep = [c for c, n in zip(part.columns, part.null_count().row(0), strict=True) if n < part.height
+                            or c in ("id", "expected_version", "phase")]
+                    out.setdefault(scope, {}).setdefault(name, {})[kind] = part.select(keep) if len(keep) < part.width else part
+        return {s: Diff({name: TableDiff(**kinds) for name, kinds in by_table.items()}) for s, by_table in out.items()}
 
     def ndjson_content_hash(self) -> str:
         """The content hash of releases before 2026-11-30 (sha256 of each frame as newline-delimited

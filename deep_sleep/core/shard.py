@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from types import MappingProxyType
@@ -43,6 +43,11 @@ class Shard:
     frames: table name → frame in the snapshot schema, rows sorted by ``scope_path`` (each scope's
         rows in the order of a single-scope extract).
     source: the directory it was read from or written to, if any.
+    held_nodes: ids of nodes quarantined rows still touch (see :class:`Snapshot`), of every scope.
+
+    Frames a phase's diff was folded into (:meth:`with_frames`) may hold the new rows at the end;
+    :meth:`scope` then reads them through a copy sorted (stably) by ``scope_path``, so each scope
+    sees its rows in the order a single-scope run's fold gives: its old rows, then its new ones.
     """
 
     scope_paths: tuple[str, ...]
@@ -51,6 +56,7 @@ class Shard:
     frames: Mapping[str, pl.DataFrame] = field(default_factory=dict)
     source: Path | None = None
     schema_version: int = tables.SCHEMA_VERSION
+    held_nodes: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         if list(self.scope_paths) != sorted(set(self.scope_paths)):
@@ -59,6 +65,7 @@ class Shard:
         object.__setattr__(self, "previous_run_as_of",
                            MappingProxyType({s: self.previous_run_as_of.get(s) for s in self.scope_paths}))
         object.__setattr__(self, "_bounds", {})
+        object.__setattr__(self, "_sorted", {})
         object.__setattr__(self, "_position", {s: i for i, s in enumerate(self.scope_paths)})
 
     # -- building ----------------------------------------------------------------------------
@@ -93,16 +100,30 @@ class Shard:
         paths = tuple(sorted(scopes, key=str.encode))
         return cls(paths, utc(taken_at), dict(scopes), sorted_frames)
 
+    def with_frames(self, frames: Mapping[str, pl.DataFrame]) -> Shard:
+        """The shard with some frames replaced (rows of its scopes only, in any order)."""
+        return replace(self, frames={**self.frames, **frames})
+
     # -- reading one scope -------------------------------------------------------------------
     def table(self, name: str) -> pl.DataFrame:
         """The rows of ``name`` for every scope (an empty frame of the right schema when absent)."""
         return table_of(self.frames, name)
 
+    def _by_scope(self, name: str) -> pl.DataFrame:
+        """``table(name)`` with its rows sorted by ``scope_path`` (stably; the frame itself when it is)."""
+        frame = self._sorted.get(name)  # type: ignore[attr-defined]
+        if frame is None:
+            frame = self.table(name)
+            if not _is_sorted(frame):
+                frame = frame.sort("scope_path", maintain_order=True)
+            self._sorted[name] = frame  # type: ignore[attr-defined]
+        return frame
+
     def _offsets(self, name: str) -> np.ndarray:
         """Row offsets of each scope's run in ``name`` (len(scope_paths) + 1 values)."""
         cached = self._bounds.get(name)  # type: ignore[attr-defined]
         if cached is None:
-            frame = self.frames.get(name)
+            frame = self._by_scope(name) if name in self.frames else None
             if frame is None or not frame.height:
                 cached = np.zeros(len(self.scope_paths) + 1, dtype=np.int64)
             else:
@@ -121,13 +142,17 @@ class Shard:
         """The rows of one scope in ``name`` (a zero-copy slice)."""
         i = self._index(scope_path)
         bounds = self._offsets(name)
-        return self.table(name).slice(int(bounds[i]), int(bounds[i + 1] - bounds[i]))
+        return self._by_scope(name).slice(int(bounds[i]), int(bounds[i + 1] - bounds[i]))
 
     def scope(self, scope_path: str) -> Snapshot:
         """One scope's snapshot, as an extract of that scope alone gives it."""
         frames = {name: self.rows_of(name, scope_path) for name in self.frames}
+        held = self.held_nodes
+        if held:
+            ids = set(self.rows_of("memory_nodes", scope_path).get_column("id").to_list()) if "memory_nodes" in self.frames else set()
+            held = frozenset(held & ids)
         return Snapshot(scope_path, self.taken_at, self.previous_run_as_of[scope_path], frames,
-                        schema_version=self.schema_version)
+                        schema_version=self.schema_version, held_nodes=held)
 
     def snapshots(self) -> Iterator[Snapshot]:
         for s in self.scope_paths:
@@ -154,7 +179,7 @@ class Shard:
         out.mkdir(parents=True, exist_ok=True)
         manifest_tables = {}
         for name in tables.TABLES:
-            frame = self.table(name)
+            frame = self._by_scope(name)
             frame.write_parquet(out / f"{name}.parquet", **tables.PARQUET_OPTIONS)
             manifest_tables[name] = {"file": f"{name}.parquet", "rows": frame.height}
         counts = {name: np.diff(self._offsets(name)) for name in tables.TABLES}
