@@ -13,7 +13,14 @@ then measures
   apply for one scope at a time, in a plain loop) on a sample of ``--sample`` scopes, per stage;
   its seconds per scope extrapolated to the fleet is the night the per-scope design would take;
 
-and writes the figures into ``bench-results.json`` under ``fleet`` (other keys are kept).
+- the shard night (the nightly's own path without Prefect: gate → shards → per shard extract →
+  transform → validate → apply through :mod:`deep_sleep.run.pipeline`), per stage, in a child
+  process whose peak RSS is the night's memory;
+
+and writes the figures into ``bench-results.json`` under ``fleet`` (other keys are kept).  The
+per-scope sample runs first, so its scopes are consolidated once more by the night (a second run
+at the same ``as_of`` that finds little new — the night is, if anything, flattered by them; they
+are ``--sample`` of ``--scopes``).
 """
 
 from __future__ import annotations
@@ -76,15 +83,11 @@ def seed(admin_dsn: str, spec, reuse: bool):
 
 
 def per_scope_path(store, scopes: list[str], as_of: datetime, work: Path) -> dict:
-    """Today's per-scope stages in a plain loop over ``scopes``; seconds per stage and per scope."""
+    """The per-scope path (each scope a shard of one: extract → transform → validate → apply, as the
+    nightly ran before shards, without Prefect) in a plain loop over ``scopes``; seconds per stage and per scope."""
     from deep_sleep.transforms.config import ConsolidationConfig
 
-    from deep_sleep.run.stages import (
-        apply_stage,
-        extract_stage,
-        plan_stage,
-        validate_stage,
-    )
+    from deep_sleep.run import pipeline
 
     config = ConsolidationConfig()
     stages = dict.fromkeys(("extract", "transform", "validate", "apply"), 0.0)
@@ -94,18 +97,17 @@ def per_scope_path(store, scopes: list[str], as_of: datetime, work: Path) -> dic
         run_id = str(uuid.uuid4())
         base = work / f"s{i}" / run_id
         t = time.perf_counter()
-        snap = extract_stage(store, scope, as_of, config, base / "snapshot")
+        extracted = pipeline.extract(store, scope, as_of, config, base / "snapshot")
         stages["extract"] += time.perf_counter() - t
         t = time.perf_counter()
-        diff = plan_stage(snap, config, as_of, base / "diff", run_id=run_id)
+        planned = pipeline.transform(extracted, config, as_of, base / "diff", run_ids={scope: run_id})
         stages["transform"] += time.perf_counter() - t
         t = time.perf_counter()
-        report = validate_stage(snap, diff)
+        validated = pipeline.validate(planned, config)
         stages["validate"] += time.perf_counter() - t
-        if report.status != "failed":
-            t = time.perf_counter()
-            report = apply_stage(store, diff)
-            stages["apply"] += time.perf_counter() - t
+        t = time.perf_counter()
+        report = pipeline.apply(store, validated).reports[scope]
+        stages["apply"] += time.perf_counter() - t
         statuses[report.status] = statuses.get(report.status, 0) + 1
         if (i + 1) % 100 == 0:
             _p(f"  per-scope path: {i + 1}/{len(scopes)} scopes, {(time.perf_counter() - t0) / (i + 1) * 1000:.0f} ms/scope")
@@ -120,6 +122,51 @@ def per_scope_path(store, scopes: list[str], as_of: datetime, work: Path) -> dic
     }
 
 
+def shard_night(dsn: str, as_of: datetime, work: str, shard_rows: int, shard_scopes: int, queue) -> None:
+    """One night over every due scope, shard by shard, in this (child) process; puts its figures on ``queue``."""
+    from deep_sleep.jobs.gating import due_scopes, shards_of
+    from deep_sleep.run import pipeline
+    from deep_sleep.store.db import Store
+    from deep_sleep.transforms.config import ConsolidationConfig
+
+    store, config = Store(dsn), ConsolidationConfig()
+    seconds = dict.fromkeys(("gate", "extract", "transform", "validate", "apply"), 0.0)
+    t0 = time.perf_counter()
+    due = [g for g in due_scopes(store, as_of, config.gating) if g.due]
+    shards = shards_of([(g.scope_path, g.rows) for g in due], shard_rows, shard_scopes)
+    seconds["gate"] = time.perf_counter() - t0
+    statuses: dict[str, int] = {}
+    conflicts = changes = 0
+    started = datetime.now(UTC)
+    for i, scopes in enumerate(shards):
+        base = Path(work) / "night" / f"shard-{i:05d}"
+        t = time.perf_counter()
+        extracted = pipeline.extract(store, scopes, as_of, config, base / "snapshot")
+        seconds["extract"] += time.perf_counter() - t
+        t = time.perf_counter()
+        planned = pipeline.transform(extracted, config, as_of, base / "diff")
+        seconds["transform"] += time.perf_counter() - t
+        t = time.perf_counter()
+        validated = pipeline.validate(planned, config)
+        seconds["validate"] += time.perf_counter() - t
+        t = time.perf_counter()
+        applied = pipeline.apply(store, validated, started_at=started)
+        seconds["apply"] += time.perf_counter() - t
+        for r in applied.reports.values():
+            statuses[r.status] = statuses.get(r.status, 0) + 1
+            conflicts += r.conflicts
+            changes += sum(sum(k.values()) for k in r.rows_changed.values())
+        done = sum(statuses.values())
+        _p(f"  shard {i + 1}/{len(shards)}: {done:,}/{len(due):,} scopes, {time.perf_counter() - t0:.1f}s")
+    total = time.perf_counter() - t0
+    queue.put({"scopes": len(due), "shards": len(shards), "seconds": round(total, 2),
+               "scopes_per_second": round(len(due) / total, 1) if total else None,
+               "ms_per_scope": round(total / max(1, len(due)) * 1000, 3),
+               "stages_seconds": {k: round(v, 2) for k, v in seconds.items()},
+               "statuses": statuses, "conflicts": conflicts, "rows_changed": changes,
+               "peak_rss_mb": _peak_rss_mb()})
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scopes", type=int, default=100_000)
@@ -129,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reuse", action="store_true", help="keep a seeded fleet of the same spec")
     ap.add_argument("--out", default="bench-results.json")
     ap.add_argument("--work", default="bench-data/fleet")
+    ap.add_argument("--shard-rows", type=int, default=500_000)
+    ap.add_argument("--shard-scopes", type=int, default=5_000)
     args = ap.parse_args(argv)
 
     from deep_sleep.dev.fleet import FleetSpec, fleet_scope
@@ -152,12 +201,29 @@ def main(argv: list[str] | None = None) -> int:
     _p(f"  {old['ms_per_scope']} ms/scope ({old['ms_per_scope_by_stage']}) → {old['extrapolated_fleet_seconds']:,}s "
        f"for the fleet")
 
+    import multiprocessing
+
+    _p(f"shard night over every due scope (shards of ≤ {args.shard_rows:,} rows, ≤ {args.shard_scopes:,} scopes)")
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    child = ctx.Process(target=shard_night, args=(store.dsn, as_of, args.work, args.shard_rows, args.shard_scopes, queue))
+    child.start()
+    night = queue.get()
+    child.join()
+    night["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, 1)
+    night["ratio_to_copy"] = round(night["seconds"] / copy["copy_total"], 2) if copy["copy_total"] else None
+    night["speedup_per_scope"] = round(old["ms_per_scope"] / night["ms_per_scope"], 1) if night["ms_per_scope"] else None
+    _p(f"  night {night['seconds']}s for {night['scopes']:,} scopes in {night['shards']} shards "
+       f"({night['scopes_per_second']} scopes/s, {night['stages_seconds']}); ratio to COPY {night['ratio_to_copy']}, "
+       f"{night['speedup_per_scope']}× faster per scope than the per-scope path; peak RSS {night['peak_rss_mb']} MB")
+
     result = {
         "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "scopes": args.scopes, "nodes_per_scope": args.nodes, "templates": args.templates,
         "rows": copy["rows"],
         "copy_seconds": {k: v for k, v in copy.items() if k != "rows"},
         "per_scope_path": old,
+        "shard_night": night,
         "peak_rss_mb": _peak_rss_mb(),
     }
     out = Path(args.out)

@@ -81,12 +81,7 @@ def bench_scale(admin_dsn: str, scale: int, work: Path) -> dict:
 
     from deep_sleep.core.report import ConsolidationReport
     from deep_sleep.dev.seed import SeedSpec, generate, load, scopes_of
-    from deep_sleep.run.stages import (
-        apply_stage,
-        extract_stage,
-        plan_stage,
-        validate_stage,
-    )
+    from deep_sleep.run import pipeline
 
     store = _fresh_store(admin_dsn, "deep_sleep_bench")
     now = datetime.now(UTC).replace(microsecond=0)
@@ -114,27 +109,30 @@ def bench_scale(admin_dsn: str, scale: int, work: Path) -> dict:
     cpu: dict[str, float] = {}  # CPU seconds of this process (all threads) per stage
     t0 = time.perf_counter()
     c = time.process_time()
-    snap_dir = extract_stage(store, scope_path, now, config, base / "snapshot")
+    extracted = pipeline.extract(store, scope_path, now, config, base / "snapshot")
+    snap_dir = base / "snapshot"
     stages["extract"] = time.perf_counter() - t0
     cpu["extract"] = time.process_time() - c
     _p(f"extract   {stages['extract']:.2f}s")
     t, c = time.perf_counter(), time.process_time()
-    diff_dir = plan_stage(snap_dir, config, now, base / "diff", run_id=run_id)
+    planned = pipeline.transform(extracted, config, now, base / "diff", run_ids={scope_path: run_id})
+    diff_dir = base / "diff"
     stages["transform"] = time.perf_counter() - t
     cpu["transform"] = time.process_time() - c
     _p(f"transform {stages['transform']:.2f}s ({cpu['transform']:.2f} CPU-s on {os.cpu_count()} cores)")
-    inside = ConsolidationReport.read(diff_dir).timings
+    inside = planned.reports[scope_path].timings
     _p("          " + ", ".join(f"{k} {inside[k]:.2f}s" for k in TRANSFORM_PARTS if k in inside)
        + f", phases {sum(v for k, v in inside.items() if k in phase_names()):.2f}s")
     t, c = time.perf_counter(), time.process_time()
-    report = validate_stage(snap_dir, diff_dir)
+    validated = pipeline.validate(planned, config)
+    report = validated.reports[scope_path]
     stages["validate"] = time.perf_counter() - t
     cpu["validate"] = time.process_time() - c
     _p(f"validate  {stages['validate']:.2f}s ({report.status})")
     if report.status == "failed":
         raise SystemExit("validation failed:\n" + "\n".join(report.errors))
     t, c = time.perf_counter(), time.process_time()
-    report = apply_stage(store, diff_dir)
+    report = pipeline.apply(store, validated).reports[scope_path]
     stages["apply"] = time.perf_counter() - t
     cpu["apply"] = time.process_time() - c  # this process only: the server's work is not in it
     stages["total"] = time.perf_counter() - t0

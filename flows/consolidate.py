@@ -1,13 +1,14 @@
 """The ``deep_sleep`` Prefect flow: one scope, extract → transform → validate → apply → report.
 
-Tasks are thin wrappers over :mod:`deep_sleep.run.stages`; they pass directories (snapshot, diff),
-never frames, so nothing large lands in Prefect's state.  The flow's parameters are its only
+Tasks are thin wrappers over the pipeline of stage values (:mod:`deep_sleep.run.pipeline`, on a
+shard of one): each task returns its stage's value, which the next task takes in this process
+(result persistence is off, so nothing large lands in Prefect's storage), and each stage writes its
+files (snapshot, diff) for replay.  The flow's parameters are its only
 configuration.  It runs in Prefect's local (ephemeral) mode with no server to install.
 """
 
 from __future__ import annotations
 
-import time
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
@@ -23,7 +24,7 @@ from deep_sleep.core.errors import ValidationFailed
 from deep_sleep.core.report import ConsolidationReport
 from deep_sleep.core.scope import Scope
 from deep_sleep.core.snapshot import utc
-from deep_sleep.run import stages
+from deep_sleep.run import pipeline, stages
 from deep_sleep.run.llm import summarizer_for
 from deep_sleep.run.console import report_markdown
 from deep_sleep.store.db import Store, connect_store
@@ -42,26 +43,28 @@ class DeepSleepParameters(BaseModel):
 
 
 @task(name="extract", retries=2, retry_delay_seconds=5, cache_policy=NO_CACHE)
-def extract_task(store: Store, scope: str, as_of: datetime, config: ConsolidationConfig, out: str) -> str:
-    return str(stages.extract_stage(store, scope, as_of, config, Path(out)))
+def extract_task(store: Store, scope: str, as_of: datetime, config: ConsolidationConfig, out: str) -> pipeline.Extracted:
+    return pipeline.extract(store, scope, as_of, config, Path(out))
 
 
 @task(name="transform", cache_policy=NO_CACHE)
-def transform_task(snapshot_dir: str, config: ConsolidationConfig, as_of: datetime, out: str, run_id: str,
-                   phases: list[str] | None, timings: dict[str, float], store: Store | None = None) -> str:
+def transform_task(extracted: pipeline.Extracted, config: ConsolidationConfig, as_of: datetime, out: str, run_id: str,
+                   phases: list[str] | None, store: Store | None = None) -> pipeline.Planned:
     summarizer = summarizer_for(config, store)  # None unless the model is enabled (SPEC §7)
-    return str(stages.plan_stage(Path(snapshot_dir), config, as_of, Path(out), run_id=run_id,
-                                 phases=tuple(phases) if phases else None, timings=timings, summarizer=summarizer))
+    scope_path = extracted.shard.scope_paths[0]
+    return pipeline.transform(extracted, config, as_of, Path(out), run_ids={scope_path: run_id},
+                              phases=tuple(phases) if phases else None, summarizer=summarizer)
 
 
 @task(name="validate", cache_policy=NO_CACHE)
-def validate_task(snapshot_dir: str, diff_dir: str, config: ConsolidationConfig) -> str:
-    return stages.validate_stage(Path(snapshot_dir), Path(diff_dir), config).status
+def validate_task(planned: pipeline.Planned, config: ConsolidationConfig) -> pipeline.Validated:
+    return pipeline.validate(planned, config)
 
 
 @task(name="apply", tags=["deep-sleep-apply"], cache_policy=NO_CACHE)
-def apply_task(store: Store, diff_dir: str, started_at: datetime) -> ConsolidationReport:
-    return stages.apply_stage(store, Path(diff_dir), mode="nightly", started_at=started_at)
+def apply_task(store: Store, validated: pipeline.Validated, started_at: datetime) -> ConsolidationReport:
+    (report,) = pipeline.apply(store, validated, mode="nightly", started_at=started_at).reports.values()
+    return report
 
 
 @task(name="report", cache_policy=NO_CACHE)
@@ -81,12 +84,11 @@ def deep_sleep(params: DeepSleepParameters) -> dict[str, Any]:
     run_id = str(uuid.uuid4())
     base = stages.run_dir(params.runs_dir, scope, as_of, run_id)
 
-    t = time.perf_counter()
-    snapshot_dir = extract_task(store, scope.path, as_of, config, str(base / "snapshot"))
-    extract_seconds = {"extract": round(time.perf_counter() - t, 6)}
-    diff_dir = transform_task(snapshot_dir, config, as_of, str(base / "diff"), run_id, params.phases, extract_seconds, store)
-    validate_task(snapshot_dir, diff_dir, config)
-    report = apply_task(store, diff_dir, started)
+    extracted = extract_task(store, scope.path, as_of, config, str(base / "snapshot"))
+    planned = transform_task(extracted, config, as_of, str(base / "diff"), run_id, params.phases, store)
+    validated = validate_task(planned, config)
+    report = apply_task(store, validated, started)
+    diff_dir = base / "diff"
     report_task(report)
     if report.status == "failed":
         raise ValidationFailed(

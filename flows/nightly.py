@@ -2,10 +2,16 @@
 
 1. Gate (one set-based query): which scopes are due (SPEC §3); the rest are reported as skipped
    with the reason.
-2. Per due scope, two tasks: ``plan-scope`` (extract → transform → validate, writing the
-   snapshot and diff directories) and ``apply-scope`` (tagged ``deep-sleep-apply``: a Prefect tag
-   apply slot pool in the store caps concurrent applies).  Only paths and small dicts cross task
-   boundaries.  Transient database errors are retried; anything else fails that scope alone.
+2. The due scopes are grouped into *shards* (at most ``shard_rows`` rows and ``shard_scopes``
+   scopes each, in scope order) and each shard is ONE task, ``consolidate-shard``: extract (one
+   ``REPEATABLE READ`` transaction for the shard) → transform (every phase once over all its scopes)
+   → validate → apply (atomic per scope; it holds one of the night's ``apply_concurrency`` apply
+   slots, and the task carries the ``deep-sleep-apply`` tag), passing the stage values in memory
+   (:mod:`deep_sleep.run.pipeline`) and writing the shard's snapshot and diff directories.  A
+   100k-scope night is tens to a few hundred task runs.  Only small per-scope rows cross the task
+   boundary.  Transient database errors before the apply retry the shard; a scope that fails
+   validation or its apply fails alone.  With ``plan``, the shards stop before the apply and the
+   night's plan is the result (and a Markdown artifact).
 3. The data-quality suite over the whole store, once for the night.
 4. A summary table artifact and a summary dict.
 
@@ -37,10 +43,10 @@ from deep_sleep.core.errors import DeepSleepError
 from deep_sleep.core.report import ConsolidationReport
 from deep_sleep.core.scope import Scope
 from deep_sleep.core.snapshot import utc
-from deep_sleep.jobs.gating import due_scopes
+from deep_sleep.jobs.gating import due_scopes, shards_of
 from deep_sleep.jobs.gc import gc
 from deep_sleep.jobs.health import Alert, health, health_markdown
-from deep_sleep.run import stages
+from deep_sleep.run import pipeline, stages
 from deep_sleep.run.llm import summarizer_for
 from deep_sleep.store.db import Store, connect_store
 from deep_sleep.store.errors import is_transient
@@ -57,7 +63,10 @@ class NightlyParameters(BaseModel):
     dsn: str | None = None
     runs_dir: str | None = None
     scopes: list[str] | None = Field(None, description="consider only these scopes (default: every scope of the store)")
-    max_workers: int = Field(4, ge=1, description="scopes planned at once")
+    max_workers: int = Field(2, ge=1, description="shards consolidated at once")
+    shard_rows: int = Field(500_000, ge=1, description="at most this many rows (nodes + edges + events) per shard")
+    shard_scopes: int = Field(5_000, ge=1, description="at most this many scopes per shard")
+    plan: bool = Field(False, description="plan only: extract, transform and validate every due scope, apply nothing")
     apply_concurrency: int = Field(2, ge=1, description="applies at once (apply slots held in the store)")
     prefect_apply_limit: bool = Field(True, description="also cap applies with the Prefect tag concurrency limit "
                                       "'deep-sleep-apply' (visible in the UI; costs slot-polling time per apply)")
@@ -78,29 +87,45 @@ def _retry_transient(task, task_run, state) -> bool:
     return False
 
 
-@task(name="plan-scope", retries=2, retry_delay_seconds=2, retry_condition_fn=_retry_transient, cache_policy=NO_CACHE)
-def plan_scope_task(dsn: str, scope_path: str, as_of: datetime, config: ConsolidationConfig, runs_dir: str | None) -> dict:
-    """Extract, transform and validate one scope; returns where its diff is and whether it passed."""
+def _shard_base(runs_dir: str | None, scopes: list[str], as_of: datetime, shard_id: str) -> Path:
+    """A shard of one keeps the single-scope run directory; a shard of many gets ``_shards/<as_of>_<id>``."""
+    if len(scopes) == 1:
+        return stages.run_dir(runs_dir, Scope.parse(scopes[0]), as_of, shard_id)
+    return stages.runs_dir(runs_dir) / "_shards" / f"{utc(as_of).strftime('%Y%m%dT%H%M%S.%fZ')}_{shard_id}"
+
+
+def _row(report: ConsolidationReport, worker_pid: int) -> dict:
+    """The summary row of one scope's run (small: this is what crosses the task boundary)."""
+    return {
+        "scope_path": report.scope_path, "status": report.status, "errors": report.errors[:5],
+        "counters": {k: v for k, v in report.counters.items() if v},
+        "changes": sum(sum(k.values()) for k in report.rows_changed.values()),
+        "conflicts": report.conflicts,
+        "quarantined": sum(n for reasons in report.quarantined.values() for n in reasons.values()),
+        "run_id": report.run_id, "worker_pid": worker_pid, "diff_uri": report.diff_uri,
+    }
+
+
+@task(name="consolidate-shard", tags=[APPLY_TAG], retries=2, retry_delay_seconds=2,
+      retry_condition_fn=_retry_transient, cache_policy=NO_CACHE)
+def shard_task(dsn: str, scopes: list[str], as_of: datetime, config: ConsolidationConfig, runs_dir: str | None,
+               started_at: datetime, apply_concurrency: int, plan_only: bool = False) -> list[dict]:
+    """Extract, transform, validate and apply one shard; one summary row per scope.  The apply holds
+    one of the night's ``apply_concurrency`` apply slots.  An error before the apply (nothing
+    written yet) fails the task, and a transient one retries it; per-scope failures after that are
+    in the rows."""
     store = Store(dsn)
-    run_id = str(uuid.uuid4())
-    base = stages.run_dir(runs_dir, Scope.parse(scope_path), as_of, run_id)
-    t = time.perf_counter()
-    snap_dir = stages.extract_stage(store, scope_path, as_of, config, base / "snapshot")
-    diff_dir = stages.plan_stage(snap_dir, config, as_of, base / "diff", run_id=run_id,
-                                 timings={"extract": round(time.perf_counter() - t, 6)},
+    base = _shard_base(runs_dir, scopes, as_of, str(uuid.uuid4()))
+    extracted = pipeline.extract(store, scopes, as_of, config, base / "snapshot")
+    planned = pipeline.transform(extracted, config, as_of, base / "diff",
                                  summarizer=summarizer_for(config, store))  # None unless the model is enabled
-    report = stages.validate_stage(snap_dir, diff_dir, config)
-    return {"scope_path": scope_path, "diff_dir": str(diff_dir), "status": report.status, "worker_pid": os.getpid()}
-
-
-@task(name="apply-scope", tags=[APPLY_TAG], retries=2, retry_delay_seconds=2, retry_condition_fn=_retry_transient,
-      cache_policy=NO_CACHE)
-def apply_scope_task(dsn: str, planned: dict, started_at: datetime, apply_concurrency: int) -> dict:
-    """Apply one scope's validated diff (or record its failed validation), holding one of the
-    night's ``apply_concurrency`` apply slots."""
+    validated = pipeline.validate(planned, config)
+    if plan_only:
+        return [_row(r.with_(status="planned" if r.status != "failed" else "failed"), os.getpid())
+                for r in validated.reports.values()]
     with apply_slot(dsn, apply_concurrency):
-        report = stages.apply_stage(Store(dsn), Path(planned["diff_dir"]), mode="nightly", started_at=started_at)
-    return report.to_dict()
+        applied = pipeline.apply(store, validated, mode="nightly", started_at=started_at)
+    return [_row(r, os.getpid()) for r in applied.reports.values()]
 
 
 @task(name="data-quality", cache_policy=NO_CACHE)
@@ -153,21 +178,40 @@ def apply_slot(dsn: str, slots: int, poll_seconds: float = 0.05):
             time.sleep(poll_seconds)
 
 
-def _show_progress(applied: dict, due: int, clock: float) -> None:
-    """One stderr line per finished apply: scopes done / due, rows changed so far, elapsed."""
+def _progress_line(shards_done: int, shards: int, scopes_done: int, due: int, results: dict, clock: float) -> None:
+    """One stderr line per finished shard: shards and scopes done, rows changed so far, elapsed."""
     import sys
 
-    done = rows = 0
-    for fut in as_completed(list(applied.values())):
-        done += 1
-        try:
-            rows += sum(sum(k.values()) for k in (fut.result().get("rows_changed") or {}).values())
-        except BaseException:  # noqa: BLE001 - the scope's failure is reported in the summary
-            pass
-        # Written, not printed: the flow's log_prints would turn a print into a log record.
-        sys.stderr.write(f"deep-sleep nightly: {done}/{due} scopes done, {rows:,} rows changed, "
-                         f"{time.perf_counter() - clock:.1f} s\n")
-        sys.stderr.flush()
+    rows = sum(r["changes"] for r in results.values())
+    # Written, not printed: the flow's log_prints would turn a print into a log record.
+    sys.stderr.write(f"deep-sleep nightly: {shards_done}/{shards} shards, {scopes_done}/{due} scopes done, "
+                     f"{rows:,} rows changed, {time.perf_counter() - clock:.1f} s\n")
+    sys.stderr.flush()
+
+
+ARTIFACT_ROWS = 1_000  # the summary table artifact lists failures first, then up to this many rows
+
+
+def _artifact_rows(rows: list[dict]) -> list[dict]:
+    keys = ("scope", "status", "reason", "changes", "conflicts", "counters")
+    ordered = sorted(rows, key=lambda r: r["status"] != "failed")[:ARTIFACT_ROWS]
+    return [{k: r.get(k, "") for k in keys} for r in ordered]
+
+
+def _night_plan(as_of: datetime, night_id: str, gates: list, due: list, rows: list[dict], results: list[dict]) -> dict:
+    """``nightly --plan``: what the night would change, per scope, and a Markdown artifact of it."""
+    lines = [f"# Deep Sleep night plan {as_of.isoformat()}", "",
+             f"{len(due)} of {len(gates)} scopes due; nothing was applied.", "",
+             "| scope | status | changes | counters | diff |", "|---|---|---:|---|---|"]
+    for r in sorted(results, key=lambda r: -r["changes"])[:ARTIFACT_ROWS]:
+        lines.append(f"| {Scope.parse(r['scope_path']).display()} | {r['status']} | {r['changes']} | "
+                     f"{', '.join(f'{k}={v}' for k, v in r['counters'].items())} | {r['diff_uri']} |")
+    create_markdown_artifact(key="deep-sleep-night-plan", markdown="\n".join(lines),
+                             description=f"Deep Sleep night plan {as_of.isoformat()}: {len(due)} due scopes")
+    planned = sum(r["status"] == "planned" for r in rows)
+    failed = sum(r["status"] == "failed" for r in rows)
+    return {"night_id": night_id, "as_of": as_of.isoformat(), "scopes": len(gates), "due": len(due), "planned": planned,
+            "failed": failed, "skipped": len(gates) - len(due), "rows": rows}
 
 
 def _error_of(future) -> str:
@@ -197,43 +241,47 @@ def deep_sleep_nightly(params: NightlyParameters) -> dict[str, Any]:
     due = [g for g in gates if g.due]
     logger.info("%d scopes, %d due, %d skipped", len(gates), len(due), len(gates) - len(due))
 
-    planned = {g.scope_path: plan_scope_task.submit(store.dsn, g.scope_path, as_of, config, params.runs_dir) for g in due}
-    # An apply is submitted when its plan is done, so no worker thread sits waiting on an upstream future.
-    path_of = {fut.task_run_id: path for path, fut in planned.items()}
-    applied = {}
+    shards = shards_of([(g.scope_path, g.rows) for g in due], params.shard_rows, params.shard_scopes)
+    logger.info("%d due scopes in %d shard(s)", len(due), len(shards))
+    futures = [shard_task.submit(store.dsn, scopes, as_of, config, params.runs_dir, started, params.apply_concurrency,
+                                 params.plan) for scopes in shards]
+    results: dict[str, dict] = {}
+    failed_shard: dict[str, str] = {}
     clock = time.perf_counter()
-    for fut in as_completed(list(planned.values())):
-        try:
-            plan_result = fut.result()
-        except BaseException:  # noqa: BLE001 - reported with the scope below
-            continue
-        applied[path_of[fut.task_run_id]] = apply_scope_task.submit(store.dsn, plan_result, started, params.apply_concurrency)
-    if params.progress:
-        _show_progress(applied, len(due), clock)
+    for done, fut in enumerate(as_completed(futures), 1):
+        scopes = shards[futures.index(fut)]
+        error = _error_of(fut)
+        if error:
+            failed_shard.update(dict.fromkeys(scopes, error))
+        else:
+            results.update({r["scope_path"]: r for r in fut.result()})
+        if params.progress:
+            _progress_line(done, len(shards), len(results) + len(failed_shard), len(due), results, clock)
 
     rows: list[dict[str, Any]] = []
     for g in gates:
         if not g.due:
             rows.append({"scope": Scope.parse(g.scope_path).display(), "status": "skipped", "reason": g.reason})
             continue
-        error = _error_of(planned[g.scope_path]) or _error_of(applied[g.scope_path])
-        if error:
-            rows.append({"scope": Scope.parse(g.scope_path).display(), "status": "failed", "reason": error[:500]})
+        if g.scope_path in failed_shard:
+            rows.append({"scope": Scope.parse(g.scope_path).display(), "status": "failed",
+                         "reason": failed_shard[g.scope_path][:500]})
             continue
-        report = ConsolidationReport.from_dict(applied[g.scope_path].result())
-        worker_pid = planned[g.scope_path].result()["worker_pid"]
-        moved = {k: v for k, v in report.counters.items() if v}
+        r = results[g.scope_path]
+        ok = r["status"] in ("applied", "planned")
         rows.append({
             "scope": Scope.parse(g.scope_path).display(),
-            "status": report.status if report.status == "applied" else "failed",
-            "reason": g.reason if report.status == "applied" else "; ".join(report.errors)[:500],
-            "changes": sum(sum(k.values()) for k in report.rows_changed.values()),
-            "conflicts": report.conflicts,
-            "counters": ", ".join(f"{k}={v}" for k, v in moved.items()),
-            "quarantined": sum(n for reasons in report.quarantined.values() for n in reasons.values()),
-            "run_id": report.run_id,
-            "worker_pid": worker_pid,
+            "status": r["status"] if ok else "failed",
+            "reason": g.reason if ok else "; ".join(r["errors"])[:500],
+            "changes": r["changes"],
+            "conflicts": r["conflicts"],
+            "counters": ", ".join(f"{k}={v}" for k, v in r["counters"].items()),
+            "quarantined": r["quarantined"],
+            "run_id": r["run_id"],
+            "worker_pid": r["worker_pid"],
         })
+    if params.plan:
+        return _night_plan(as_of, night_id, gates, due, rows, [results[g.scope_path] for g in due if g.scope_path in results])
 
     quality = None
     if params.data_quality and due:
@@ -245,11 +293,12 @@ def deep_sleep_nightly(params: NightlyParameters) -> dict[str, Any]:
     removed = retention_task(store.dsn, params.runs_dir, config) if config.retention.keep_days is not None else None
 
     counts = {s: sum(r["status"] == s for r in rows) for s in ("applied", "failed", "skipped")}
-    summary = {"night_id": night_id, "as_of": as_of.isoformat(), "scopes": len(gates), "due": len(due), **counts,
+    summary = {"night_id": night_id, "as_of": as_of.isoformat(), "scopes": len(gates), "due": len(due),
+               "shards": len(shards), **counts,
                "data_quality": quality, "health": alerts, "retention": removed, "rows": rows}
     create_table_artifact(
         key="deep-sleep-nightly",
-        table=[{k: r.get(k, "") for k in ("scope", "status", "reason", "changes", "conflicts", "counters")} for r in rows],
+        table=_artifact_rows(rows),
         description=(f"Deep Sleep night {as_of.isoformat()}: {len(due)} due, {counts['applied']} applied, "
                      f"{counts['failed']} failed, {counts['skipped']} skipped"
                      + (f"; data quality {'passed' if quality['success'] else 'FAILED'}: {quality['data_docs_path']}" if quality else "")),

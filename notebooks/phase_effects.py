@@ -37,7 +37,9 @@ def _():
     from deep_sleep.core.scope import Scope
     from deep_sleep.core.snapshot import Snapshot, utc
     from deep_sleep.jobs.ledger import last_runs
-    return Diff, Path, Scope, Snapshot, alt, argparse, demo_store, last_runs, mo, pl, utc
+    from deep_sleep.run.pipeline import read_scope_diff, read_scope_snapshot  # a run's files: its own, or its shard's
+    return (Diff, Path, Scope, Snapshot, alt, argparse, demo_store, last_runs, mo, pl, read_scope_diff,
+            read_scope_snapshot, utc)
 
 
 @app.cell
@@ -69,7 +71,7 @@ def _(Scope, args, demo_store, last_runs, mo, pl, utc):
     runs = pl.DataFrame(
         [{"run_id": r.run_id, "scope": r.scope, "tenant": Scope.parse(r.scope_path).tenant_id,
           "night": r.as_of.date(), "conflicts": r.conflicts, "quarantined": r.quarantined_rows,
-          "diff_hash": r.diff_hash, "snapshot_uri": r.snapshot_uri, "diff_uri": r.diff_uri,
+          "diff_hash": r.diff_hash, "snapshot_uri": r.snapshot_uri, "diff_uri": r.diff_uri, "scope_path": r.scope_path,
           "rows_changed": sum(n for kinds in r.rows_changed.values() for n in kinds.values())} for r in records],
     ).sort("night", "scope")
     what = args.scope or (f"tenant {args.tenant}" if args.tenant else "the whole fleet")
@@ -85,11 +87,11 @@ def _(runs):
 
 
 @app.cell
-def _(Diff, pl, runs):
+def _(pl, read_scope_diff, runs):
     # Every diff row of every run, with its phase (SPEC §8: each row names its phase).
     _parts = []
     for _run in runs.iter_rows(named=True):
-        for _table, _td in Diff.read(_run["diff_uri"]).tables.items():
+        for _table, _td in read_scope_diff(_run["diff_uri"], _run["scope_path"]).tables.items():
             for _kind in ("inserts", "updates", "deletes"):
                 _frame = getattr(_td, _kind)
                 if _frame.height:
@@ -115,7 +117,7 @@ def _(alt, mo, touched):
 
 
 @app.cell
-def _(Diff, Path, Snapshot, pl, runs):
+def _(Path, pl, read_scope_diff, read_scope_snapshot, runs):
     # Before: the snapshot each run read, less the rows it quarantined (``quarantine.parquet`` of the
     # diff directory: left untouched in the store, unseen by the phases); after: the run's diff folded in.
     def _clean(snap, diff_dir):
@@ -129,8 +131,8 @@ def _(Diff, Path, Snapshot, pl, runs):
 
     _imp, _deg = [], []
     for _run in runs.iter_rows(named=True):
-        _before = _clean(Snapshot.read(_run["snapshot_uri"]), _run["diff_uri"])
-        _after = Diff.read(_run["diff_uri"]).fold(_before)
+        _before = _clean(read_scope_snapshot(_run["snapshot_uri"], _run["scope_path"]), _run["diff_uri"])
+        _after = read_scope_diff(_run["diff_uri"], _run["scope_path"]).fold(_before)
         for _side, _snap in (("before", _before), ("after", _after)):
             _nodes = _snap.table("memory_nodes").filter(pl.col("layer") == "semantic")
             _imp.append(_nodes.select(pl.col("importance").fill_nan(None).drop_nulls()).with_columns(pl.lit(_side).alias("side")))

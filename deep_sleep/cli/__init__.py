@@ -105,6 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("diff_b")
     c.add_argument("--out", default=None)
     c.add_argument("--markdown", action="store_true")
+    c.add_argument("--scope", default=None, help="for shard diff directories (many scopes): the scope to compare")
     c.set_defaults(func=cmd_compare)
 
     u = sub.add_parser("undo", help="restore a run's before-images unless rows changed since")
@@ -145,7 +146,10 @@ def build_parser() -> argparse.ArgumentParser:
     ni.add_argument("--config", default=None)
     ni.add_argument("--runs-dir", default=None)
     ni.add_argument("--force", action="store_true", help="accept an --as-of far in the future")
-    ni.add_argument("--max-workers", type=int, default=4)
+    ni.add_argument("--max-workers", type=int, default=2, help="shards consolidated at once")
+    ni.add_argument("--shard-rows", type=int, default=500_000, help="at most this many rows per shard")
+    ni.add_argument("--shard-scopes", type=int, default=5_000, help="at most this many scopes per shard")
+    ni.add_argument("--plan", action="store_true", help="plan only: what the night would change; apply nothing")
     ni.add_argument("--apply-concurrency", type=int, default=2)
     ni.add_argument("--no-data-quality", action="store_true")
     ni.add_argument("--no-prefect-apply-limit", action="store_true",

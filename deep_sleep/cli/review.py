@@ -26,6 +26,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     as_of = _as_of(args.as_of)
     out = _out_dir(args.out)
+    if args.scope is None and _is_shard(Path(args.snapshot_dir)) and not args.compare_config and not args.explain:
+        return _replay_shard(Path(args.snapshot_dir), config, as_of, out)
     args.snapshot_dir = _one_scope(Path(args.snapshot_dir), args.scope, out)
     if args.compare_config:
         from deep_sleep.jobs.compare import comparison_markdown, print_comparison
@@ -43,6 +45,33 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if args.explain:
         _explain(out, report)
     return 1 if report.status == "failed" else 0
+
+
+def _is_shard(snapshot_dir: Path) -> bool:
+    import json
+
+    try:
+        manifest = json.loads((snapshot_dir / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(manifest, dict) and len(manifest.get("scopes") or []) > 1
+
+
+def _replay_shard(snapshot_dir: Path, config, as_of, out: Path) -> int:
+    """Replay every scope of a shard snapshot in one pass: a shard diff directory (one scope's diff
+    and report read out with ``--scope`` by ``compare``, ``undo`` and the notebooks)."""
+    from deep_sleep.core.scope import Scope
+    from deep_sleep.core.shard import Shard
+    from deep_sleep.run.pipeline import plan_only
+
+    result = plan_only(Shard.read(snapshot_dir), config, as_of, out)
+    failed = [s for s, r in result.reports.items() if r.status == "failed"]
+    changed = sum(1 for r in result.reports.values() if r.rows_changed)
+    print(f"replayed {len(result.reports)} scopes of {snapshot_dir}: {changed} with changes, {len(failed)} failed validation")
+    for s in failed[:10]:
+        print(f"  failed: {Scope.parse(s)}: {'; '.join(result.reports[s].errors)[:300]}")
+    print(f"\nshard diff written to {out} (reports.parquet: one row per scope)")
+    return 1 if failed else 0
 
 
 def _one_scope(snapshot_dir: Path, scope: str | None, out: Path) -> Path:
@@ -113,7 +142,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
         print_comparison,
     )
 
-    cmp = compare_dirs(args.diff_a, args.diff_b)
+    from deep_sleep.core.scope import Scope
+
+    cmp = compare_dirs(args.diff_a, args.diff_b, Scope.coerce(args.scope).path if args.scope else None)
     if args.markdown:
         print(comparison_markdown(cmp))
     else:

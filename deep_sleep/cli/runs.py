@@ -81,9 +81,18 @@ def cmd_nightly(args: argparse.Namespace) -> int:
         as_of=as_of, config_file=args.config, dsn=None, runs_dir=args.runs_dir,
         max_workers=args.max_workers, apply_concurrency=args.apply_concurrency, data_quality=not args.no_data_quality,
         task_runner=args.task_runner, dask_address=args.dask_address, prefect_apply_limit=not args.no_prefect_apply_limit,
-        progress=True,
+        progress=True, shard_rows=args.shard_rows, shard_scopes=args.shard_scopes, plan=args.plan,
     ))
     from deep_sleep.run.console import markdown_table
+
+    if args.plan:
+        rows = [[r["scope"], r["status"], str(r.get("changes", "")), r.get("counters", "")[:80]]
+                for r in summary["rows"] if r["status"] != "skipped"]
+        print(markdown_table(["scope", "status", "changes", "counters"], rows))
+        print(f"\n{summary['scopes']} scopes: {summary['due']} due, {summary['planned']} planned, "
+              f"{summary['failed']} failed validation, {summary['skipped']} skipped; nothing was applied "
+              "(each scope's records: deep-sleep plan SCOPE, or the diff directories listed in the artifact)")
+        return 1 if summary["failed"] else 0
 
     rows = [[r["scope"], r["status"], str(r.get("changes", "")), str(r.get("conflicts", "")), str(r.get("quarantined", "")),
              r.get("reason", "")[:80]] for r in summary["rows"]]

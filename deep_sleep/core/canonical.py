@@ -158,4 +158,75 @@ def _le(s: pl.Series, dtype: str) -> memoryview:
     return s.to_numpy().astype(dtype, copy=False).data
 
 
-__all__ = ["columns_bytes", "digest_frame", "series_bytes"]
+class SlicedColumn:
+    """One column's canonical bytes (as :func:`series_bytes` gives them) for any run of its rows
+    ``[lo, hi)``, from one encoding of the whole column: fixed-width values and string bytes are
+    cut at row offsets, validity bits are packed per run, a list's flattened values are cut at the
+    run's list offsets (recursively).  A type without a fixed recipe (a struct) is encoded per run
+    by :func:`series_bytes` itself."""
+
+    def __init__(self, name: str, s: pl.Series):
+        self.name, self.s = name, s
+        self.head = name.encode("utf-8", "surrogatepass") + b"\x00"
+        self.valid = s.is_not_null().to_numpy()
+        self.kind: str | None = None
+        recipe = _recipe(name, s.dtype)
+        if recipe is not None:
+            kind, value, total = recipe
+            self.kind = kind
+            frame = s.to_frame(name)
+            got = frame.select(value).to_series()
+            if kind == "str":
+                self.lengths = got.to_numpy().astype("<i8", copy=False)
+                self.offsets = np.concatenate([[0], np.cumsum(self.lengths)])
+                self.text = frame.select(total).item().encode("utf-8", "surrogatepass")
+            elif kind == "float":
+                a = got.to_numpy().astype("<f8", copy=True)
+                a[np.isnan(a)] = np.nan
+                self.values = a
+            elif kind == "bool":
+                self.values = got.to_numpy().astype("u1", copy=False)
+            else:
+                self.values = got.to_numpy().astype("<i8", copy=False)
+        elif isinstance(s.dtype, (pl.List, pl.Array)):
+            self.kind = "list"
+            lists = s.cast(pl.List(s.dtype.inner)) if isinstance(s.dtype, pl.Array) else s
+            lists = lists.fill_null([])
+            self.lengths = lists.list.len().to_numpy().astype("<i8", copy=False)
+            self.offsets = np.concatenate([[0], np.cumsum(self.lengths)])
+            lengths = lists.list.len()
+            self.inner = SlicedColumn("", lists.filter(lengths > 0).explode())
+        elif s.dtype == pl.Binary:
+            self.kind = "bin"
+            filled = s.fill_null(b"")
+            self.lengths = filled.bin.size().to_numpy().astype("<i8", copy=False)
+            self.offsets = np.concatenate([[0], np.cumsum(self.lengths)])
+            self.text = b"".join(filled.to_list())
+
+    def has_value(self, lo: int, hi: int) -> bool:
+        return bool(self.valid[lo:hi].any())
+
+    def pieces(self, lo: int, hi: int) -> list[bytes | memoryview]:
+        """The bytes :func:`series_bytes` gives for ``s[lo:hi]``."""
+        n = hi - lo
+        valid = self.valid[lo:hi]
+        if n and not valid.any():
+            return [self.head, b"null\x00%d" % n]
+        kind = self.kind
+        if kind is None or kind == "json":
+            return series_bytes(self.name, self.s.slice(lo, n))
+        out: list[bytes | memoryview] = [self.head, kind.encode() + b"\x00"]
+        out.append(b"A" if valid.all() else b"N" + np.packbits(valid).tobytes())
+        if kind in ("str", "bin"):
+            out.append(self.lengths[lo:hi].data)
+            out.append(self.text[self.offsets[lo]:self.offsets[hi]])
+        elif kind == "list":
+            out.append(self.lengths[lo:hi].data)
+            a, b = int(self.offsets[lo]), int(self.offsets[hi])
+            out.extend(self.inner.pieces(a, b) if b > a else series_bytes("", self.inner.s.slice(0, 0)))
+        else:
+            out.append(self.values[lo:hi].data)
+        return out
+
+
+__all__ = ["SlicedColumn", "columns_bytes", "digest_frame", "series_bytes"]

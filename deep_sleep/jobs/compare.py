@@ -219,14 +219,18 @@ def compare_configs(snapshot: Snapshot, config_a: ConsolidationConfig, config_b:
     return compare_diffs(a.diff, b.diff, report_a=a.report, report_b=b.report, label_a=label_a, label_b=label_b)
 
 
-def compare_dirs(dir_a: str | Path, dir_b: str | Path) -> Comparison:
+def compare_dirs(dir_a: str | Path, dir_b: str | Path, scope_path: str | None = None) -> Comparison:
     """Compare two diff directories (e.g. two code versions' replays of one snapshot); their
-    ``report.json`` files, when present, supply counters and phases."""
+    reports, when present, supply counters and phases.  A shard's diff directory holds many
+    scopes: ``scope_path`` names the one to compare."""
+    from deep_sleep.run.pipeline import is_shard_diff, read_scope_diff, read_scope_report
+
     def report(d: Path) -> ConsolidationReport | None:
-        return ConsolidationReport.read(d) if (d / "report.json").is_file() else None
+        return read_scope_report(d, scope_path) if (d / "report.json").is_file() or is_shard_diff(d) else None
 
     a, b = Path(dir_a), Path(dir_b)
-    return compare_diffs(Diff.read(a), Diff.read(b), report_a=report(a), report_b=report(b), label_a=str(a), label_b=str(b))
+    return compare_diffs(read_scope_diff(a, scope_path), read_scope_diff(b, scope_path), report_a=report(a),
+                         report_b=report(b), label_a=str(a), label_b=str(b))
 
 
 # -- rendering ---------------------------------------------------------------------------------

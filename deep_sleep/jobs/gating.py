@@ -15,10 +15,12 @@ from deep_sleep.core.config import GatingConfig
 from deep_sleep.store.db import Store
 
 DUE_SQL = """
-WITH scopes AS (
-    SELECT DISTINCT scope_path FROM memory_nodes WHERE scope_path IS NOT NULL
-    UNION SELECT DISTINCT scope_path FROM episodic_events WHERE scope_path IS NOT NULL
+WITH counted AS (
+    SELECT scope_path, count(*) AS n FROM memory_nodes WHERE scope_path IS NOT NULL GROUP BY scope_path
+    UNION ALL SELECT scope_path, count(*) FROM episodic_events WHERE scope_path IS NOT NULL GROUP BY scope_path
 ),
+scopes AS (SELECT scope_path, sum(n) AS n FROM counted GROUP BY scope_path),
+edges AS (SELECT scope_path, count(*) AS n FROM memory_edges WHERE scope_path IS NOT NULL GROUP BY scope_path),
 last AS (
     SELECT scope_path, max(as_of) AS as_of FROM consolidation_runs
     WHERE status = 'applied' AND mode = 'nightly' GROUP BY scope_path
@@ -29,21 +31,23 @@ sessions AS (
     WHERE e.created_at > l.as_of AND e.created_at <= %(as_of)s
     GROUP BY e.scope_path
 )
-SELECT s.scope_path, l.as_of AS last_as_of, coalesce(x.n, 0) AS sessions
+SELECT s.scope_path, l.as_of AS last_as_of, coalesce(x.n, 0) AS sessions, s.n + coalesce(g.n, 0) AS rows
 FROM scopes s LEFT JOIN last l USING (scope_path) LEFT JOIN sessions x USING (scope_path)
+LEFT JOIN edges g USING (scope_path)
 ORDER BY s.scope_path
 """
 
 
 @dataclass(frozen=True)
 class Gate:
-    """One scope's verdict: due or not, and why."""
+    """One scope's verdict: due or not, and why; ``rows``: its nodes, edges and events (for sharding)."""
 
     scope_path: str
     due: bool
     reason: str
     last_as_of: datetime | None
     sessions: int
+    rows: int = 0
 
 
 def gate(last_as_of: datetime | None, sessions: int, as_of: datetime, config: GatingConfig) -> tuple[bool, str]:
@@ -64,7 +68,33 @@ def due_scopes(store: Store, as_of: datetime, config: GatingConfig) -> list[Gate
     with store.pg() as con:
         rows = con.execute(DUE_SQL, {"as_of": as_of}).fetchall()
     out = []
-    for scope_path, last, sessions in rows:
+    for scope_path, last, sessions, size in rows:
         due, reason = gate(last, int(sessions), as_of, config)
-        out.append(Gate(scope_path, due, reason, last, int(sessions)))
+        out.append(Gate(scope_path, due, reason, last, int(sessions), int(size or 0)))
+    return out
+
+
+def shards_of(sizes: list[tuple[str, int]], max_rows: int, max_scopes: int) -> list[list[str]]:
+    """Group scopes (``(scope_path, rows)`` in the order given) into shards of at most ``max_rows``
+    rows and ``max_scopes`` scopes, greedily in order; a scope bigger than ``max_rows`` is a shard of
+    its own.  Pure; every scope lands in exactly one shard.
+
+    >>> shards_of([("a", 3), ("b", 3), ("c", 9), ("d", 1)], max_rows=6, max_scopes=10)
+    [['a', 'b'], ['c'], ['d']]
+    """
+    if max_rows < 1 or max_scopes < 1:
+        from deep_sleep.core.errors import ConfigError
+
+        raise ConfigError(f"shards need max_rows ≥ 1 and max_scopes ≥ 1 (got {max_rows}, {max_scopes})")
+    out: list[list[str]] = []
+    current: list[str] = []
+    rows = 0
+    for scope_path, n in sizes:
+        if current and (rows + n > max_rows or len(current) >= max_scopes):
+            out.append(current)
+            current, rows = [], 0
+        current.append(scope_path)
+        rows += n
+    if current:
+        out.append(current)
     return out

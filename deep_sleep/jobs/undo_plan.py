@@ -40,14 +40,19 @@ class Staged:
     missing: tuple[str, ...] = ()  # updated ids the snapshot has no row for
 
 
-def _snapshot_rows(snapshot_dir: Path, table: str, ids: pl.Series) -> pl.DataFrame:
-    """The snapshot's rows of ``table`` with these ids, read without loading the whole table."""
+def _snapshot_rows(snapshot_dir: Path, table: str, ids: pl.Series, scope_path: str) -> pl.DataFrame:
+    """The snapshot's rows of ``table`` with these ids, read without loading the whole table (a
+    shard's snapshot holds many scopes: only ``scope_path``'s rows)."""
     manifest = json.loads((snapshot_dir / MANIFEST).read_text())
     entry = (manifest.get("tables") or {}).get(table)
     if not entry:
         return tables.empty(table)
-    frame = pl.scan_parquet(snapshot_dir / (entry.get("file") or f"{table}.parquet")).filter(pl.col("id").is_in(ids.implode())).collect()
-    fill = {"scope_path": manifest["scope_path"], "tenant_id": Scope.parse(manifest["scope_path"]).tenant_id}
+    scan = pl.scan_parquet(snapshot_dir / (entry.get("file") or f"{table}.parquet"))
+    wanted = pl.col("id").is_in(ids.implode())
+    if "scope_path" in scan.collect_schema().names():
+        wanted = wanted & (pl.col("scope_path") == scope_path)
+    frame = scan.filter(wanted).collect()
+    fill = {"scope_path": scope_path, "tenant_id": Scope.parse(scope_path).tenant_id}
     frame = frame.with_columns(pl.lit(v).alias(k) for k, v in fill.items() if k not in frame.columns)
     return tables.conform(table, frame).select(c.name for c in tables.TABLES[table])
 
@@ -55,7 +60,7 @@ def _snapshot_rows(snapshot_dir: Path, table: str, ids: pl.Series) -> pl.DataFra
 def _stage_updates(table: str, updates: pl.DataFrame, snapshot_dir: Path, scope_path: str) -> Staged:
     changed = [c for c in updates.columns if c not in KEYS]
     keys = updates.group_by("id", maintain_order=True).agg(pl.col("expected_version").first())
-    before = _snapshot_rows(snapshot_dir, table, keys.get_column("id"))
+    before = _snapshot_rows(snapshot_dir, table, keys.get_column("id"), scope_path)
     missing = keys.join(before, on="id", how="anti").get_column("id").to_list()
     # What the apply wrote: the snapshot row with every phase's changes folded in (as the apply folds them).
     view = Snapshot.empty(scope_path, datetime.now(UTC)).with_frames({table: before})
@@ -86,7 +91,9 @@ def prepare(run: RunRecord) -> dict[str, Staged]:
             "the list of rows it inserted and updated lives only there. Nothing was changed. "
             "Restore the run directory from backup and retry."
         )
-    diff = Diff.read(run.diff_uri)
+    from deep_sleep.run.pipeline import read_scope_diff
+
+    diff = read_scope_diff(run.diff_uri, run.scope_path)
     out: dict[str, Staged] = {}
     for table, td in diff.tables.items():
         staged = Staged()

@@ -376,15 +376,14 @@ def plan_shard(shard: Shard, config: ConsolidationConfig, as_of: datetime,
     diff = Diff.combine(diffs)
     timings["combine"] = round(time.perf_counter() - t0, 6)
     t0 = time.perf_counter()
-    parts = diff.by_scope()
-    hashes = {s: d.content_hash() for s, d in parts.items()}
+    hashes = diff.scope_hashes()
+    changed = diff.scope_row_counts()
     empty_hash = Diff.empty().content_hash()
     timings["diff_hash"] = round(time.perf_counter() - t0, 6)
     quarantined_by = ({s: q.drop("scope_path") for (s,), q in quarantined.partition_by("scope_path", as_dict=True).items()}
                       if quarantined.height else {})
     reports = {}
     for s in paths:
-        part = parts.get(s)
         reports[s] = ConsolidationReport(
             scope_path=s,
             as_of=iso(as_of) or "",
@@ -393,7 +392,7 @@ def plan_shard(shard: Shard, config: ConsolidationConfig, as_of: datetime,
             phases_run=run[s],
             phases_skipped=skipped[s],
             timings=timings,
-            rows_changed=part.row_counts() if part is not None else {},
+            rows_changed=changed.get(s, {}),
             notes=notes[s],
             diff_hash=hashes.get(s, empty_hash),
             quarantined=summarise(quarantined_by[s]) if s in quarantined_by else {},

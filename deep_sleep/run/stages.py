@@ -1,9 +1,11 @@
-"""The stages of one scope's run as plain functions over directories.
+"""The stages of one scope's run as plain functions over directories, and the one-scope entry points.
 
-extract → plan → validate → apply, each reading what the previous one wrote (a snapshot
-directory, a diff directory with ``report.json``), so the Prefect flow passes paths between
-tasks, replay is "extract skipped, apply skipped", and every stage can be re-run by hand on
-the files of a failed night.
+``extract_stage`` → ``plan_stage`` → ``validate_stage`` → ``apply_stage`` each read what the
+previous one wrote (a snapshot directory, a diff directory with ``report.json``): every stage can
+be re-run by hand on the files of a failed night, and ``deep-sleep replay`` runs the middle two.
+A run in one process (:func:`consolidate_scope`, :func:`plan_scope`, the flows, the benchmarks)
+goes through the pipeline of stage values instead (:mod:`deep_sleep.run.pipeline`), which writes
+the same files and passes the values on without reading them back.
 
     run_dir/
       snapshot/            manifest.json + <table>.parquet          (SPEC §8)
@@ -29,7 +31,7 @@ from deep_sleep.core.report import ConsolidationReport
 from deep_sleep.core.scope import Scope
 from deep_sleep.core.snapshot import Snapshot, utc
 from deep_sleep.core.summary import Summarizer
-from deep_sleep.run import handoff
+from deep_sleep.run import pipeline
 from deep_sleep.run.apply import apply_diff, record_run
 from deep_sleep.run.llm import summarizer_for
 from deep_sleep.run.plan import plan
@@ -39,8 +41,6 @@ from deep_sleep.transforms.config import ConsolidationConfig
 from deep_sleep.validation import SNAPSHOT_COLUMNS, validate_diff
 
 QUARANTINE_FILE = "quarantine.parquet"
-# Files of a diff directory that later stages rewrite (the report; validation's failures).
-_REWRITTEN = frozenset({"report.json", "validation.parquet"})
 
 DEFAULT_RUNS_DIR = Path(".deep_sleep") / "runs"
 
@@ -55,18 +55,11 @@ def run_dir(base: str | Path | None, scope: Scope, as_of: datetime, run_id: str)
     return runs_dir(base) / quote(scope.display(), safe="") / f"{stamp}_{run_id}"
 
 
-def _rows(value: Snapshot | Diff) -> int:
-    if isinstance(value, Snapshot):
-        return sum(f.height for f in value.frames.values())
-    return sum(n for counts in value.row_counts().values() for n in counts.values())
-
-
 def extract_stage(store: Store, scope: Scope | str, as_of: datetime, config: ConsolidationConfig, out: Path) -> Path:
     """Extract the scope and write its snapshot to ``out``; returns ``out``."""
     log_since = utc(as_of) - timedelta(hours=config.lookback_hours)
     snap = extract(store, scope, log_since=log_since)
     snap.write(out)
-    handoff.put("snapshot", out, snap.as_read(out), rows=_rows(snap))
     return out
 
 
@@ -79,15 +72,11 @@ def plan_stage(snapshot_dir: Path, config: ConsolidationConfig, as_of: datetime,
     phases 4 and 10 (:func:`deep_sleep.run.llm.summarizer_for`; None: the deterministic text).
     """
     t0 = time.perf_counter()
-    snap = handoff.take("snapshot", snapshot_dir)
-    if snap is None:
-        snap = Snapshot.read(snapshot_dir)
+    snap = Snapshot.read(snapshot_dir)
     t1 = time.perf_counter()
     result = plan(snap, config, as_of, phases, write_to=out, summarizer=summarizer)  # writes the diff while hashing it
     if result.quarantined.height:
         result.quarantined.write_parquet(Path(out) / QUARANTINE_FILE)
-    handoff.put("plan", out, (result.snapshot, result.diff), rows=_rows(result.snapshot) + _rows(result.diff),
-                ignore=_REWRITTEN)
     t3 = time.perf_counter()
     seconds = {**(timings or {}), **result.report.timings, "read_snapshot": round(t1 - t0, 6),
                "transform": round(t3 - t0, 6)}
@@ -101,28 +90,17 @@ def validate_stage(snapshot_dir: Path, diff_dir: Path, config: ConsolidationConf
     """Validate the diff against its snapshot.  On failure, write ``validation.parquet`` and mark the report failed."""
     t0 = time.perf_counter()
     report = ConsolidationReport.read(diff_dir)
-    planned = handoff.take("plan", diff_dir)
-    if planned is not None:
-        snap, diff = planned
-    else:  # the snapshot the plan saw, in the columns the checks read
-        snap = _clean_snapshot(Snapshot.read(snapshot_dir, columns=SNAPSHOT_COLUMNS), Path(diff_dir))
-        diff = Diff.read(diff_dir)
+    # the snapshot the plan saw, in the columns the checks read
+    snap = _clean_snapshot(Snapshot.read(snapshot_dir, columns=SNAPSHOT_COLUMNS), Path(diff_dir))
+    diff = Diff.read(diff_dir)
     failures = validate_diff(diff, snap, config)
     timings = {**report.timings, "validate": round(time.perf_counter() - t0, 6)}
     if failures.height:
         failures.write_parquet(Path(diff_dir) / "validation.parquet")
-        summary = (
-            failures.group_by("check", "table", "kind", "phase").agg(pl.len().alias("rows"), pl.col("id").head(5).alias("example_ids"))
-            .sort("table", "kind", "check")
-        )
-        errors = [
-            f"validation failed: {r['check']} — {r['table']}.{r['kind']} from phase {r['phase']}: {r['rows']} row(s), e.g. {', '.join(x for x in r['example_ids'] if x)}"
-            for r in summary.iter_rows(named=True)
-        ]
+        errors = pipeline.failure_messages(failures)
         report = report.with_(status="failed", errors=report.errors + errors, validation=failures.head(200).to_dicts(), timings=timings)
     else:
         report = report.with_(timings=timings)
-        handoff.put("diff", diff_dir, diff, rows=_rows(diff), ignore=_REWRITTEN)
     report.write(diff_dir)
     return report
 
@@ -152,9 +130,7 @@ def apply_stage(store: Store, diff_dir: Path, mode: str = "nightly", started_at:
     t0 = time.perf_counter()
     qfile = Path(diff_dir) / QUARANTINE_FILE
     quarantined = pl.read_parquet(qfile) if qfile.exists() else None
-    diff = handoff.take("diff", diff_dir)
-    if diff is None:
-        diff = Diff.read(diff_dir)
+    diff = Diff.read(diff_dir)
     result = apply_diff(store, diff, report, mode=mode, started_at=started_at, quarantined=quarantined)
     report = report.with_(
         status="applied",
@@ -176,19 +152,23 @@ def consolidate_scope(
     mode: str = "nightly",
     phases: tuple[str, ...] | None = None,
 ) -> ConsolidationReport:
-    """All four stages in this process, without Prefect (used by tests and the benchmark)."""
+    """All four stages in this process, without Prefect (``deep-sleep run``, tests, the benchmark):
+    the pipeline of stage values (:mod:`deep_sleep.run.pipeline`) on a shard of one."""
     planned = plan_scope(store, scope, config, as_of, base_dir, phases)
-    return apply_stage(store, planned.diff_dir, mode=mode, started_at=planned.started_at)
+    applied = pipeline.apply(store, planned.validated, mode=mode, started_at=planned.started_at)
+    return applied.reports[Scope.coerce(scope).path]
 
 
 @dataclass(frozen=True)
 class PlannedRun:
-    """A run up to its last stage: where its snapshot and diff went, and its validated report."""
+    """A run up to its last stage: where its snapshot and diff went, its validated report, and the
+    stage values (``validated``) the apply takes."""
 
     snapshot_dir: Path
     diff_dir: Path
     report: ConsolidationReport
     started_at: datetime
+    validated: pipeline.Validated | None = None
 
 
 def plan_scope(store: Store, scope: Scope | str, config: ConsolidationConfig | None = None,
@@ -204,11 +184,9 @@ def plan_scope(store: Store, scope: Scope | str, config: ConsolidationConfig | N
     as_of = utc(as_of or started)
     run_id = str(uuid.uuid4())
     base = run_dir(base_dir, scope, as_of, run_id)
-    t = time.perf_counter()
-    snap_dir = extract_stage(store, scope, as_of, config, base / "snapshot")
-    extract_seconds = {"extract": round(time.perf_counter() - t, 6)}
+    extracted = pipeline.extract(store, scope, as_of, config, base / "snapshot")
     summarizer = summarizer_for(config, store)  # None unless the model is enabled (SPEC §7)
-    diff_dir = plan_stage(snap_dir, config, as_of, base / "diff", run_id=run_id, phases=phases, timings=extract_seconds,
-                          summarizer=summarizer)
-    report = validate_stage(snap_dir, diff_dir, config)
-    return PlannedRun(snap_dir, diff_dir, report, started)
+    planned = pipeline.transform(extracted, config, as_of, base / "diff", run_ids={scope.path: run_id}, phases=phases,
+                                 summarizer=summarizer)
+    validated = pipeline.validate(planned, config)
+    return PlannedRun(base / "snapshot", base / "diff", validated.reports[scope.path], started, validated)

@@ -22,10 +22,11 @@ def test_nightly_prints_progress(prefect_harness, store, tmp_path, capfd):
         small_graph(store, s, NOW)
     insert(store, "memory_nodes", [node(scopes[0], "project: broken", NOW - timedelta(hours=1), importance=float("nan"))])
     summary = run_nightly(NightlyParameters(as_of=NOW, dsn=store.dsn, runs_dir=str(tmp_path / "runs"),
-                                            scopes=[s.display() for s in scopes], data_quality=False, progress=True))
+                                            scopes=[s.display() for s in scopes], data_quality=False, progress=True,
+                                            shard_scopes=1))  # two shards: a line after each
     assert summary["applied"] == 2, summary["rows"]
     err = capfd.readouterr().err
-    lines = re.findall(r"deep-sleep nightly: (\d+)/2 scopes done, ([\d,]+) rows changed, [\d.]+ s", err)
+    lines = re.findall(r"deep-sleep nightly: \d/2 shards, (\d+)/2 scopes done, ([\d,]+) rows changed, [\d.]+ s", err)
     assert [int(done) for done, _ in lines] == [1, 2]
     assert int(lines[-1][1].replace(",", "")) > 0
     by_scope = {r["scope"]: r["quarantined"] for r in summary["rows"]}  # the summary the CLI prints

@@ -117,3 +117,12 @@ def test_each_phase_alone_on_a_shard(phase):
 @given(n=st.integers(1, 60), seed=st.integers(10, 10_000))
 def test_random_fleets(n, seed):
     assert_shard_equals_scopes(fleet(n, seed=seed, sizes=(5, 30, 80)))
+
+
+def test_scope_hashes_cut_from_one_encoding_equal_each_scopes_own_hash():
+    snaps = fleet(10, seed=5)
+    got = plan_shard(Shard.from_snapshots(snaps), ConsolidationConfig(), AS_OF)
+    fast, plain = got.diff.scope_hashes(), got.diff.scope_hashes_plain()
+    assert fast == plain and len(fast) >= 5
+    counts = got.diff.scope_row_counts()
+    assert counts == {s: d.row_counts() for s, d in got.diff.by_scope().items()}
