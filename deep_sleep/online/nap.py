@@ -16,7 +16,6 @@ nightly-only window, since the nap does not run them).
 from __future__ import annotations
 
 import time
-import uuid
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 from typing import Any
@@ -153,10 +152,9 @@ def quick_nap(
     failing checks).  No snapshot directory is written: the nap's diff is small and its deleted
     events are archived whole by the apply.
     """
-    from deep_sleep.run.apply import apply_diff, record_run
-    from deep_sleep.run.plan import plan
+    from deep_sleep.core.shard import Shard
+    from deep_sleep.run import pipeline
     from deep_sleep.transforms import QUICK_NAP
-    from deep_sleep.validation import validate_diff
 
     scope = Scope.coerce(scope)
     config = config or default_config()
@@ -165,22 +163,9 @@ def quick_nap(
     t0 = time.perf_counter()
     with connection(store_or_conn) as conn:
         snapshot = nap_snapshot(conn, scope, as_of, config)
-    t1 = time.perf_counter()
-    planned = plan(snapshot, config, as_of, phases=QUICK_NAP)
-    t2 = time.perf_counter()
-    failures = validate_diff(planned.diff, planned.snapshot, config)
-    t3 = time.perf_counter()
-    timings = {**planned.report.timings, "extract": round(t1 - t0, 6), "transform": round(t2 - t1, 6), "validate": round(t3 - t2, 6)}
-    report = planned.report.with_(run_id=str(uuid.uuid4()), timings=timings)
-    store = store_of(store_or_conn)
-    if failures.height:
-        errors = [
-            f"validation failed: {r['check']} — {r['table']}.{r['kind']} from phase {r['phase']}, row {r['id']}"
-            for r in failures.head(20).iter_rows(named=True)
-        ]
-        report = report.with_(status="failed", errors=report.errors + errors, validation=failures.head(200).to_dicts())
-        record_run(store, report, "quick_nap", started, "failed")
-        return report
-    result = apply_diff(store, planned.diff, report, mode="quick_nap", started_at=started, quarantined=planned.quarantined)
-    timings["apply"] = round(time.perf_counter() - t3, 6)
-    return report.with_(status="applied", rows_changed=result.applied, conflicts=result.conflicts, timings=timings)
+    # The nightly's pipeline of stage values on a shard of one, without files.
+    extracted = pipeline.Extracted(Shard.of(snapshot), seconds=round(time.perf_counter() - t0, 6))
+    planned = pipeline.transform(extracted, config, as_of, phases=QUICK_NAP)
+    validated = pipeline.validate(planned, config)
+    applied = pipeline.apply(store_of(store_or_conn), validated, mode="quick_nap", started_at=started)
+    return applied.reports[scope.path]
