@@ -123,8 +123,11 @@ def scoped_result(diff: Diff, counts: pl.DataFrame | None, counters: tuple[str, 
     counts = counts.select("scope_path", *(pl.col(c).cast(pl.Int64).fill_null(0) if c in counts.columns
                                            else pl.lit(0, dtype=pl.Int64).alias(c) for c in counters))
     totals = {c: int(counts.get_column(c).sum()) for c in counters}
-    return PhaseResult(diff=diff, counters=totals, by_scope=counts, skipped_scopes=dict(skipped_scopes or {}),
-                       scope_notes=dict(scope_notes or {}))
+    notes = dict(scope_notes or {})
+    # A single-scope run reads ``notes``: with the notes of one scope, they are that scope's.
+    single = next(iter(notes.values())) if len(notes) == 1 else ()
+    return PhaseResult(diff=diff, counters=totals, notes=tuple(single), by_scope=counts,
+                       skipped_scopes=dict(skipped_scopes or {}), scope_notes=notes)
 
 
 def scopes_without(snapshot: Snapshot | Shard, table: str, reason: str, rows: pl.DataFrame | None = None) -> dict[str, str]:

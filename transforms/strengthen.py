@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 
 import polars as pl
-from deep_sleep.transforms._common import PhaseResult, in_window, window_start
+from deep_sleep.transforms._common import PhaseResult, in_scope_window, scoped_result, shard_native, with_window
 from pydantic import Field
 
 from deep_sleep.core.config import PhaseConfig
@@ -23,14 +23,16 @@ class StrengthenConfig(PhaseConfig):
 COUNTERS: tuple[str, ...] = ("nodes_strengthened",)
 
 
+@shard_native
 def strengthen(snapshot: Snapshot, config: StrengthenConfig, as_of: datetime, lookback_hours: float) -> PhaseResult:
     """Semantic nodes with ≥ ``min_accesses`` access-log events in (window start, as_of]:
     importance += ``increment``, capped at ``cap``.  A node already at the cap is neither changed nor counted.
+    Each scope's window starts at its own previous run (a node's events are its scope's: ids are unique).
     """
-    start = window_start(snapshot, as_of, lookback_hours)
     hits = (
-        snapshot.table("memory_access_log")
-        .filter(in_window("accessed_at", start, as_of))
+        with_window(snapshot.table("memory_access_log").select("scope_path", "node_id", "accessed_at"), snapshot, as_of,
+                    lookback_hours)
+        .filter(in_scope_window("accessed_at", as_of))
         .group_by("node_id")
         .len("accesses")
         .filter(pl.col("accesses") >= config.min_accesses)
@@ -38,18 +40,17 @@ def strengthen(snapshot: Snapshot, config: StrengthenConfig, as_of: datetime, lo
     nodes = (
         snapshot.table("memory_nodes")
         .lazy()  # reads only these columns, however earlier folds left the frame's chunks
-        .select("id", "version", "layer", "importance")
+        .select("id", "scope_path", "version", "layer", "importance")
         .filter(
             (pl.col("layer") == "semantic")
             & (pl.col("importance") < config.cap)
             & pl.col("id").is_in(hits.get_column("node_id").implode())
         )
-        .select("id", "version", pl.min_horizontal(pl.col("importance") + config.increment, pl.lit(config.cap)).alias("importance"))
+        .select("id", "scope_path", "version",
+                pl.min_horizontal(pl.col("importance") + config.increment, pl.lit(config.cap)).alias("importance"))
         .collect()
     )
     if not nodes.height:
-        return PhaseResult(counters={"nodes_strengthened": 0})
-    return PhaseResult(
-        diff=Diff.of("memory_nodes", "strengthen", updates=nodes),
-        counters={"nodes_strengthened": nodes.height},
-    )
+        return scoped_result(Diff.empty(), None, COUNTERS)
+    counts = nodes.group_by("scope_path").len("nodes_strengthened")
+    return scoped_result(Diff.of("memory_nodes", "strengthen", updates=nodes.drop("scope_path")), counts, COUNTERS)

@@ -9,9 +9,11 @@ from datetime import datetime
 import polars as pl
 from deep_sleep.transforms._common import (
     PhaseResult,
-    in_window,
+    in_scope_window,
     merge_json,
-    window_start,
+    scoped_result,
+    shard_native,
+    with_window,
 )
 
 from deep_sleep.core.config import PhaseConfig
@@ -37,6 +39,7 @@ _META = re.compile(r"([\\.+*?()|\[\]{}^$])")
 _TOKEN = r'"(?:[^"\\]|\\.)*"|[{}\[\]:,]'
 
 
+@shard_native
 def tag_risk(snapshot: Snapshot, config: TagRiskConfig, as_of: datetime, lookback_hours: float) -> PhaseResult:
     """Recent nodes whose label or any top-level string value of ``properties`` contains a marker word
     at a word start, case-insensitively (``errors``, ``Risky``, ``my_error`` match; ``terror`` does not),
@@ -47,24 +50,22 @@ def tag_risk(snapshot: Snapshot, config: TagRiskConfig, as_of: datetime, lookbac
     ``risk_node`` is already the JSON boolean ``true`` are skipped (``false`` or the string "true" are
     re-tagged).  A matching node whose properties are not a JSON
     object is left alone (tagging would overwrite them) and reported in the notes.  Empty markers are
-    ignored.
+    ignored.  Per scope: each scope's window, counters and notes (a shard runs all of them at once).
     """
-    zero = {"risk_nodes_tagged": 0}
     markers = sorted({m for m in config.markers if m})
     if not markers:
-        return PhaseResult(counters=zero)
+        return scoped_result(Diff.empty(), None, COUNTERS)
     words = "|".join(_escape(m) for m in markers)
     pattern = f"{_WORD_START}(?i:{words})"
-    start = window_start(snapshot, as_of, lookback_hours)
     # The text tests are computed in the query that reads the window (not in eager passes over its result).
     # Only nodes whose raw JSON holds a marker (or an escape that might spell one) need their
     # values looked at one by one; most nodes have none.
     recent = (
-        snapshot.table("memory_nodes")
-        .lazy()
-        .filter((pl.col("layer") == "semantic") & in_window("updated_at", start, as_of))
+        with_window(snapshot.table("memory_nodes").lazy(), snapshot, as_of, lookback_hours)
+        .filter((pl.col("layer") == "semantic") & in_scope_window("updated_at", as_of))
         .select(
             "id",
+            "scope_path",
             "version",
             "label",
             "properties",
@@ -83,21 +84,20 @@ def tag_risk(snapshot: Snapshot, config: TagRiskConfig, as_of: datetime, lookbac
     maybe = recent.filter(todo & ~pl.col("_label_hit") & pl.col("_object") & pl.col("_maybe"))
     value_hits = _value_hits(maybe, pattern) if maybe.height else pl.Series("_row", [], pl.UInt32)
     hits = recent.filter(todo & (pl.col("_label_hit") | pl.col("_row").is_in(value_hits.implode())))
-    untaggable = hits.filter(~pl.col("_object")).get_column("id").sort()
-    notes = ()
-    if untaggable.len():
-        shown = ", ".join(untaggable.head(10).to_list()) + (" …" if untaggable.len() > 10 else "")
-        notes = (f"{untaggable.len()} risk node(s) not tagged: properties are not a JSON object ({shown})",)
-    tagged = hits.filter(pl.col("_object")).select("id", "version", "properties").sort("id")
+    notes = {}
+    untaggable = hits.filter(~pl.col("_object")).select("scope_path", "id")
+    for (scope,), ids in untaggable.partition_by("scope_path", as_dict=True).items() if untaggable.height else ():
+        ids = ids.get_column("id").sort()
+        shown = ", ".join(ids.head(10).to_list()) + (" …" if ids.len() > 10 else "")
+        notes[scope] = (f"{ids.len()} risk node(s) not tagged: properties are not a JSON object ({shown})",)
+    tagged = hits.filter(pl.col("_object")).select("id", "scope_path", "version", "properties").sort("id")
     if not tagged.height:
-        return PhaseResult(counters=zero, notes=notes)
+        return scoped_result(Diff.empty(), None, COUNTERS, scope_notes=notes)
     patch = json.dumps({"risk_node": True, "risk_tagged_at": iso(as_of)}, separators=(",", ":"))
     updates = merge_json(tagged, pl.lit(patch))
-    return PhaseResult(
-        diff=Diff.of("memory_nodes", "tag_risk", updates=updates),
-        counters={"risk_nodes_tagged": updates.height},
-        notes=notes,
-    )
+    counts = updates.group_by("scope_path").len("risk_nodes_tagged")
+    return scoped_result(Diff.of("memory_nodes", "tag_risk", updates=updates.drop("scope_path")), counts, COUNTERS,
+                         scope_notes=notes)
 
 
 def _tagged(nodes: pl.DataFrame) -> pl.Series:

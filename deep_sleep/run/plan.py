@@ -51,7 +51,7 @@ def _arguments(phase: Phase, snapshot: Snapshot, config: ConsolidationConfig, as
         "config": config.phase(phase.name),
         "as_of": as_of,
         "lookback_hours": config.lookback_hours,
-        "scope_path": snapshot.scope_path,
+        "scope_path": getattr(snapshot, "scope_path", None),  # a Snapshot's; a shard-native phase never asks
         "settings": config,  # the whole configuration, for a phase that must keep another phase's invariant
         "extracted": extracted,  # the snapshot before any phase (for evidence an earlier phase archived)
         "summarizer": summarizer,  # phases 4 and 10 (SPEC §7); None: the deterministic text
@@ -60,6 +60,9 @@ def _arguments(phase: Phase, snapshot: Snapshot, config: ConsolidationConfig, as
         from deep_sleep.core.embedding import default_embedder
 
         offered["embedder"] = default_embedder()
+    if "scope_path" in wanted and offered["scope_path"] is None:
+        raise PhaseError(f"phase {phase.name} asks for scope_path but runs on a shard of many scopes; a shard-native "
+                         "phase takes each row's scope from its scope_path column")
     missing = [name for name in wanted if name not in offered]
     if missing:
         raise PhaseError(f"phase {phase.name} asks for {missing}; phases may ask for {sorted(offered)}")
