@@ -8,16 +8,19 @@ from typing import TYPE_CHECKING
 import polars as pl
 from deep_sleep.transforms._common import (
     PhaseResult,
-    created_id,
-    created_ids,
-    resolve_labels,
+    resolve_scoped_labels,
+    scoped_created_ids,
+    scoped_result,
+    scopes,
+    scopes_without,
+    shard_native,
     skip,
+    tenant_of,
 )
 
 from deep_sleep.core import tables
 from deep_sleep.core.config import PhaseConfig
 from deep_sleep.core.diff import Diff
-from deep_sleep.core.scope import Scope
 from deep_sleep.core.snapshot import Snapshot, iso
 
 if TYPE_CHECKING:  # assembled from the roster, which imports this module
@@ -36,7 +39,8 @@ OUTCOMES = ("created", "duplicate", "exists", "self_loop", "unresolved_source", 
 CO_OCCURRED = "CO_OCCURRED"
 
 
-def pending_edges(snapshot: Snapshot, config: PendingEdgesConfig, as_of: datetime, scope_path: str,
+@shard_native
+def pending_edges(snapshot: Snapshot, config: PendingEdgesConfig, as_of: datetime,
                   settings: ConsolidationConfig) -> PhaseResult:
     """Unconsumed ``pending_connections`` (``consumed_by_run`` null): both labels are resolved over the
     scope's current semantic nodes (highest importance, then latest ``updated_at``, then smallest id);
@@ -52,21 +56,24 @@ def pending_edges(snapshot: Snapshot, config: PendingEdgesConfig, as_of: datetim
     ``exists``, ``duplicate``, ``neighbour_cap``, else ``created``.  Pure phases do not know the run's
     ledger id, so ``consumed_by_run`` is the run's *logical id*: UUIDv5 of (scope_path, "run", ISO
     ``as_of``) — the same for every attempt at that ``as_of``, joinable to the ledger through
-    (scope_path, as_of).
+    (scope_path, as_of).  Labels resolve within the row's own scope; a scope without unconsumed rows
+    is skipped ("missing input").
     """
     pending = snapshot.table("pending_connections").filter(pl.col("consumed_by_run").is_null())
+    skipped = scopes_without(snapshot, "pending_connections", "missing input: no pending connections", pending)
     if not pending.height:
         return skip("missing input: no pending connections")
-    run_id = created_id(scope_path, "run", iso(as_of) or "")
     # Resolve only the labels the pending rows name, and look only for the edges they propose.
     wanted = pl.concat([pending.get_column("source_label"), pending.get_column("target_label")]).unique().implode()
     named = snapshot.table("memory_nodes").lazy().filter(pl.col("label").is_in(wanted))
-    labels = resolve_labels(named.select("id", "layer", "label", "importance", "updated_at").collect())
+    labels = resolve_scoped_labels(named.select("id", "scope_path", "layer", "label", "importance", "updated_at").collect())
     key = ["source_id", "target_id", "relation"]
     rows = (
         pending.sort(["created_at", "id"], nulls_last=True)
-        .join(labels.rename({"label": "source_label", "id": "source_id"}), on="source_label", how="left", maintain_order="left")
-        .join(labels.rename({"label": "target_label", "id": "target_id"}), on="target_label", how="left", maintain_order="left")
+        .join(labels.rename({"label": "source_label", "id": "source_id"}), on=["scope_path", "source_label"], how="left",
+              maintain_order="left")
+        .join(labels.rename({"label": "target_label", "id": "target_id"}), on=["scope_path", "target_label"], how="left",
+              maintain_order="left")
     )
     proposed = rows.select(key).drop_nulls().unique()
     existing = (
@@ -90,15 +97,19 @@ def pending_edges(snapshot: Snapshot, config: PendingEdgesConfig, as_of: datetim
     )
     cap = settings.cooccurrence.max_neighbours  # the same invariant phase 1.5 keeps
     rows = _neighbour_cap(rows, snapshot.table("memory_edges"), cap)
-    consumed = rows.select("id", "version", pl.lit(run_id).alias("consumed_by_run"), "outcome").sort("id")
+    runs = scopes(snapshot).select("scope_path")
+    runs = runs.with_columns(scoped_created_ids(runs.get_column("scope_path"), "run",
+                                                pl.Series("k", [iso(as_of) or ""] * runs.height)).alias("consumed_by_run"))
+    consumed = (rows.drop("consumed_by_run").join(runs, on="scope_path", how="left", maintain_order="left")
+                .select("id", "version", "consumed_by_run", "outcome").sort("id"))
     created = rows.filter(pl.col("outcome") == "created")
     diffs = [Diff.of("pending_connections", "pending_edges", updates=consumed)]
     if created.height:
         keys = created.select(pl.concat_str("source_id", "target_id", "relation", separator="|")).to_series()
         inserts = created.select(
-            created_ids(scope_path, "pending_edges", keys).alias("id"),
-            pl.lit(scope_path).alias("scope_path"),
-            pl.lit(Scope.parse(scope_path).tenant_id).alias("tenant_id"),
+            scoped_created_ids(created.get_column("scope_path"), "pending_edges", keys).alias("id"),
+            "scope_path",
+            tenant_of().alias("tenant_id"),
             "source_id",
             "target_id",
             "relation",
@@ -110,7 +121,9 @@ def pending_edges(snapshot: Snapshot, config: PendingEdgesConfig, as_of: datetim
         ).sort("id")
         diffs.append(Diff.of("memory_edges", "pending_edges", inserts=inserts))
     # Two tables, nothing to normalise.
-    return PhaseResult(diff=Diff({name: td for d in diffs for name, td in d.tables.items()}), counters={"edges_created": created.height})
+    counts = created.group_by("scope_path").len("edges_created")
+    return scoped_result(Diff({name: td for d in diffs for name, td in d.tables.items()}), counts, COUNTERS,
+                         skipped_scopes=skipped)
 
 
 def _neighbour_cap(rows: pl.DataFrame, edges: pl.DataFrame, cap: int) -> pl.DataFrame:
