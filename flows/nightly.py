@@ -22,6 +22,8 @@ Dask cluster (``task_runner="dask"``, ``dask_address`` or a local cluster).
 from __future__ import annotations
 
 import contextlib
+import shutil
+import tempfile
 import json
 import os
 import time
@@ -39,6 +41,7 @@ from prefect.states import Failed
 from prefect.task_runners import ThreadPoolTaskRunner
 from pydantic import BaseModel, Field
 
+from deep_sleep.core import files
 from deep_sleep.core.errors import DeepSleepError
 from deep_sleep.core.report import ConsolidationReport
 from deep_sleep.core.scope import Scope
@@ -87,11 +90,16 @@ def _retry_transient(task, task_run, state) -> bool:
     return False
 
 
-def _shard_base(runs_dir: str | None, scopes: list[str], as_of: datetime, shard_id: str) -> Path:
-    """A shard of one keeps the single-scope run directory; a shard of many gets ``_shards/<as_of>_<id>``."""
+def _shard_base(runs_dir: str | None, scopes: list[str], as_of: datetime, shard_id: str) -> str:
+    """A shard of one keeps the single-scope run directory; a shard of many gets ``_shards/<as_of>_<id>``
+    (under a local runs directory or an object-store URL)."""
+    stamp = f"{utc(as_of).strftime('%Y%m%dT%H%M%S.%fZ')}_{shard_id}"
+    base = runs_dir or str(stages.runs_dir(None))
     if len(scopes) == 1:
-        return stages.run_dir(runs_dir, Scope.parse(scopes[0]), as_of, shard_id)
-    return stages.runs_dir(runs_dir) / "_shards" / f"{utc(as_of).strftime('%Y%m%dT%H%M%S.%fZ')}_{shard_id}"
+        from urllib.parse import quote
+
+        return files.join(base, quote(Scope.parse(scopes[0]).display(), safe=""), stamp)
+    return files.join(base, "_shards", stamp)
 
 
 def _row(report: ConsolidationReport, worker_pid: int) -> dict:
@@ -115,17 +123,27 @@ def shard_task(dsn: str, scopes: list[str], as_of: datetime, config: Consolidati
     written yet) fails the task, and a transient one retries it; per-scope failures after that are
     in the rows."""
     store = Store(dsn)
-    base = _shard_base(runs_dir, scopes, as_of, str(uuid.uuid4()))
-    extracted = pipeline.extract(store, scopes, as_of, config, base / "snapshot")
-    planned = pipeline.transform(extracted, config, as_of, base / "diff",
-                                 summarizer=summarizer_for(config, store))  # None unless the model is enabled
-    validated = pipeline.validate(planned, config)
-    if plan_only:
-        return [_row(r.with_(status="planned" if r.status != "failed" else "failed"), os.getpid())
-                for r in validated.reports.values()]
-    with apply_slot(dsn, apply_concurrency):
-        applied = pipeline.apply(store, validated, mode="nightly", started_at=started_at)
-    return [_row(r, os.getpid()) for r in applied.reports.values()]
+    location = _shard_base(runs_dir, scopes, as_of, str(uuid.uuid4()))
+    remote = files.is_remote(location)  # workers share no disk: stage locally, publish to the object store
+    base = Path(tempfile.mkdtemp(prefix="deep-sleep-shard-")) if remote else Path(location)
+    try:
+        extracted = pipeline.extract(store, scopes, as_of, config, base / "snapshot")
+        planned = pipeline.transform(extracted, config, as_of, base / "diff", location=location if remote else None,
+                                     summarizer=summarizer_for(config, store))  # None unless the model is enabled
+        validated = pipeline.validate(planned, config)
+        if remote:  # before the apply: the ledger rows it writes name these files
+            pipeline.publish(planned, location)
+        if plan_only:
+            return [_row(r.with_(status="planned" if r.status != "failed" else "failed"), os.getpid())
+                    for r in validated.reports.values()]
+        with apply_slot(dsn, apply_concurrency):
+            applied = pipeline.apply(store, validated, mode="nightly", started_at=started_at)
+        if remote:
+            pipeline.publish(planned, location)  # the reports the apply rewrote
+        return [_row(r, os.getpid()) for r in applied.reports.values()]
+    finally:
+        if remote:
+            shutil.rmtree(base, ignore_errors=True)
 
 
 @task(name="data-quality", cache_policy=NO_CACHE)

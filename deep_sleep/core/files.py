@@ -28,3 +28,67 @@ def write_atomic(path: str | Path, text: str) -> Path:
         tmp.unlink(missing_ok=True)
         raise
     return path
+
+
+# -- run directories on an object store (fsspec: s3://…, gs://…, file://…) --------------------------
+def is_remote(location: str | Path) -> bool:
+    """True for a URL whose scheme is not ``file`` (``s3://bucket/runs``); a plain path is local."""
+    text = str(location)
+    return "://" in text and not text.startswith("file://")
+
+
+def local_path(location: str | Path) -> Path:
+    """A local path for ``location`` as given: a plain path, or a ``file://`` URL's path."""
+    text = str(location)
+    return Path(text[len("file://"):]) if text.startswith("file://") else Path(text)
+
+
+def join(base: str | Path, *parts: str) -> str:
+    """``base/part/…`` for a URL or a path (a URL keeps its ``scheme://``)."""
+    text = str(base).rstrip("/")
+    return "/".join([text, *parts]) if is_remote(text) else str(Path(text, *parts))
+
+
+def publish_dir(local: Path, location: str) -> None:
+    """Copy the directory ``local`` to ``location`` (a URL; a local path or ``file://`` is left alone
+    when it is ``local`` itself), overwriting files of the same name."""
+    import fsspec
+
+    if not is_remote(location):
+        target = local_path(location)
+        if target.resolve() != Path(local).resolve():
+            import shutil
+
+            shutil.copytree(local, target, dirs_exist_ok=True)
+        return
+    fs, path = fsspec.core.url_to_fs(location)
+    for file in sorted(p for p in Path(local).rglob("*") if p.is_file() and not p.name.startswith(".")):
+        remote = f"{path}/{file.relative_to(local).as_posix()}"
+        fs.put_file(str(file), remote)
+
+
+def fetch_dir(location: str | Path, cache: Path | None = None) -> Path:
+    """A local directory holding ``location``'s files: the path itself when local, else a copy under
+    ``cache`` (default ``$DEEP_SLEEP_CACHE_DIR`` or the temp dir's ``deep-sleep-cache``), fetched again
+    on every call so a rewritten report is seen."""
+    if not is_remote(location):
+        return local_path(location)
+    import hashlib
+    import tempfile
+
+    import fsspec
+
+    fs, path = fsspec.core.url_to_fs(str(location))
+    if not fs.isdir(path):
+        from deep_sleep.core.errors import InputError
+
+        raise InputError(f"{location}: no such directory on its object store")
+    root = cache or Path(os.environ.get("DEEP_SLEEP_CACHE_DIR") or Path(tempfile.gettempdir()) / "deep-sleep-cache")
+    local = root / hashlib.sha256(str(location).encode()).hexdigest()[:24]
+    local.mkdir(parents=True, exist_ok=True)
+    for remote in fs.find(path):
+        rel = remote[len(path.rstrip("/")) + 1:]
+        target = local / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fs.get_file(remote, str(target))
+    return local

@@ -14,6 +14,7 @@ import polars as pl
 
 from deep_sleep.core import tables
 from deep_sleep.core.diff import Diff, TableDiff
+from deep_sleep.core.errors import DeepSleepError
 from deep_sleep.core.scope import Scope
 from deep_sleep.core.snapshot import MANIFEST, Snapshot
 from deep_sleep.jobs.errors import UndoError
@@ -85,7 +86,13 @@ def prepare(run: RunRecord) -> dict[str, Staged]:
             f"{where} changed {_kinds(changed)} but recorded no diff directory (quick naps keep none), so which rows "
             "it inserted and what the rows it updated held before are unknown; it cannot be undone. Nothing was changed."
         )
-    if not Path(run.diff_uri).is_dir():
+    from deep_sleep.core.files import fetch_dir, is_remote
+
+    try:
+        diff_dir = fetch_dir(run.diff_uri)
+    except DeepSleepError:
+        diff_dir = None
+    if diff_dir is None or not diff_dir.is_dir():
         raise UndoError(
             f"{where} changed {_kinds(changed)} but its diff directory {run.diff_uri} is not there; "
             "the list of rows it inserted and updated lives only there. Nothing was changed. "
@@ -93,7 +100,7 @@ def prepare(run: RunRecord) -> dict[str, Staged]:
         )
     from deep_sleep.run.pipeline import read_scope_diff
 
-    diff = read_scope_diff(run.diff_uri, run.scope_path)
+    diff = read_scope_diff(diff_dir, run.scope_path)
     out: dict[str, Staged] = {}
     for table, td in diff.tables.items():
         staged = Staged()
@@ -101,7 +108,12 @@ def prepare(run: RunRecord) -> dict[str, Staged]:
             present = [c for c in td.inserts.columns if c in tables.columns(table)]
             staged = Staged(inserts=td.inserts.select(present))
         if td.updates.height:
-            snap = Path(run.snapshot_uri) if run.snapshot_uri else None
+            snap = None
+            if run.snapshot_uri:
+                try:
+                    snap = fetch_dir(run.snapshot_uri) if is_remote(run.snapshot_uri) else Path(run.snapshot_uri)
+                except DeepSleepError:
+                    snap = None
             if snap is None or not (snap / MANIFEST).is_file():
                 raise UndoError(
                     f"{where} updated {td.updates.height} row(s) of {table}, but its snapshot "

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import polars as pl
 
-from deep_sleep.core import tables
+from deep_sleep.core import files, tables
 from deep_sleep.core.diff import KINDS, Diff
 from deep_sleep.core.errors import InputError, SnapshotError
 from deep_sleep.core.report import ConsolidationReport
@@ -140,10 +140,12 @@ def extract(store: Store, scopes: list[Scope | str] | Scope | str, as_of: dateti
 
 def transform(extracted: Extracted, config: ConsolidationConfig, as_of: datetime, out: Path | None = None, *,
               run_ids: dict[str, str] | None = None, phases: tuple[str, ...] | None = None,
-              summarizer: Summarizer | None = None, timings: dict[str, float] | None = None) -> Planned:
+              summarizer: Summarizer | None = None, timings: dict[str, float] | None = None,
+              location: str | None = None) -> Planned:
     """Run the phases over the shard (:func:`~deep_sleep.run.plan.plan_shard`; a shard of one:
     :func:`~deep_sleep.run.plan.plan`), give each scope a run id, and write the diff directory to
-    ``out`` (if given)."""
+    ``out`` (if given).  ``location``: where the run's directories are published (an object-store
+    URL, :func:`publish`); the reports and the ledger then name ``<location>/snapshot`` and ``/diff``."""
     t0 = time.perf_counter()
     shard = extracted.shard
     as_of = utc(as_of)
@@ -165,6 +167,8 @@ def transform(extracted: Extracted, config: ConsolidationConfig, as_of: datetime
     seconds = round(time.perf_counter() - t0, 6)
     snap_uri = str(extracted.snapshot_dir.resolve()) if extracted.snapshot_dir else None
     diff_uri = str(Path(out).resolve()) if out is not None else None
+    if location is not None:
+        snap_uri, diff_uri = files.join(location, "snapshot"), files.join(location, "diff")
     reports = {
         s: r.with_(run_id=ids[s], snapshot_uri=snap_uri, diff_uri=diff_uri,
                    timings={**(timings or {}), "extract": extracted.seconds, **r.timings, "transform": seconds})
@@ -258,6 +262,16 @@ def run(store: Store, scopes: list[Scope | str] | Scope | str, config: Consolida
     return apply(store, validated, mode=mode, started_at=started) if apply_changes else validated
 
 
+def publish(planned: Planned, location: str) -> None:
+    """Copy the run's snapshot and diff directories to ``location`` (``s3://…``, ``gs://…``,
+    ``file://…``): workers on other machines share no disk.  Called before the apply (the ledger
+    names these files) and after it (the reports it rewrote)."""
+    if planned.extracted.snapshot_dir is not None:
+        files.publish_dir(planned.extracted.snapshot_dir, files.join(location, "snapshot"))
+    if planned.diff_dir is not None:
+        files.publish_dir(planned.diff_dir, files.join(location, "diff"))
+
+
 def plan_only(shard: Shard, config: ConsolidationConfig, as_of: datetime, out: Path | None = None, *,
               phases: tuple[str, ...] | None = None) -> Validated:
     """Replay: transform and validate a stored shard or snapshot, without the apply executor."""
@@ -315,12 +329,13 @@ def _write_reports(out: Path, reports: dict[str, ConsolidationReport], single: b
 
 
 def is_shard_diff(directory: str | Path) -> bool:
-    return (Path(directory) / REPORTS_FILE).is_file()
+    return (files.fetch_dir(directory) / REPORTS_FILE).is_file()
 
 
 def read_scope_report(directory: str | Path, scope_path: str | None = None) -> ConsolidationReport:
-    """One scope's report out of a diff directory (a shard's: ``scope_path`` is required)."""
-    src = Path(directory)
+    """One scope's report out of a diff directory (a shard's: ``scope_path`` is required; a URL is
+    fetched first, :func:`deep_sleep.core.files.fetch_dir`)."""
+    src = files.fetch_dir(directory)
     if not is_shard_diff(src):
         return ConsolidationReport.read(src)
     if scope_path is None:
@@ -333,8 +348,8 @@ def read_scope_report(directory: str | Path, scope_path: str | None = None) -> C
 
 def read_scope_diff(directory: str | Path, scope_path: str | None = None) -> Diff:
     """One scope's diff out of a diff directory (a shard's: its rows alone, as a run of that scope
-    alone wrote them; a single-scope directory: the diff)."""
-    src = Path(directory)
+    alone wrote them; a single-scope directory: the diff; a URL is fetched first)."""
+    src = files.fetch_dir(directory)
     if not is_shard_diff(src):
         return Diff.read(src)
     if scope_path is None:
@@ -344,7 +359,8 @@ def read_scope_diff(directory: str | Path, scope_path: str | None = None) -> Dif
 
 
 def read_scope_snapshot(directory: str | Path, scope_path: str | None = None) -> Snapshot:
-    """One scope's snapshot out of a snapshot directory (a shard's or a single scope's)."""
+    """One scope's snapshot out of a snapshot directory (a shard's or a single scope's; a URL is fetched first)."""
+    directory = files.fetch_dir(directory)
     shard = Shard.read(directory)
     if scope_path is None:
         if len(shard.scope_paths) != 1:
@@ -354,5 +370,5 @@ def read_scope_snapshot(directory: str | Path, scope_path: str | None = None) ->
 
 
 __all__ = ["Extracted", "Planned", "Validated", "Applied", "extract", "transform", "validate", "apply", "run",
-           "plan_only", "read_scope_diff", "read_scope_report", "read_scope_snapshot", "is_shard_diff",
+           "plan_only", "publish", "read_scope_diff", "read_scope_report", "read_scope_snapshot", "is_shard_diff",
            "failure_messages"]
