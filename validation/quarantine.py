@@ -320,10 +320,12 @@ def _duplicated_keys(frame: pl.DataFrame) -> pl.Series | None:
     return dup if dup.any() else None
 
 
-def _pair_member(scopes: pl.Series, ids: pl.Series, among_scopes: pl.Series, among_ids: pl.Series) -> pl.Series:
+def _pair_member(scopes: pl.Series, ids: pl.Series, among_scopes: pl.Series, among_ids: pl.Series, *,
+                 few: bool = False) -> pl.Series:
     """Whether each (scope, id) is one of the (among_scopes, among_ids) pairs; a null in either is False.
-    The ids are probed first (:func:`lookup.member`), then only those found are joined on both."""
-    hit = lookup.member(ids, among_ids)
+    The ids are probed first (:func:`lookup.member`; ``few`` as there), then only those found are
+    joined on both."""
+    hit = lookup.member(ids, among_ids, few=few)
     pos = hit.arg_true()
     if not pos.len():
         return hit
