@@ -499,15 +499,13 @@ def _shard_failures(table: str, kind: str, annotated: pl.DataFrame, errors: Sche
         pl.col("failure_case").cast(pl.String).alias("value"),
         pl.col("index").cast(pl.UInt32).alias("_row"),
     ).join(annotated.select("_row", "id", "phase", "scope_path"), on="_row", how="left")
-    rows = out.filter(pl.col("_row").is_not_null())
-    parts = [rows]
-    for wide in out.filter(pl.col("_row").is_null()).iter_rows(named=True):  # one per failing column, not per row
-        column = wide["column"]
+    wide = out.filter(pl.col("_row").is_null())
+    parts = [out.filter(pl.col("_row").is_not_null())]
+    for i, column in enumerate(wide.get_column("column").to_list()):  # one per failing column, not per row
         holding = (annotated.filter(pl.col(column).is_not_null()) if column in annotated.columns and column not in _NEVER_DROPPED
                    else annotated)
-        scopes = holding.get_column("scope_path").unique(maintain_order=True)
-        parts.append(pl.DataFrame({**{k: v for k, v in wide.items() if k != "scope_path"}}, schema=out.schema)
-                     .drop("scope_path").join(scopes.to_frame(), how="cross"))
+        scopes = holding.select(pl.col("scope_path").unique(maintain_order=True))
+        parts.append(wide.slice(i, 1).drop("scope_path").join(scopes, how="cross"))
     return pl.concat(parts, how="diagonal").select(list(SHARD_FAILURE_SCHEMA)).cast(SHARD_FAILURE_SCHEMA)  # type: ignore[arg-type]
 
 

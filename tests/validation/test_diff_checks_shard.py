@@ -212,3 +212,20 @@ def test_random_corruptions_of_random_scopes(corruptions, tight):
     got = assert_each_scope_is_validated_as_alone(diff, shard, TIGHT if tight else None)
     if not tight:
         assert set(got.get_column("scope_path")) <= touched
+
+
+def test_a_failure_of_a_whole_frame_fails_the_scopes_whose_rows_hold_the_column():
+    """A column of the wrong type, or a required column missing, is a failure of the frame, not of
+    a row: it is every scope's whose own diff holds that column."""
+    shard, diff = planned()
+    nodes = diff.table("memory_nodes")
+    f32 = Diff({**diff.tables, "memory_nodes": TableDiff(inserts=nodes.inserts, deletes=nodes.deletes,
+                                                          updates=nodes.updates.with_columns(pl.col("importance").cast(pl.Float32)))})
+    got = assert_each_scope_is_validated_as_alone(f32, shard)
+    holding = set(nodes.updates.filter(pl.col("importance").is_not_null()).get_column("scope_path"))
+    assert got.height and set(got.get_column("scope_path")) == holding
+    events = diff.table("episodic_events")
+    assert events.deletes.height
+    no_reason = Diff({**diff.tables, "episodic_events": TableDiff(deletes=events.deletes.drop("reason"))})
+    got = assert_each_scope_is_validated_as_alone(no_reason, shard)
+    assert set(got.get_column("scope_path")) == set(events.deletes.get_column("scope_path"))
