@@ -16,6 +16,11 @@ pandera counts them) where the column is not nullable, and every check true or n
 (pandera passes a null check output).  Only when that pre-check cannot vouch for the frame does
 pandera validate it — so every failure is still found and reported by pandera, in its format;
 the pre-check only skips pandera where pandera could not fail.
+
+A shard's diff (many scopes; every frame with a ``scope_path`` column) is validated the same way
+in one pass per frame by :func:`validate_shard_diff`: the annotations look rows up by
+(scope_path, id) and count caps and degrees per scope, and the schemas' scope rules read the
+row's own scope, so each scope gets the verdict a run of that scope alone gets.
 """
 
 from __future__ import annotations

@@ -11,6 +11,10 @@ they would dangle in the clean snapshot).
     >>> quarantined.columns
     ['table', 'id', 'reason', 'row']
 
+A :class:`~deep_sleep.core.shard.Shard` (many scopes) is quarantined in the same one pass per
+table, each rule reading the row's own scope (see :func:`quarantine`); its quarantined rows carry
+a ``scope_path`` column.
+
 How it stays fast from a quick nap's 50-row frames to a nightly's million-row tables
 ------------------------------------------------------------------------------------
 Every rule of a table is one boolean column of a single ``select`` (one Polars pass per table);
@@ -265,10 +269,6 @@ class _Scopes:
     """The scopes of a shard, for the rules that name the row's own scope."""
 
     paths: tuple[str, ...]
-
-    @property
-    def series(self) -> pl.Series:
-        return pl.Series("scope_path", self.paths, dtype=pl.String)
 
     def tenant_of_rows(self, scope_paths: pl.Series) -> pl.Series:
         """The tenant of each row's scope_path; null where it is no scope of the shard (or null)."""
