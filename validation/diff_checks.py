@@ -16,6 +16,11 @@ pandera counts them) where the column is not nullable, and every check true or n
 (pandera passes a null check output).  Only when that pre-check cannot vouch for the frame does
 pandera validate it — so every failure is still found and reported by pandera, in its format;
 the pre-check only skips pandera where pandera could not fail.
+
+A shard's diff (many scopes; every frame with a ``scope_path`` column) is validated the same way
+in one pass per frame by :func:`validate_shard_diff`: the annotations look rows up by
+(scope_path, id) and count caps and degrees per scope, and the schemas' scope rules read the
+row's own scope, so each scope gets the verdict a run of that scope alone gets.
 """
 
 from __future__ import annotations
@@ -32,8 +37,11 @@ from pandera.errors import SchemaErrors
 
 from deep_sleep.core import lookup, tables
 from deep_sleep.core.diff import Diff
+from deep_sleep.core.errors import DiffError
 from deep_sleep.core.scope import Scope
+from deep_sleep.core.shard import Shard
 from deep_sleep.core.snapshot import Snapshot
+from deep_sleep.validation.quarantine import _pair_member, _Scopes
 
 FAILURE_SCHEMA = {
     "check": pl.String(),
@@ -56,7 +64,7 @@ def _rule(expr: pl.Expr, message: str) -> pa.Check:
 
 def _column_rule(test: Callable[[pl.Expr], pl.Expr], message: str) -> pa.Check:
     """A column check: ``test(column)`` must be true on every row of the column."""
-    check = pa.Check(lambda d, t=test: d.lazyframe.select(t(pl.col(d.key))), error=message)
+    check = pa.Check(lambda d, t=test: d.lazyframe.select(t(pl.col(d.key)).alias(d.key)), error=message)
     check._ds_column_test = test
     return check
 
@@ -115,17 +123,22 @@ def _caps(config: ConsolidationConfig) -> tuple[int, int, int, int]:
             es.batch_size * es.max_batches, config.cooccurrence.max_neighbours)
 
 
-def _schema(table: str, kind: str, scope_path: str, tenant_id: str, config: ConsolidationConfig) -> pa.DataFrameSchema:
+def _schema(table: str, kind: str, scope_path: str | None, tenant_id: str | None, config: ConsolidationConfig) -> pa.DataFrameSchema:
     return _cached_schema(table, kind, scope_path, tenant_id, _caps(config), threading.get_ident())
 
 
 @lru_cache(maxsize=1024)
-def _cached_schema(table: str, kind: str, scope_path: str, tenant_id: str, caps: tuple[int, int, int, int],
+def _cached_schema(table: str, kind: str, scope_path: str | None, tenant_id: str | None, caps: tuple[int, int, int, int],
                    thread: int) -> pa.DataFrameSchema:
-    """The schema of one (table, kind) frame of a run of ``scope_path``; built once per arguments
-    and per thread (a nightly validates scopes on a thread pool; schemas are not shared across it)."""
+    """The schema of one (table, kind) frame of a run of ``scope_path``, or (``scope_path`` None) of
+    a shard's frame, where every per-scope rule reads the row's own scope (annotations of
+    :func:`_annotate_shard`: per-scope counts and degrees, ``_scope_known``, ``_tenant``); built
+    once per arguments and per thread (a nightly validates scopes on a thread pool; schemas are not
+    shared across it)."""
+    shard = scope_path is None
     cols = _value_checks(table, kind)
-    checks = [_rule(pl.struct("id", "phase").is_unique(), "one row per id and phase"), *_cap_checks(table, kind, caps)]
+    key = ("scope_path", "id", "phase") if shard else ("id", "phase")
+    checks = [_rule(pl.struct(*key).is_unique(), "one row per id and phase"), *_cap_checks(table, kind, caps)]
     if kind in ("updates", "deletes"):
         # Membership is by id; a row whose snapshot version is null (a hand-written snapshot of a
         # table SPEC §1 gives no version) is referenced with a null expected_version (SPEC §8).
@@ -150,9 +163,15 @@ def _cached_schema(table: str, kind: str, scope_path: str, tenant_id: str, caps:
                       "protected labels (SOUL:, AGENT_IDENTITY:) are never deleted"),
                 _rule(pl.col("_dangling_edges") == 0, "no surviving edge points at a deleted node"),
             ]
-    if kind == "inserts":
+    if kind == "inserts" and shard:  # the row's scope is one of the shard's; its tenant is that scope's
+        cols["scope_path"] = pa.Column(str, _column_rule(lambda c: pl.col("_scope_known"), "scope_path equals the run's scope"),
+                                       nullable=False)
+        cols["tenant_id"] = pa.Column(str, _column_rule(lambda c: c == pl.col("_tenant"), "tenant_id equals the run's tenant"),
+                                      nullable=False, required=False)
+    elif kind == "inserts":
         cols["scope_path"] = pa.Column(str, _equals(scope_path, "scope_path equals the run's scope"), nullable=False)
         cols["tenant_id"] = pa.Column(str, _equals(tenant_id, "tenant_id equals the run's tenant"), nullable=False, required=False)
+    if kind == "inserts":
         checks.append(_rule(~pl.col("_in_snapshot"), "inserted id is new (not already in the snapshot)"))
         if table == "memory_edges":
             checks.append(_rule(pl.col("_ends_exist"), "edge ends are live nodes of the scope"))
@@ -288,6 +307,109 @@ def _annotate_plain(table: str, kind: str, frame: pl.DataFrame, diff: Diff, snap
     return out
 
 
+# -- a shard's diff in one pass (SPEC §2 "Scale") ---------------------------------------------------
+def _annotate_shard(table: str, kind: str, frame: pl.DataFrame, diff: Diff, shard: Shard, scopes: _Scopes) -> pl.DataFrame:
+    """:func:`_annotate` of a shard's frame: every lookup is by (scope_path, id) — a row names rows
+    of its own scope only — and every count and degree is per scope, so each row gets the values
+    :func:`_annotate` gives it in its scope's own diff (``Diff.by_scope``) against that scope's snapshot."""
+    snap = shard.table(table)
+    out = frame.with_row_index("_row").with_columns(pl.len().over("scope_path", "phase").alias("_phase_rows"))
+    if kind in ("updates", "deletes"):
+        ref = snap.select("scope_path", "id", pl.col("version").alias("_snapshot_version"), pl.lit(True).alias("_in_snapshot_row"),
+                          *([pl.col("label").alias("_label")] if "label" in snap.columns else []))
+        out = out.join(ref, on=["scope_path", "id"], how="left", maintain_order="left")
+    if kind == "updates":
+        out = out.with_columns(_in(out.get_column("scope_path"), out.get_column("id"), diff.table(table).deletes, few=True)
+                               .alias("_deleted"))
+        # scope_path is the row's scope here (plan_shard adds it); a tenant_id would rewrite the row
+        rewrites = pl.col("tenant_id").is_not_null() if "tenant_id" in out.columns else pl.lit(False)
+        out = out.with_columns(rewrites.alias("_rewrites_scope"))
+    if kind == "deletes" and table == "memory_nodes":
+        ends = _surviving_ends_shard(diff, shard, out.get_column("id"))
+        counts = ends.group_by("scope_path", "id").len("_dangling_edges")
+        out = out.join(counts, on=["scope_path", "id"], how="left", maintain_order="left").with_columns(
+            pl.col("_dangling_edges").fill_null(0))
+    if kind == "inserts":
+        tenant = scopes.tenant_of_rows(out.get_column("scope_path"))
+        out = out.with_columns(
+            _in(out.get_column("scope_path"), out.get_column("id"), snap, few=True).alias("_in_snapshot"),
+            pl.when(pl.col("scope_path").is_not_null()).then(tenant.is_not_null()).alias("_scope_known"),
+            tenant.alias("_tenant"),
+        )
+        if table == "memory_edges":
+            n = out.height
+            scope = out.get_column("scope_path")
+            live = _live_nodes_shard(pl.concat([scope, scope]), pl.concat([out.get_column("source_id"), out.get_column("target_id")]),
+                                     diff, shard)
+            out = out.with_columns((live.slice(0, n) & live.slice(n, n)).alias("_ends_exist"))
+            out = _with_co_degree_shard(out, diff, shard)
+    return out
+
+
+def _in(scopes: pl.Series, ids: pl.Series, rows: pl.DataFrame, *, few: bool = False) -> pl.Series:
+    """Whether each (scope, id) is the (scope_path, id) of one of ``rows``."""
+    if not rows.height:
+        return pl.Series(ids.name, [False] * ids.len(), dtype=pl.Boolean)
+    return _pair_member(scopes, ids, rows.get_column("scope_path"), rows.get_column("id"), few=few)
+
+
+def _live_nodes_shard(scopes: pl.Series, ids: pl.Series, diff: Diff, shard: Shard) -> pl.Series:
+    """Whether each (scope, id) is a node of that scope after the diff (:func:`_live_nodes` per scope)."""
+    nodes = diff.table("memory_nodes")
+    stored = shard.table("memory_nodes")
+    live = _in(scopes, ids, stored)
+    if nodes.deletes.height:
+        live = live & ~_in(scopes, ids, nodes.deletes, few=True)
+    if nodes.inserts.height:
+        live = live | _in(scopes, ids, nodes.inserts, few=True)
+    return live
+
+
+def _kept_edges(edges: pl.DataFrame, diff: Diff) -> pl.DataFrame:
+    """``edges`` (snapshot rows) less those the diff deletes in their own scope."""
+    gone = diff.table("memory_edges").deletes
+    if not gone.height or not edges.height:
+        return edges
+    return edges.filter(~_in(edges.get_column("scope_path"), edges.get_column("id"), gone, few=True))
+
+
+def _surviving_ends_shard(diff: Diff, shard: Shard, deleted: pl.Series) -> pl.DataFrame:
+    """(scope_path, id): the ends among the ``deleted`` node ids of every edge the diff leaves, with
+    the edge's scope (:func:`_surviving_ends` per scope; the caller joins on both)."""
+    edges = diff.table("memory_edges")
+    cols = ("id", "scope_path", "source_id", "target_id")
+    touching = [_kept_edges(_touching(shard.table("memory_edges").select(cols), deleted), diff)]
+    if edges.inserts.height:
+        touching.append(_touching(edges.inserts.select(cols), deleted))
+    return pl.concat([
+        t.filter(flag).select("scope_path", pl.col(end).alias("id"))
+        for t in touching for flag, end in (("_s", "source_id"), ("_t", "target_id"))
+    ])
+
+
+def _with_co_degree_shard(inserts: pl.DataFrame, diff: Diff, shard: Shard) -> pl.DataFrame:
+    """:func:`_with_co_degree` per scope: degrees count the CO_OCCURRED edges of the edge's own scope."""
+    co = pl.col("relation") == "CO_OCCURRED"
+    new = inserts.filter(co).select("scope_path", "source_id", "target_id")
+    ends = pl.concat([new.get_column("source_id"), new.get_column("target_id")])
+    old = _touching(shard.table("memory_edges").lazy().filter(co).select("id", "scope_path", "source_id", "target_id").collect(), ends)
+    old = _kept_edges(old, diff)
+    pairs = pl.concat([
+        old.filter("_s").select("scope_path", a=pl.col("source_id"), b=pl.col("target_id")),
+        old.filter("_t").select("scope_path", a=pl.col("target_id"), b=pl.col("source_id")),
+        new.select("scope_path", a=pl.col("source_id"), b=pl.col("target_id")),
+        new.select("scope_path", a=pl.col("target_id"), b=pl.col("source_id")),
+    ])
+    degree = pairs.filter(pl.col("a") != pl.col("b")).unique().group_by("scope_path", "a").len("deg")
+    out = inserts.join(degree.rename({"a": "source_id", "deg": "_d_src"}), on=["scope_path", "source_id"], how="left",
+                       maintain_order="left")
+    out = out.join(degree.rename({"a": "target_id", "deg": "_d_tgt"}), on=["scope_path", "target_id"], how="left",
+                   maintain_order="left")
+    return out.with_columns(
+        pl.when(co).then(pl.max_horizontal("_d_src", "_d_tgt")).otherwise(None).alias("_co_degree")
+    ).drop("_d_src", "_d_tgt")
+
+
 def _vouched(schema: pa.DataFrameSchema, frame: pl.DataFrame) -> bool:
     """True only if pandera's ``schema.validate(frame)`` cannot fail (see the module notes); False
     means "ask pandera" (a failing row, or anything the pre-check does not know how to judge)."""
@@ -363,3 +485,88 @@ def validate_diff(diff: Diff, snapshot: Snapshot, config: ConsolidationConfig | 
     if len(found) == 1:
         return found[0]
     return pl.concat(found).unique(maintain_order=True)
+
+
+SHARD_FAILURE_SCHEMA = {**FAILURE_SCHEMA, "scope_path": pl.String()}
+_NEVER_DROPPED = ("id", "expected_version", "phase")  # Diff.by_scope keeps these even when null
+
+
+def _shard_failures(table: str, kind: str, annotated: pl.DataFrame, errors: SchemaErrors) -> pl.DataFrame:
+    """:func:`_failures` with each failure's ``scope_path``: a row's failure is its scope's; a failure
+    of the whole frame (a column's type, a missing column) is every scope whose rows hold a value
+    in that column (Diff.by_scope leaves a column without a value out of a scope's diff)."""
+    cases = errors.failure_cases
+    out = cases.select(
+        pl.col("check").cast(pl.String),
+        pl.lit(table).alias("table"),
+        pl.lit(kind).alias("kind"),
+        pl.col("column").cast(pl.String),
+        pl.col("failure_case").cast(pl.String).alias("value"),
+        pl.col("index").cast(pl.UInt32).alias("_row"),
+    ).join(annotated.select("_row", "id", "phase", "scope_path"), on="_row", how="left")
+    wide = out.filter(pl.col("_row").is_null())
+    parts = [out.filter(pl.col("_row").is_not_null())]
+    for i, column in enumerate(wide.get_column("column").to_list()):  # one per failing column, not per row
+        holding = (annotated.filter(pl.col(column).is_not_null()) if column in annotated.columns and column not in _NEVER_DROPPED
+                   else annotated)
+        scopes = holding.select(pl.col("scope_path").unique(maintain_order=True))
+        parts.append(wide.slice(i, 1).drop("scope_path").join(scopes, how="cross"))
+    return pl.concat(parts, how="diagonal").select(list(SHARD_FAILURE_SCHEMA)).cast(SHARD_FAILURE_SCHEMA)  # type: ignore[arg-type]
+
+
+def validate_shard_diff(diff: Diff, shard: Shard, config: ConsolidationConfig | None = None, *,
+                        precheck: bool = True) -> pl.DataFrame:
+    """:func:`validate_diff` of a shard's diff (every frame with a ``scope_path`` column, as
+    ``plan_shard`` gives it) against the shard, in ONE pandera pass per (table, kind) frame over all
+    scopes.  Columns: those of :data:`FAILURE_SCHEMA` and ``scope_path``, the scope a failing row
+    belongs to (its own ``scope_path``).
+
+    Every per-scope rule reads the row's own scope: an insert's scope_path must be one of the
+    shard's scopes and its tenant_id that scope's tenant; an update or delete must name a row of
+    the snapshot *of its scope* with that row's version; ids are unique per (scope_path, id,
+    phase); edges join live nodes of their own scope; degree caps and the per-run caps of phases
+    10–12 count per scope.  So a failing check fails only the scopes whose rows fail it: for each
+    scope S of the shard, the failures with scope_path S are those of ``validate_diff`` of S's own
+    diff (``Diff.by_scope``) against ``shard.scope(S)`` — the same checks, tables, kinds, phases,
+    ids and columns (tests/validation/test_diff_checks_shard.py; the *value* of a failure of a
+    frame-wide check is the whole row, and a shard's row has the shard's columns).  Failures whose
+    scope_path is no scope of the shard (or null) name rows no scope owns: see :func:`failed_scopes`.
+
+    Nullability is judged over the shard's frame: ``Diff.by_scope`` leaves out of a scope's diff a
+    column null on all of that scope's rows, so a required column (a delete's ``reason``) null on
+    all of one scope's rows is a ``not_nullable`` failure here where that scope alone reports the
+    column missing (a phase that wrote such rows would fail either way)."""
+    config = config or ConsolidationConfig()
+    scopes = _Scopes(shard.scope_paths)
+    found = [pl.DataFrame(schema=SHARD_FAILURE_SCHEMA)]
+    for table, td in diff.tables.items():
+        for kind, frame in td.frames().items():
+            if frame.height and "scope_path" not in frame.columns:
+                raise DiffError(f"{table}.{kind}: a shard's diff needs a scope_path on every row (plan_shard adds it)")
+    for table, td in sorted(diff.tables.items()):
+        for kind, frame in td.frames().items():
+            if not frame.height:
+                continue
+            annotated = _annotate_shard(table, kind, frame, diff, shard, scopes)
+            schema = _schema(table, kind, None, None, config)
+            if precheck and _vouched(schema, annotated):
+                continue
+            try:
+                schema.validate(annotated, lazy=True)
+            except SchemaErrors as errors:
+                found.append(_shard_failures(table, kind, annotated, errors))
+    if len(found) == 1:
+        return found[0]
+    return pl.concat(found).unique(maintain_order=True)
+
+
+def failed_scopes(failures: pl.DataFrame, shard: Shard) -> frozenset[str]:
+    """The scopes of ``shard`` that :func:`validate_shard_diff`'s ``failures`` fail: each failure
+    fails its own scope; a failure whose scope_path is null or no scope of the shard names a row no
+    scope can own, so it fails every scope (what it would have changed is unknown)."""
+    if not failures.height:
+        return frozenset()
+    named = set(failures.get_column("scope_path").to_list())
+    if None in named or not named <= set(shard.scope_paths):
+        return frozenset(shard.scope_paths)
+    return frozenset(named)

@@ -11,6 +11,10 @@ they would dangle in the clean snapshot).
     >>> quarantined.columns
     ['table', 'id', 'reason', 'row']
 
+A :class:`~deep_sleep.core.shard.Shard` (many scopes) is quarantined in the same one pass per
+table, each rule reading the row's own scope (see :func:`quarantine`); its quarantined rows carry
+a ``scope_path`` column.
+
 How it stays fast from a quick nap's 50-row frames to a nightly's million-row tables
 ------------------------------------------------------------------------------------
 Every rule of a table is one boolean column of a single ``select`` (one Polars pass per table);
@@ -54,7 +58,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 
@@ -64,6 +68,7 @@ import polars as pl
 from deep_sleep.core import lookup, tables
 from deep_sleep.core.quarantine_config import QuarantineConfig
 from deep_sleep.core.duck import registered
+from deep_sleep.core.shard import Shard
 from deep_sleep.core.snapshot import Snapshot, utc
 
 QUARANTINE_SCHEMA = {"table": pl.String(), "id": pl.String(), "reason": pl.String(), "row": pl.String()}
@@ -180,14 +185,21 @@ def _duplicated(ids: pl.Series) -> pl.Series | None:
     return None if lookup.unique(ids) else ids.is_duplicated()
 
 
+def _tenant_of(scope_path: str) -> str:
+    """The tenant of a scope path: the id of its first level ("" for a path of no level)."""
+    return scope_path.split("\x1f", 2)[1] if "\x1f" in scope_path else ""
+
+
 @lru_cache(maxsize=256)
-def _rule_plan(table: str, schema: tuple[tuple[str, pl.DataType], ...], scope_path: str,
+def _rule_plan(table: str, schema: tuple[tuple[str, pl.DataType], ...], scope_path: str | None,
                config: QuarantineConfig) -> tuple[tuple[str, str, object], ...]:
     """``table``'s rules for a frame of ``schema``, in REASONS order, as (kind, reason, what):
-    ``expr`` (a ready expression), or the per-call ones: ``dup`` (duplicate ids), ``json``
-    (``what`` = (column, shape)), ``future`` (``what`` = the timestamp columns).  Built once per
-    (table, schema, scope): the expressions hold no data, so a nap's 50-row frames skip most of the
-    cost of building them."""
+    ``expr`` (a ready expression), or the per-call ones: ``dup`` (duplicate ids), ``dupkey``
+    (duplicate keys), ``json`` (``what`` = (column, shape)), ``future`` (``what`` = the timestamp
+    columns), and on a shard (``scope_path`` None) ``scope`` and ``tenant`` (the row's scope_path
+    is a scope of the shard; tenant_id is that scope's tenant).  Built once per (table, schema,
+    scope): the expressions hold no data, so a nap's 50-row frames skip most of the cost of
+    building them."""
     columns = dict(schema)
     rules: list[tuple[str, str, object]] = []
     if table == "soul_profiles":  # identified by (scope_path, key); the surrogate id is optional (SPEC §1)
@@ -196,10 +208,11 @@ def _rule_plan(table: str, schema: tuple[tuple[str, pl.DataType], ...], scope_pa
     elif table in tables.MUTABLE:  # the access log's identity column is not read by any phase
         rules += [("expr", "null id", pl.col("id").is_null()), ("dup", "duplicate id", None)]
     if "scope_path" in columns:
-        rules.append(("expr", "scope_path differs from the run's scope", pl.col("scope_path").fill_null("") != scope_path))
-    if "tenant_id" in columns:
-        tenant = scope_path.split("\x1f", 2)[1] if "\x1f" in scope_path else ""
-        rules.append(("expr", "tenant_id differs from the scope's root", pl.col("tenant_id") != tenant))  # null: a frame built without the column
+        rules.append(("expr", "scope_path differs from the run's scope", pl.col("scope_path").fill_null("") != scope_path)
+                     if scope_path is not None else ("scope", "scope_path differs from the run's scope", None))
+    if "tenant_id" in columns:  # null: a frame built without the column
+        rules.append(("expr", "tenant_id differs from the scope's root", pl.col("tenant_id") != _tenant_of(scope_path))
+                     if scope_path is not None else ("tenant", "tenant_id differs from the scope's root", None))
     if "importance" in columns:
         rules += [
             ("expr", "importance is not a finite number", pl.col("importance").is_null() | ~pl.col("importance").is_finite()),
@@ -251,18 +264,47 @@ def _future_limit(as_of: datetime, tolerance: timedelta) -> datetime:
         return datetime.max.replace(tzinfo=UTC)
 
 
-def _tests(table: str, frame: pl.DataFrame, scope_path: str, as_of: datetime, small_rows: int,
+@dataclass(frozen=True)
+class _Scopes:
+    """The scopes of a shard, for the rules that name the row's own scope."""
+
+    paths: tuple[str, ...]
+
+    def tenant_of_rows(self, scope_paths: pl.Series) -> pl.Series:
+        """The tenant of each row's scope_path; null where it is no scope of the shard (or null)."""
+        return scope_paths.replace_strict(list(self.paths), [_tenant_of(p) for p in self.paths], default=None,
+                                          return_dtype=pl.String)
+
+
+def _tests(table: str, frame: pl.DataFrame, scope: str | _Scopes, as_of: datetime, small_rows: int,
            config: QuarantineConfig) -> list[tuple[str, pl.Expr | pl.Series]]:
     """(reason, test) for every rule that applies to ``table``'s rows by themselves, in REASONS order.
-    A test is an expression over ``frame`` or a ready boolean Series; null counts as false."""
+    A test is an expression over ``frame`` or a ready boolean Series; null counts as false.
+    ``scope``: the run's scope, or a shard's scopes (every rule then reads the row's own scope_path)."""
     rules: list[tuple[str, pl.Expr | pl.Series]] = []
-    for kind, reason, what in _rule_plan(table, tuple(frame.schema.items()), scope_path, config):
+    shard = isinstance(scope, _Scopes)
+    tenants: list[pl.Series] = []  # the tenant of each row's scope, computed once (shard)
+
+    def own_tenant() -> pl.Series:
+        if not tenants:
+            tenants.append(scope.tenant_of_rows(frame.get_column("scope_path")))  # type: ignore[union-attr]
+        return tenants[0]
+
+    for kind, reason, what in _rule_plan(table, tuple(frame.schema.items()), None if shard else scope, config):
         if kind == "expr":
             rules.append((reason, what))  # type: ignore[arg-type]
-        elif kind in ("dup", "dupkey"):
-            dup = _duplicated(frame.get_column("id" if kind == "dup" else "key"))
+        elif kind == "dup":  # ids are unique in the whole store: on a shard too, the check is over all its rows
+            dup = _duplicated(frame.get_column("id"))
             if dup is not None:
                 rules.append((reason, dup))
+        elif kind == "dupkey":  # keys are unique per scope
+            dup = _duplicated_keys(frame) if shard and "scope_path" in frame.columns else _duplicated(frame.get_column("key"))
+            if dup is not None:
+                rules.append((reason, dup))
+        elif kind == "scope":
+            rules.append((reason, own_tenant().is_null()))  # null scope_path or no scope of the shard
+        elif kind == "tenant":
+            rules.append((reason, (frame.get_column("tenant_id") != own_tenant()).fill_null(False)))
         elif kind == "json":
             column, shape = what  # type: ignore[misc]
             rules.append((reason, bad_json(frame.get_column(column), shape, small_rows)))
@@ -270,6 +312,36 @@ def _tests(table: str, frame: pl.DataFrame, scope_path: str, as_of: datetime, sm
             at = _micros_literal(_future_limit(as_of, timedelta(seconds=config.future_tolerance_seconds)))
             rules.append((reason, pl.any_horizontal([pl.col(c) > at for c in what]).fill_null(False)))  # type: ignore[union-attr]
     return rules
+
+
+def _duplicated_keys(frame: pl.DataFrame) -> pl.Series | None:
+    """Rows whose (scope_path, key) repeats, or None when none does."""
+    dup = frame.select(pl.struct("scope_path", "key").is_duplicated()).to_series()
+    return dup if dup.any() else None
+
+
+def _pair_member(scopes: pl.Series, ids: pl.Series, among_scopes: pl.Series, among_ids: pl.Series, *,
+                 few: bool = False) -> pl.Series:
+    """Whether each (scope, id) is one of the (among_scopes, among_ids) pairs; a null in either is False.
+    The ids are probed first (:func:`lookup.member`; ``few`` as there), then only those found are
+    joined on both."""
+    hit = lookup.member(ids, among_ids, few=few)
+    pos = hit.arg_true()
+    if not pos.len():
+        return hit
+    found = (pl.DataFrame({"_s": scopes.gather(pos), "_i": ids.gather(pos), "_p": pos})
+             .join(pl.DataFrame({"_s": among_scopes, "_i": among_ids}), on=["_s", "_i"], how="semi"))
+    out = np.zeros(ids.len(), dtype=bool)
+    out[found.get_column("_p").to_numpy()] = True
+    return pl.Series(ids.name, out)
+
+
+def _pair_member_plain(scopes: pl.Series, ids: pl.Series, among_scopes: pl.Series, among_ids: pl.Series) -> pl.Series:
+    """The rule :func:`_pair_member` implements: a struct ``is_in``, null scopes or ids answered False."""
+    pairs = pl.DataFrame({"s": among_scopes, "i": among_ids}).select(pl.struct("s", "i")).to_series().implode()
+    return pl.DataFrame({"s": scopes, "i": ids}).select(
+        (pl.struct("s", "i").is_in(pairs) & pl.col("s").is_not_null() & pl.col("i").is_not_null()).fill_null(False)
+    ).to_series().alias(ids.name)
 
 
 def _edge_tests(edges: pl.DataFrame, nodes: pl.DataFrame, bad_nodes: pl.Series) -> list[tuple[str, pl.Expr | pl.Series]]:
@@ -309,13 +381,28 @@ def _row_json(frame: pl.DataFrame) -> pl.Expr:
     return pl.struct([c for c in frame.columns if not c.startswith("_")]).struct.json_encode().alias("row")
 
 
-def quarantine(snapshot: Snapshot, as_of: datetime, config: QuarantineConfig | None = None, *,
-               small_rows: int = SMALL_ROWS) -> tuple[Snapshot, pl.DataFrame]:
+def quarantine(snapshot: Snapshot | Shard, as_of: datetime, config: QuarantineConfig | None = None, *,
+               small_rows: int = SMALL_ROWS):
     """Split ``snapshot`` into the clean snapshot and the quarantined rows (table, id, reason, row JSON).
+
+    On a :class:`~deep_sleep.core.shard.Shard` (many scopes; one pass per table over all of them)
+    the answer is the clean shard and the quarantined rows with a ``scope_path`` column (the row's
+    own).  Each rule then reads the row's own scope: the scope rule is "scope_path is one of the
+    shard's scopes", the tenant rule "tenant_id is the tenant of the row's scope_path", keys
+    (soul_profiles) are unique per (scope_path, key), an edge must join two clean nodes of its own
+    scope, an edge endpoint is quarantined when it is a quarantined node of the edge's scope.  Ids
+    are unique in the whole store, so duplicate ids are looked for over the whole shard, and
+    ``held_nodes`` is the union of every scope's.  So for every scope, its clean rows, its
+    quarantined rows and its held nodes are exactly those of ``quarantine`` on that scope alone
+    (tests/validation/test_quarantine_shard.py).  A row whose scope_path is no scope of the shard
+    (possible only in a hand-written shard: an extract reads the shard's scopes) belongs to none:
+    it is quarantined, and as a quarantined node it counts for every scope's edges.
 
     ``small_rows``: frames up to this many rows check JSON in Python (see the module notes; the
     answer does not depend on it)."""
     config = config or QuarantineConfig()
+    if isinstance(snapshot, Shard):
+        return _quarantine_shard(snapshot, as_of, config, small_rows)
     clean: dict[str, pl.DataFrame] = {}
     found = [pl.DataFrame(schema=QUARANTINE_SCHEMA)]
     order = sorted(snapshot.frames, key=lambda t: t == "memory_edges")  # nodes before edges
@@ -350,6 +437,94 @@ def quarantine(snapshot: Snapshot, as_of: datetime, config: QuarantineConfig | N
     return (replace(out, held_nodes=out.held_nodes | held) if held else out), quarantined
 
 
+quarantine.shard_native = True  # type: ignore[attr-defined]  # plan_shard calls it once on a whole shard
+
+SHARD_QUARANTINE_SCHEMA = {**QUARANTINE_SCHEMA, "scope_path": pl.String()}
+
+
+def _edge_tests_shard(edges: pl.DataFrame, nodes: pl.DataFrame, bad_nodes: pl.DataFrame, scopes: _Scopes,
+                      member=None) -> list[tuple[str, pl.Expr | pl.Series]]:
+    """:func:`_edge_tests` on a shard: both rules read the edge's own scope (``bad_nodes``: the
+    quarantined nodes' id and scope_path; one of no scope of the shard counts for every edge)."""
+    member = member or _pair_member
+    n = edges.height
+    scope = edges.get_column("scope_path")
+    scopes_twice = pl.concat([scope, scope])
+    ends = pl.concat([edges.get_column("source_id"), edges.get_column("target_id")])
+    rules: list[tuple[str, pl.Expr | pl.Series]] = []
+    if bad_nodes.height:
+        stray = scopes.tenant_of_rows(bad_nodes.get_column("scope_path")).is_null()
+        mine, loose = bad_nodes.filter(~stray), bad_nodes.filter(stray)
+        hit = member(scopes_twice, ends, mine.get_column("scope_path"), mine.get_column("id"))
+        if loose.height:
+            hit = hit | lookup.member_plain(ends, loose.get_column("id"))
+        rules.append(("edge endpoint is quarantined", hit.slice(0, n) | hit.slice(n, n)))
+    live = member(scopes_twice, ends, nodes.get_column("scope_path"), nodes.get_column("id"))
+    rules.append(("dangling edge: endpoint not a node of this scope", ~(live.slice(0, n) & live.slice(n, n))))
+    return rules
+
+
+def _held_nodes_shard(gone: pl.DataFrame | None, nodes: pl.DataFrame | None, scopes: _Scopes, member=None) -> frozenset[str]:
+    """:func:`_held_nodes` on a shard: the clean nodes of its own scope that a quarantined edge
+    (``gone``) still touches (any clean node, for an edge of no scope of the shard)."""
+    if gone is None or nodes is None or not gone.height:
+        return frozenset()
+    member = member or _pair_member
+    scope = gone.get_column("scope_path")
+    scopes_twice = pl.concat([scope, scope])
+    ends = pl.concat([gone.get_column("source_id"), gone.get_column("target_id")])
+    held = member(scopes_twice, ends, nodes.get_column("scope_path"), nodes.get_column("id"))
+    stray = scopes.tenant_of_rows(scopes_twice).is_null()
+    if stray.any():
+        held = held | (stray & lookup.member_plain(ends, nodes.get_column("id")))
+    return frozenset(ends.filter(held).drop_nulls().to_list())
+
+
+def _shard_result(shard: Shard, clean: dict[str, pl.DataFrame], found: list[pl.DataFrame],
+                  held: frozenset[str]) -> tuple[Shard, pl.DataFrame]:
+    quarantined = pl.concat(found).sort("scope_path", "table", "id", "reason", maintain_order=True)
+    if not quarantined.height:
+        return shard, quarantined  # nothing flagged: the shard goes on as it is
+    return replace(shard, frames={**shard.frames, **clean}, held_nodes=shard.held_nodes | held), quarantined
+
+
+def _quarantine_shard(shard: Shard, as_of: datetime, config: QuarantineConfig, small_rows: int) -> tuple[Shard, pl.DataFrame]:
+    """:func:`quarantine` of a shard: one pass per table over every scope's rows."""
+    scopes = _Scopes(shard.scope_paths)
+    clean: dict[str, pl.DataFrame] = {}
+    found = [pl.DataFrame(schema=SHARD_QUARANTINE_SCHEMA)]
+    bad_nodes = pl.DataFrame(schema={"id": pl.String, "scope_path": pl.String})
+    gone_edges = None
+    for table in sorted(shard.frames, key=lambda t: t == "memory_edges"):  # nodes before edges
+        frame = shard.frames[table]
+        if not frame.height:
+            clean[table] = frame
+            continue
+        rules = _tests(table, frame, scopes, as_of, small_rows, config)
+        if table == "memory_edges":
+            rules += _edge_tests_shard(frame, clean.get("memory_nodes", shard.table("memory_nodes")), bad_nodes, scopes)
+        rows, reasons = _first_reasons(frame, rules)
+        if not len(rows):
+            clean[table] = frame
+            continue
+        bad = frame[rows]
+        found.append(bad.select(
+            pl.lit(table).alias("table"),
+            pl.col("id").cast(pl.String) if "id" in bad.columns else pl.lit(None, pl.String).alias("id"),
+            pl.Series("reason", reasons, dtype=pl.String),
+            _row_json(bad),
+            pl.col("scope_path"),
+        ))
+        if table == "memory_nodes":
+            bad_nodes = bad.select("id", "scope_path")
+        if table == "memory_edges":
+            gone_edges = bad
+        keep = np.ones(frame.height, dtype=bool)
+        keep[rows] = False
+        clean[table] = frame.filter(pl.Series(keep))
+    return _shard_result(shard, clean, found, _held_nodes_shard(gone_edges, clean.get("memory_nodes"), scopes))
+
+
 def _held_nodes(edges: pl.DataFrame, kept: pl.DataFrame | None, nodes: pl.DataFrame | None) -> frozenset[str]:
     """The clean nodes a quarantined edge still touches: no phase may delete them (Snapshot.held_nodes)."""
     if kept is None or nodes is None or kept.height == edges.height:
@@ -359,27 +534,41 @@ def _held_nodes(edges: pl.DataFrame, kept: pl.DataFrame | None, nodes: pl.DataFr
     return frozenset(ends.filter(ends.is_in(nodes.get_column("id").implode())).to_list())
 
 
-def quarantine_plain(snapshot: Snapshot, as_of: datetime, config: QuarantineConfig | None = None) -> tuple[Snapshot, pl.DataFrame]:
+def quarantine_plain(snapshot: Snapshot | Shard, as_of: datetime, config: QuarantineConfig | None = None):
     """What :func:`quarantine` computes, stated plainly: the same rules (:func:`_rule_plan`, the two
     edge rules), each a Polars expression over the whole frame (``is_duplicated``, ``is_in``,
     :func:`bad_json_plain`), the first reason by a ``when/then`` chain in REASONS order, the rows
-    split by a filter.  ``quarantine`` must give exactly this; tests/validation/test_quarantine_paths.py
-    checks it on generated corrupt snapshots."""
+    split by a filter.  On a shard, the rules of the row's own scope are ``is_in`` tests of
+    (scope_path, id) structs and a tenant read from the scope_path text.  ``quarantine`` must give
+    exactly this; tests/validation/test_quarantine_paths.py and test_quarantine_shard.py check it
+    on generated corrupt snapshots and shards."""
     config = config or QuarantineConfig()
+    shard = isinstance(snapshot, Shard)
+    scopes = _Scopes(snapshot.scope_paths) if shard else None
+    paths = pl.Series(snapshot.scope_paths if shard else [], dtype=pl.String).implode()
     clean: dict[str, pl.DataFrame] = {}
-    found = [pl.DataFrame(schema=QUARANTINE_SCHEMA)]
-    bad_nodes = pl.Series("id", [], dtype=pl.String)
+    found = [pl.DataFrame(schema=SHARD_QUARANTINE_SCHEMA if shard else QUARANTINE_SCHEMA)]
+    bad_nodes = pl.DataFrame(schema={"id": pl.String, "scope_path": pl.String})
+    gone_edges = None
     for table in sorted(snapshot.frames, key=lambda t: t == "memory_edges"):  # nodes before edges
         frame = snapshot.frames[table]
         if not frame.height:
             clean[table] = frame
             continue
         tests: list[tuple[str, pl.Expr | pl.Series]] = []
-        for kind, reason, what in _rule_plan(table, tuple(frame.schema.items()), snapshot.scope_path, config):
+        for kind, reason, what in _rule_plan(table, tuple(frame.schema.items()), None if shard else snapshot.scope_path, config):
             if kind == "expr":
                 tests.append((reason, what))  # type: ignore[arg-type]
-            elif kind in ("dup", "dupkey"):
-                tests.append((reason, pl.col("id" if kind == "dup" else "key").is_duplicated()))
+            elif kind == "dup":
+                tests.append((reason, pl.col("id").is_duplicated()))
+            elif kind == "dupkey":
+                tests.append((reason, pl.struct("scope_path", "key").is_duplicated() if shard else pl.col("key").is_duplicated()))
+            elif kind == "scope":
+                tests.append((reason, ~pl.col("scope_path").is_in(paths).fill_null(False)))
+            elif kind == "tenant":
+                own = pl.when(pl.col("scope_path").str.contains("\x1f", literal=True)).then(
+                    pl.col("scope_path").str.split("\x1f").list.get(1, null_on_oob=True)).otherwise(pl.lit(""))
+                tests.append((reason, pl.col("tenant_id") != own))
             elif kind == "json":
                 column, shape = what  # type: ignore[misc]
                 tests.append((reason, bad_json_plain(frame.get_column(column), shape)))
@@ -387,11 +576,15 @@ def quarantine_plain(snapshot: Snapshot, as_of: datetime, config: QuarantineConf
                 limit = _future_limit(as_of, timedelta(seconds=config.future_tolerance_seconds))
                 tests.append((reason, pl.any_horizontal([pl.col(c) > limit for c in what])))  # type: ignore[union-attr]
         if table == "memory_edges":
-            live = clean.get("memory_nodes", snapshot.table("memory_nodes")).get_column("id").implode()
-            gone = bad_nodes.implode()
-            tests.append(("edge endpoint is quarantined", pl.col("source_id").is_in(gone) | pl.col("target_id").is_in(gone)))
-            tests.append(("dangling edge: endpoint not a node of this scope",
-                          ~(pl.col("source_id").is_in(live).fill_null(False) & pl.col("target_id").is_in(live).fill_null(False))))
+            nodes = clean.get("memory_nodes", snapshot.table("memory_nodes"))
+            if shard:
+                tests += _edge_tests_shard(frame, nodes, bad_nodes, scopes, member=_pair_member_plain)  # type: ignore[arg-type]
+            else:
+                live = nodes.get_column("id").implode()
+                gone = bad_nodes.get_column("id").implode()
+                tests.append(("edge endpoint is quarantined", pl.col("source_id").is_in(gone) | pl.col("target_id").is_in(gone)))
+                tests.append(("dangling edge: endpoint not a node of this scope",
+                              ~(pl.col("source_id").is_in(live).fill_null(False) & pl.col("target_id").is_in(live).fill_null(False))))
         work = frame.with_columns(t.alias(f"_t{i}") for i, (_, t) in enumerate(tests) if isinstance(t, pl.Series))
         reason_of = pl.lit(None, dtype=pl.String)
         for i, (reason, test) in reversed(list(enumerate(tests))):
@@ -405,10 +598,16 @@ def quarantine_plain(snapshot: Snapshot, as_of: datetime, config: QuarantineConf
                 pl.col("id").cast(pl.String) if "id" in bad.columns else pl.lit(None, pl.String).alias("id"),
                 pl.col("_reason").alias("reason"),
                 _row_json(bad),
+                *([pl.col("scope_path")] if shard else []),
             ))
             if table == "memory_nodes":
-                bad_nodes = bad.get_column("id")
+                bad_nodes = bad.select("id", "scope_path")
+            if table == "memory_edges":
+                gone_edges = bad.select(frame.columns)
         clean[table] = work.filter(pl.col("_reason").is_null()).select(frame.columns)
+    if shard:
+        held = _held_nodes_shard(gone_edges, clean.get("memory_nodes"), scopes, member=_pair_member_plain)  # type: ignore[arg-type]
+        return _shard_result(snapshot, clean, found, held)
     out = snapshot.with_frames(clean)
     held = _held_nodes(snapshot.table("memory_edges"), clean.get("memory_edges"), clean.get("memory_nodes"))
     return (replace(out, held_nodes=out.held_nodes | held) if held else out), pl.concat(found).sort("table", "id", "reason")
@@ -422,5 +621,5 @@ def summarise(quarantined: pl.DataFrame) -> dict[str, dict[str, int]]:
     return out
 
 
-__all__ = ["QUARANTINE_SCHEMA", "REASONS", "SMALL_ROWS", "bad_json", "bad_json_plain", "quarantine", "quarantine_plain",
+__all__ = ["QUARANTINE_SCHEMA", "REASONS", "SHARD_QUARANTINE_SCHEMA", "SMALL_ROWS", "bad_json", "bad_json_plain", "quarantine", "quarantine_plain",
            "summarise", "tables"]
