@@ -39,15 +39,22 @@ held row whose stored row a live writer changes before the approval conflicts th
 
 from __future__ import annotations
 
+import json
+import shutil
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import polars as pl
 
 from deep_sleep.core.diff import KINDS, Diff, TableDiff
 from deep_sleep.core.holds_config import HoldsConfig
+from deep_sleep.core.report import ConsolidationReport
+from deep_sleep.core.scope import Scope
 from deep_sleep.core.snapshot import Snapshot
+from deep_sleep.store.db import Store
 
 HELD_DIR = "held"  # <diff_dir>/held/: the held rows as a diff directory (SPEC §8 format)
 REASONS_FILE = "reasons.parquet"  # <diff_dir>/held/reasons.parquet: one row per held row
@@ -205,9 +212,49 @@ def split_holds(diff: Diff, snapshot: Snapshot, policy: HoldsConfig, gate_failed
     return HoldSplit(as_diff(applied), as_diff(held), pl.concat(rows).cast(REASONS_SCHEMA), tuple(why))
 
 
-def read_held(diff_dir: str | Path) -> tuple[Diff, pl.DataFrame]:
-    """The held rows of a run (``<diff_dir>/held/``) and their reasons; an empty diff when nothing is held."""
+def held_dir(diff_dir: str | Path, scope_path: str, shard: bool) -> Path:
+    """Where a scope's held rows go: ``<diff_dir>/held/`` (a single-scope diff directory), or
+    ``<diff_dir>/held/<scope as kind/id…, URL-quoted>/`` (a shard's)."""
+    base = Path(diff_dir) / HELD_DIR
+    return base / quote(Scope.parse(scope_path).display(), safe="") if shard else base
+
+
+def hold(diff: Diff, snapshot: Snapshot, report: ConsolidationReport, policy: HoldsConfig, out: Path,
+         gate_failed: bool = False) -> tuple[Diff, ConsolidationReport]:
+    """Split ``diff`` (:func:`split_holds`); when anything is held, write it to ``out`` and return the
+    part to apply with the report's ``held`` set (``status: pending``).  A stale ``out`` (a re-run of
+    the apply on the same files) is replaced."""
+    if out.exists():
+        shutil.rmtree(out)
+    if not (policy.enabled or gate_failed) or not diff.has_changes:
+        return diff, report
+    t = time.perf_counter()
+    split = split_holds(diff, snapshot, policy, gate_failed)
+    seconds = {**report.timings, "holds": round(time.perf_counter() - t, 6)}
+    if not split.held.has_changes:
+        return diff, report.with_(timings=seconds)
+    split.write(out)
+    return split.apply, report.with_(held={**split.summary(), "status": "pending"}, timings=seconds)
+
+
+HOLDS_SQL = "UPDATE consolidation_runs SET held = %s::jsonb, hold_status = 'pending' WHERE run_id = %s::uuid"
+
+
+def record_holds(store: Store, run_id: str | None, held: dict) -> None:
+    """Mark the run's ledger row as holding rows (``held``, ``hold_status = 'pending'``).  Written right
+    after the apply's transaction: should the process die in between, the held directory is still
+    there and ``deep-sleep approve`` reads the holds from it, not from this column."""
+    with store.pg() as con:
+        con.execute(HOLDS_SQL, (json.dumps(held, sort_keys=True), run_id))
+        con.commit()
+
+
+def read_held(diff_dir: str | Path, scope_path: str | None = None) -> tuple[Diff, pl.DataFrame]:
+    """The held rows of a run (``<diff_dir>/held/``, or a shard scope's folder under it) and their
+    reasons; an empty diff when nothing is held."""
     src = Path(diff_dir) / HELD_DIR
+    if scope_path is not None and held_dir(diff_dir, scope_path, shard=True).is_dir():
+        src = held_dir(diff_dir, scope_path, shard=True)
     if not src.is_dir():
         return Diff.empty(), pl.DataFrame(schema=REASONS_SCHEMA)
     reasons = src / REASONS_FILE
