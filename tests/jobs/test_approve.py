@@ -163,3 +163,28 @@ def test_holds_off_applies_everything(store, scope, runs_dir):
     run = consolidate_scope(store, scope, config, as_of=NOW, base_dir=runs_dir)
     assert run.held == {} and run.rows_changed["memory_nodes"]["deletes"] == 4
     assert not (set(ids["weak"]) & live_ids(store, scope))
+
+
+def test_plan_says_which_rows_would_be_held_and_the_cli_approves_them(store, scope, runs_dir, capsys):
+    import polars as pl
+
+    from deep_sleep.cli import main
+    from deep_sleep.run.preview import PREVIEW_FILE
+
+    ids = seed_40_percent(store, scope)
+    code = main(["--dsn", store.dsn, "plan", scope.display(), "--as-of", NOW.isoformat(), "--runs-dir", str(runs_dir)])
+    out = capsys.readouterr().out
+    assert code == 0 and "Would be held for approval" in out and "4 of 10 semantic nodes" in out
+    assert out.count("delete_share") == 4
+    records = pl.read_parquet(next(runs_dir.rglob(PREVIEW_FILE)))
+    held = records.filter(pl.col("held").is_not_null())
+    assert sorted(held["id"]) == sorted(ids["weak"]) and set(held["held"]) == {"delete_share"}
+    assert records.filter(pl.col("held").is_null() & (pl.col("phase") == "strengthen")).height >= 3
+    assert set(ids["weak"]) <= live_ids(store, scope)  # the plan applied nothing
+
+    run = consolidate_scope(store, scope, as_of=NOW, base_dir=runs_dir)
+    assert main(["--dsn", store.dsn, "approve", run.run_id[:8], "--by", "ops"]) == 0
+    assert "approved 4 held row(s) of prune_orphans; applied 4, 0 conflict(s)" in capsys.readouterr().out
+    assert not (set(ids["weak"]) & live_ids(store, scope))
+    assert main(["--dsn", store.dsn, "reject", run.run_id]) == 2
+    assert "already decided" in capsys.readouterr().err
