@@ -12,9 +12,10 @@ says what is still pending.
 a row that a live writer changed since the run's snapshot fails the guard, is left as the writer
 left it and is counted in ``conflicts``; deletes archive their before-images; edges held with a
 node whose delete conflicts stay.  The apply is recorded as a ledger row of its own (``mode =
-'approve'``, ``approval_of`` = the run, ``diff_uri`` = ``<diff_uri>/held/approved-<id>/`` holding
-exactly the rows it applied), so ``deep-sleep undo`` can undo an approval like any run; the run's
-own as_of, so it never moves a scope's "previous run" (those queries read ``mode = 'nightly'``).
+'approve'``, ``approval_of`` = the run) with a run directory of its own beside the run's
+(``<scope>/<as_of>_<approval id>/``: ``diff/`` exactly the rows it applied, ``snapshot/`` the run's
+snapshot rows of what it updates), so ``deep-sleep undo`` undoes an approval like any run and
+``gc`` keeps or removes its files by its own ledger row; it carries the run's own as_of, so it never moves a scope's "previous run" (those queries read ``mode = 'nightly'``).
 The decision rows and ``hold_status`` are written right after that apply commits.  Should two
 approvals race, the second's apply is a guarded no-op (the rows' versions moved, the deleted rows
 are gone) and its decision insert fails: it raises :class:`~deep_sleep.jobs.errors.HoldError`.
@@ -40,6 +41,7 @@ import polars as pl
 
 from deep_sleep.core.diff import Diff
 from deep_sleep.core.report import ConsolidationReport
+from deep_sleep.core.snapshot import Snapshot, utc
 from deep_sleep.jobs.errors import HoldError
 from deep_sleep.jobs.ledger import RunRecord, get_run
 from deep_sleep.run import holds
@@ -180,11 +182,12 @@ def approve(store: Store, run_id: str, phase: str | None = None, decided_by: str
     phases = _to_decide(h, phase, "approve")
     todo = holds.only_phases(h.diff, set(phases))
     approval_id = str(uuid.uuid4())
-    out = Path(h.run.diff_uri) / holds.HELD_DIR / f"approved-{approval_id}"
-    todo.write(out)
+    base = _approval_dir(h.run, approval_id)
+    out = todo.write(base / "diff")
+    snap_dir = _before_images(h.run, todo).write(base / "snapshot")
     report = ConsolidationReport(
         scope_path=h.run.scope_path, as_of=h.run.as_of.isoformat(), phases_run=phases, rows_changed=_counts(todo),
-        diff_hash=todo.content_hash(), run_id=approval_id, snapshot_uri=h.run.snapshot_uri, diff_uri=str(out.resolve()),
+        diff_hash=todo.content_hash(), run_id=approval_id, snapshot_uri=str(snap_dir.resolve()), diff_uri=str(out.resolve()),
         notes={"approve": [f"held rows of run {h.run.run_id}" + (f", phase {phase}" if phase else "")]},
     )
     report.write(out)
@@ -194,6 +197,27 @@ def approve(store: Store, run_id: str, phase: str | None = None, decided_by: str
                         decision_id=approval_id, approval_run_id=approval_id)
     _record(store, h, decision, decided_by)
     return decision
+
+
+def _approval_dir(run: RunRecord, approval_id: str) -> Path:
+    """A run directory of its own, beside the run's (``<scope>/<as_of>_<approval id>``): ``gc`` keeps or
+    removes it by the approval's own ledger row, as any run's."""
+    original = Path(run.diff_uri).resolve().parent
+    stamp = utc(run.as_of).strftime("%Y%m%dT%H%M%S.%fZ")
+    return original.parent / f"{stamp}_{approval_id}"
+
+
+def _before_images(run: RunRecord, todo: Diff) -> Snapshot:
+    """The run's snapshot rows of what the approval updates (what ``deep-sleep undo`` restores them
+    from); deleted rows are archived by the apply, inserted ones are in the diff."""
+    frames = {}
+    updated = {t: td.updates.get_column("id") for t, td in todo.tables.items() if td.updates.height}
+    if updated:
+        snap = Snapshot.read(run.snapshot_uri)
+        frames = {t: snap.table(t).filter(pl.col("id").cast(pl.String).is_in(ids.cast(pl.String).implode()))
+                  for t, ids in updated.items()}
+        return Snapshot(snap.scope_path, snap.taken_at, snap.previous_run_as_of, frames)
+    return Snapshot(run.scope_path, utc(run.as_of), None, frames)
 
 
 def reject(store: Store, run_id: str, phase: str | None = None, decided_by: str | None = None) -> Decision:

@@ -6,6 +6,7 @@ in the ledger."""
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -14,6 +15,7 @@ from deep_sleep.core.errors import InputError
 from deep_sleep.jobs.approve import approve, decision_text, holds_markdown, read_holds, reject
 from deep_sleep.jobs.errors import HoldError
 from deep_sleep.jobs.ledger import get_run
+from deep_sleep.jobs.undo import undo
 from deep_sleep.run.holds import HELD_DIR, read_held
 from deep_sleep.run.stages import consolidate_scope
 from deep_sleep.transforms.config import load_config
@@ -97,6 +99,10 @@ def test_the_run_holds_the_40_percent_delete_and_approve_applies_it_without_over
         reject(store, run.run_id, phase="prune_orphans")
     with pytest.raises(HoldError, match="only an applied run"):
         approve(store, d.approval_run_id)
+    # the approval is a run of its own (its own directory beside the run's): undo puts its deletes back
+    assert Path(approval.diff_uri).parent.parent == Path(run.diff_uri).parent.parent
+    undone = undo(store, d.approval_run_id)
+    assert undone.complete and set(ids["weak"]) <= live_ids(store, scope)
 
 
 def test_reject_discards_the_held_rows_and_is_recorded(store, scope, runs_dir):
