@@ -40,12 +40,14 @@ import psycopg
 import polars as pl
 
 from deep_sleep.core.diff import Diff
+from deep_sleep.core.errors import DeepSleepError
 from deep_sleep.core.report import ConsolidationReport
 from deep_sleep.core.snapshot import Snapshot, utc
 from deep_sleep.jobs.errors import HoldError
 from deep_sleep.jobs.ledger import RunRecord, get_run
 from deep_sleep.run import holds
 from deep_sleep.run.apply import apply_diff
+from deep_sleep.run.pipeline import read_scope_report, read_scope_snapshot
 from deep_sleep.store.db import Store
 
 DECISIONS_SQL = (
@@ -88,9 +90,10 @@ class Holds:
 
     def why(self) -> list[str]:
         """The report's sentences on why rows were held (empty when its report.json is gone)."""
-        if self.run.diff_uri and (Path(self.run.diff_uri) / "report.json").exists():
-            return list(ConsolidationReport.read(self.run.diff_uri).held.get("why", []))
-        return []
+        try:
+            return list(read_scope_report(self.run.diff_uri, self.run.scope_path).held.get("why", []))
+        except (DeepSleepError, OSError):  # the run's files are gone (gc) or unreadable
+            return []
 
 
 @dataclass(frozen=True)
@@ -117,7 +120,7 @@ def _counts(diff: Diff) -> dict[str, dict[str, int]]:
 def read_holds(store: Store, run_id: str) -> Holds:
     """The held rows of ``run_id`` (a UUID or an unambiguous prefix) and the decisions taken on them."""
     run = get_run(store, run_id)  # LedgerError (an InputError) naming an unknown run
-    diff, reasons = holds.read_held(run.diff_uri) if run.diff_uri else (Diff.empty(), pl.DataFrame(schema=holds.REASONS_SCHEMA))
+    diff, reasons = holds.read_held(run.diff_uri, run.scope_path) if run.diff_uri else (Diff.empty(), pl.DataFrame(schema=holds.REASONS_SCHEMA))
     phases = {p: _counts(holds.only_phases(diff, {p})) for p in holds.phases_of(diff)}
     with store.pg() as con:
         rows = con.execute(DECISIONS_SQL, (run.run_id,)).fetchall()
@@ -213,7 +216,7 @@ def _before_images(run: RunRecord, todo: Diff) -> Snapshot:
     frames = {}
     updated = {t: td.updates.get_column("id") for t, td in todo.tables.items() if td.updates.height}
     if updated:
-        snap = Snapshot.read(run.snapshot_uri)
+        snap = read_scope_snapshot(run.snapshot_uri, run.scope_path)  # a shard's or a single scope's
         frames = {t: snap.table(t).filter(pl.col("id").cast(pl.String).is_in(ids.cast(pl.String).implode()))
                   for t, ids in updated.items()}
         return Snapshot(snap.scope_path, snap.taken_at, snap.previous_run_as_of, frames)
