@@ -194,3 +194,21 @@ def test_plan_says_which_rows_would_be_held_and_the_cli_approves_them(store, sco
     assert not (set(ids["weak"]) & live_ids(store, scope))
     assert main(["--dsn", store.dsn, "reject", run.run_id]) == 2
     assert "already decided" in capsys.readouterr().err
+
+
+def test_a_shard_run_holds_per_scope_and_approve_reads_its_scope_out_of_the_shard(store, scope, runs_dir):
+    from deep_sleep.core.scope import Scope
+    from deep_sleep.run import pipeline
+
+    calm = Scope.root("org", scope.tenant_id + "c").child("brand", "b1")
+    ids = seed_40_percent(store, scope)
+    insert(store, "memory_nodes", [node(calm, f"project: fine {i}", NOW - timedelta(hours=3)) for i in range(3)])
+    applied = pipeline.run(store, [scope, calm], load_config(), NOW, base=runs_dir / "shard")
+    held, other = applied.reports[scope.path], applied.reports[calm.path]
+    assert held.held["rows"] == {"memory_nodes": {"deletes": 4}} and other.held == {}
+    assert (runs_dir / "shard" / "diff" / HELD_DIR).is_dir() and set(ids["weak"]) <= live_ids(store, scope)
+    assert ledger(store, held.run_id)[0] == "pending" and ledger(store, other.run_id)[0] == "none"
+    with pytest.raises(HoldError, match="holds nothing"):
+        approve(store, other.run_id)
+    d = approve(store, held.run_id)
+    assert d.applied == {"memory_nodes": {"deletes": 4}} and not (set(ids["weak"]) & live_ids(store, scope))
