@@ -21,6 +21,7 @@ from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel, Field
 
 from deep_sleep.core.errors import ValidationFailed
+from deep_sleep.core.holds_config import HoldsConfig
 from deep_sleep.core.report import ConsolidationReport
 from deep_sleep.core.scope import Scope
 from deep_sleep.core.snapshot import utc
@@ -62,8 +63,9 @@ def validate_task(planned: pipeline.Planned, config: ConsolidationConfig) -> pip
 
 
 @task(name="apply", tags=["deep-sleep-apply"], cache_policy=NO_CACHE)
-def apply_task(store: Store, validated: pipeline.Validated, started_at: datetime) -> ConsolidationReport:
-    (report,) = pipeline.apply(store, validated, mode="nightly", started_at=started_at).reports.values()
+def apply_task(store: Store, validated: pipeline.Validated, started_at: datetime,
+               holds: HoldsConfig | None = None) -> ConsolidationReport:
+    (report,) = pipeline.apply(store, validated, mode="nightly", started_at=started_at, holds=holds).reports.values()
     return report
 
 
@@ -87,7 +89,7 @@ def deep_sleep(params: DeepSleepParameters) -> dict[str, Any]:
     extracted = extract_task(store, scope.path, as_of, config, str(base / "snapshot"))
     planned = transform_task(extracted, config, as_of, str(base / "diff"), run_id, params.phases, store)
     validated = validate_task(planned, config)
-    report = apply_task(store, validated, started)
+    report = apply_task(store, validated, started, config.holds)
     diff_dir = base / "diff"
     report_task(report)
     if report.status == "failed":

@@ -137,7 +137,7 @@ def shard_task(dsn: str, scopes: list[str], as_of: datetime, config: Consolidati
             return [_row(r.with_(status="planned" if r.status != "failed" else "failed"), os.getpid())
                     for r in validated.reports.values()]
         with apply_slot(dsn, apply_concurrency):
-            applied = pipeline.apply(store, validated, mode="nightly", started_at=started_at)
+            applied = pipeline.apply(store, validated, mode="nightly", started_at=started_at, holds=config.holds)
         if remote:
             pipeline.publish(planned, location)  # the reports the apply rewrote
         return [_row(r, os.getpid()) for r in applied.reports.values()]

@@ -5,6 +5,7 @@
     deep-sleep run org/acme                           one scope's run (the same stages as the flow; Prefect if asked)
     deep-sleep snapshot org/acme --out DIR            extract a snapshot directory
     deep-sleep replay DIR --as-of ISO --out DIFF_DIR  transform + validate a stored snapshot (no database)
+    deep-sleep approve RUN_ID [--phase P]             apply a run's held rows (holds, SPEC §9); reject discards them
 
 Scopes are written ``kind/id/kind/id`` (or as the raw ``\\x1f``-joined scope_path); a ``/`` inside
 an id is written ``%2F``.  Every argument is checked — scope known to the store, ``--as-of`` within
@@ -18,10 +19,12 @@ import argparse
 import sys
 
 from deep_sleep.cli.review import (
+    cmd_approve,
     cmd_compare,
     cmd_gc,
     cmd_health,
     cmd_plan,
+    cmd_reject,
     cmd_replay,
     cmd_replay_range,
     cmd_report,
@@ -111,6 +114,14 @@ def build_parser() -> argparse.ArgumentParser:
     u = sub.add_parser("undo", help="restore a run's before-images unless rows changed since")
     u.add_argument("run_id")
     u.set_defaults(func=cmd_undo)
+
+    for name, func, what in (("approve", cmd_approve, "apply a run's held rows through the version guard"),
+                             ("reject", cmd_reject, "discard a run's held rows (recorded in the ledger)")):
+        a = sub.add_parser(name, help=what + " (see `deep-sleep plan` and the report's held rows)")
+        a.add_argument("run_id", help="the run's id or an unambiguous prefix (`deep-sleep report`)")
+        a.add_argument("--phase", default=None, help="only this phase's held rows (default: every pending phase)")
+        a.add_argument("--by", default=None, help="who decides (recorded in consolidation_decisions.decided_by)")
+        a.set_defaults(func=func)
 
     pl_ = sub.add_parser("plan", help="what tonight's run of SCOPE would change, record by record (applies nothing)")
     pl_.add_argument("scope")

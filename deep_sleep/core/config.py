@@ -35,6 +35,7 @@ from pydantic_settings import (
 )
 
 from deep_sleep.core.errors import ConfigError
+from deep_sleep.core.holds_config import HoldsConfig
 from deep_sleep.core.llm_config import LlmConfig
 from deep_sleep.core.quarantine_config import QuarantineConfig
 
@@ -91,6 +92,7 @@ class BaseConsolidationConfig(BaseSettings):
     retention: RetentionConfig = RetentionConfig()
     llm: LlmConfig = LlmConfig()  # optional Claude summaries of phases 4 and 10 (SPEC §7)
     quarantine: QuarantineConfig = QuarantineConfig()
+    holds: HoldsConfig = HoldsConfig()  # rows that wait for approval (SPEC §9)
 
     @classmethod
     def settings_customise_sources(

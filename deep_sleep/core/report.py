@@ -39,6 +39,10 @@ class ConsolidationReport:
     llm: what the optional model summaries of phases 4 and 10 cost this run (SPEC §7): calls,
         input_tokens, output_tokens, cache_hits, model_summaries, fallbacks (and why: fallback_budget,
         fallback_error, fallback_malformed, fallback_cache_miss), retries; empty when the model is off.
+    held: the rows held for approval (SPEC §9; ``<diff_uri>/held/``): ``rows`` (table → kind → rows),
+        ``reasons`` (rule → rows), ``phases`` (phase → rows), ``why`` (one sentence per rule that fired),
+        and ``status`` once decided; empty when nothing is held.  ``rows_changed`` and ``conflicts`` are
+        then the applied part's.
     diff_hash: content hash of the diff (same snapshot + config + as_of → same hash).
     status: "planned" (replay), "applied", "failed", or "empty".
     run_id, snapshot_uri, diff_uri: where the run is recorded and stored.
@@ -58,6 +62,7 @@ class ConsolidationReport:
     validation: list[dict[str, Any]] = field(default_factory=list)
     quarantined: dict[str, dict[str, int]] = field(default_factory=dict)
     llm: dict[str, int] = field(default_factory=dict)
+    held: dict[str, Any] = field(default_factory=dict)
     diff_hash: str = ""
     status: str = "planned"
     run_id: str | None = None
@@ -76,6 +81,8 @@ class ConsolidationReport:
         out = asdict(self)
         if not out["llm"]:  # only runs that used the model carry its costs: report.json stays as it was otherwise
             del out["llm"]
+        if not out["held"]:  # likewise: only runs that held rows say so
+            del out["held"]
         return out
 
     def to_json(self) -> str:

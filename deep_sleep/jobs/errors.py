@@ -15,3 +15,8 @@ class UndoError(DeepSleepError):
 
 class BackfillError(DeepSleepError):
     """The backfill cannot proceed (schema not migrated, a table it cannot page, retries exhausted)."""
+
+
+class HoldError(DeepSleepError):
+    """An approval or rejection that was refused (unknown run, nothing held, already decided, a run
+    that is not applied).  Nothing was written."""

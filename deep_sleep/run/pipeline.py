@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -37,11 +38,13 @@ import polars as pl
 from deep_sleep.core import files, tables
 from deep_sleep.core.diff import KINDS, Diff
 from deep_sleep.core.errors import InputError, SnapshotError
+from deep_sleep.core.holds_config import HoldsConfig
 from deep_sleep.core.report import ConsolidationReport
 from deep_sleep.core.scope import Scope
 from deep_sleep.core.shard import Shard
 from deep_sleep.core.snapshot import Snapshot, utc
 from deep_sleep.core.summary import Summarizer
+from deep_sleep.run import holds as held_rows
 from deep_sleep.run.apply import apply_diff, record_run
 from deep_sleep.run.plan import Plan, ShardPlan, _with_scope, plan, plan_shard
 from deep_sleep.store.db import Store
@@ -214,9 +217,15 @@ def validate(planned: Planned, config: ConsolidationConfig | None = None) -> Val
     return result
 
 
-def apply(store: Store, validated: Validated, mode: str = "nightly", started_at: datetime | None = None) -> Applied:
+def apply(store: Store, validated: Validated, mode: str = "nightly", started_at: datetime | None = None,
+          holds: HoldsConfig | None = None, gate_failed: Mapping[str, bool] | None = None) -> Applied:
     """Apply every scope that passed validation (atomically per scope: a scope that fails leaves the
-    store as it was for that scope and the others apply), record each scope's run in the ledger."""
+    store as it was for that scope and the others apply), record each scope's run in the ledger.
+
+    ``holds`` (the configuration's section; None: no holds — e.g. the quick nap, which keeps no files)
+    and ``gate_failed`` (scope → the recall-quality gate failed) hold rows for approval
+    (:func:`deep_sleep.run.holds.hold`): written under the diff directory's ``held/``, in the report
+    and the ledger; the rest applies."""
     started_at = started_at or datetime.now(UTC)
     planned = validated.planned
     reports = {}
@@ -226,9 +235,19 @@ def apply(store: Store, validated: Validated, mode: str = "nightly", started_at:
             reports[s] = report
             continue
         t0 = time.perf_counter()
+        diff = planned.scope_diff(s)
+        gate = bool((gate_failed or {}).get(s))
+        if holds is not None and (holds.enabled or gate) and diff.has_changes:
+            if planned.diff_dir is None:
+                raise InputError("holds keep the held rows beside the diff: run the pipeline with a diff directory, "
+                                 "or without a holds policy")
+            out = held_rows.held_dir(planned.diff_dir, s, shard=planned.single is None)
+            diff, report = held_rows.hold(diff, planned.scope_snapshot(s), report, holds, out, gate)
         try:
-            result = apply_diff(store, planned.scope_diff(s), report, mode=mode, started_at=started_at,
+            result = apply_diff(store, diff, report, mode=mode, started_at=started_at,
                                 quarantined=planned.scope_quarantined(s))
+            if report.held:
+                held_rows.record_holds(store, report.run_id, report.held)
         except Exception as exc:
             if len(validated.reports) == 1:
                 raise
@@ -259,7 +278,9 @@ def run(store: Store, scopes: list[Scope | str] | Scope | str, config: Consolida
     planned = transform(extracted, config, as_of, None if base is None else base / "diff", phases=phases,
                         summarizer=summarizer)
     validated = validate(planned, config)
-    return apply(store, validated, mode=mode, started_at=started) if apply_changes else validated
+    if not apply_changes:
+        return validated
+    return apply(store, validated, mode=mode, started_at=started, holds=config.holds if base is not None else None)
 
 
 def publish(planned: Planned, location: str) -> None:

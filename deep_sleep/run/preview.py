@@ -113,4 +113,32 @@ def preview_markdown(records: pl.DataFrame, per_phase: int = 10, title: str = "W
     return "\n".join(lines)
 
 
-__all__ = ["PREVIEW_FILE", "preview", "preview_markdown"]
+_KIND = {"inserts": "insert", "updates": "update", "deletes": "delete"}
+
+
+def with_holds(records: pl.DataFrame, held_rows: pl.DataFrame) -> pl.DataFrame:
+    """``records`` with a ``held`` column: the rule that would hold the record for approval
+    (:attr:`deep_sleep.run.holds.HoldSplit.rows`), null for a record the run would apply."""
+    keys = held_rows.select(pl.col("phase"), pl.col("table"), pl.col("kind").replace_strict(_KIND, return_dtype=pl.String),
+                            pl.col("id"), pl.col("reason").alias("held")).unique(["phase", "table", "kind", "id"])
+    return records.join(keys, on=["phase", "table", "kind", "id"], how="left", nulls_equal=True, maintain_order="left")
+
+
+def held_markdown(records: pl.DataFrame, why: tuple[str, ...] | list[str] = (), per_phase: int = 10) -> str:
+    """The records a run would hold for approval (``records`` from :func:`with_holds`), and why."""
+    held = records.filter(pl.col("held").is_not_null()) if "held" in records.columns else records.head(0)
+    if not held.height:
+        return "### Would be held for approval\n\nnothing: the holds policy lets every row apply"
+    lines = ["### Would be held for approval", "", *(f"- {w}" for w in why), "",
+             f"{held.height} record(s) would wait for `deep-sleep approve RUN_ID` (or `reject`); the rest applies.", "",
+             "| phase | kind | id | label | rule |", "|---|---|---|---|---|"]
+    for (phase,), rows in held.group_by("phase", maintain_order=True):
+        for r in rows.head(per_phase).iter_rows(named=True):
+            cells = [phase, r["table"].removeprefix("memory_") + " " + r["kind"], r["id"][:8], r["label"] or "", r["held"]]
+            lines.append("| " + " | ".join(str(c).replace("|", "\\|").replace("\n", " ") for c in cells) + " |")
+        if rows.height > per_phase:
+            lines.append(f"| {phase} | … | {rows.height - per_phase} more | | |")
+    return "\n".join(lines)
+
+
+__all__ = ["PREVIEW_FILE", "held_markdown", "preview", "preview_markdown", "with_holds"]

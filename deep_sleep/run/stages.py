@@ -12,6 +12,7 @@ the same files and passes the values on without reading them back.
       diff/                report.json + <table>.<kind>.parquet     (SPEC §8)
       diff/validation.parquet   failing checks, when validation failed
       diff/quarantine.parquet   rows set aside from the snapshot, with reasons, when any
+      diff/held/           rows held for approval (a diff directory + reasons.parquet), when any
 """
 
 from __future__ import annotations
@@ -27,10 +28,13 @@ from urllib.parse import quote
 import polars as pl
 
 from deep_sleep.core.diff import Diff
+from deep_sleep.core.errors import InputError
+from deep_sleep.core.holds_config import HoldsConfig
 from deep_sleep.core.report import ConsolidationReport
 from deep_sleep.core.scope import Scope
 from deep_sleep.core.snapshot import Snapshot, utc
 from deep_sleep.core.summary import Summarizer
+from deep_sleep.run import holds as holds_mod
 from deep_sleep.run import pipeline
 from deep_sleep.run.apply import apply_diff, record_run
 from deep_sleep.run.llm import summarizer_for
@@ -121,8 +125,16 @@ def _clean_snapshot(snap: Snapshot, diff_dir: Path) -> Snapshot:
     return snap.with_frames(frames)
 
 
-def apply_stage(store: Store, diff_dir: Path, mode: str = "nightly", started_at: datetime | None = None) -> ConsolidationReport:
-    """Apply a validated diff and record the run; a report marked failed is recorded, not applied."""
+def apply_stage(store: Store, diff_dir: Path, mode: str = "nightly", started_at: datetime | None = None,
+                holds: HoldsConfig | None = None, gate_failed: bool = False) -> ConsolidationReport:
+    """Apply a validated diff and record the run; a report marked failed is recorded, not applied.
+
+    ``holds`` (the configuration's ``holds`` section; None: its defaults) and ``gate_failed`` (the
+    recall-quality gate said recall@k dropped) decide which rows wait for approval
+    (:func:`deep_sleep.run.holds.split_holds`, on the run's snapshot): they are written to
+    ``<diff_dir>/held/`` (a diff directory plus ``reasons.parquet``), listed in the report's ``held``
+    and the ledger (``held``, ``hold_status = 'pending'``), and the rest is applied.
+    ``deep-sleep approve`` / ``reject`` decide them later (:mod:`deep_sleep.jobs.approve`)."""
     report = ConsolidationReport.read(diff_dir)
     if report.status == "failed":
         record_run(store, report, mode, started_at or datetime.now(tz=utc(report.as_of).tzinfo), "failed")
@@ -131,7 +143,10 @@ def apply_stage(store: Store, diff_dir: Path, mode: str = "nightly", started_at:
     qfile = Path(diff_dir) / QUARANTINE_FILE
     quarantined = pl.read_parquet(qfile) if qfile.exists() else None
     diff = Diff.read(diff_dir)
+    diff, report = _hold(diff, report, Path(diff_dir), HoldsConfig() if holds is None else holds, gate_failed)
     result = apply_diff(store, diff, report, mode=mode, started_at=started_at, quarantined=quarantined)
+    if report.held:
+        record_holds(store, report.run_id, report.held)
     report = report.with_(
         status="applied",
         rows_changed=result.applied,
@@ -141,6 +156,21 @@ def apply_stage(store: Store, diff_dir: Path, mode: str = "nightly", started_at:
     )
     report.write(diff_dir)
     return report
+
+
+def _hold(diff: Diff, report: ConsolidationReport, diff_dir: Path, policy: HoldsConfig,
+          gate_failed: bool) -> tuple[Diff, ConsolidationReport]:
+    """The part of ``diff`` to apply now, and the report with its ``held`` rows (written to ``held/``)."""
+    if not (policy.enabled or gate_failed) or not diff.has_changes:
+        return diff, report
+    if not report.snapshot_uri:
+        raise InputError(f"{diff_dir}: the report names no snapshot (snapshot_uri), which the holds policy reads; "
+                         "plan the run with the plan stage, or pass holds=HoldsConfig(enabled=False)")
+    snap = Snapshot.read(report.snapshot_uri, columns=holds_mod.COLUMNS)
+    return holds_mod.hold(diff, snap, report, policy, diff_dir / holds_mod.HELD_DIR, gate_failed)
+
+
+record_holds = holds_mod.record_holds
 
 
 def consolidate_scope(
@@ -153,9 +183,11 @@ def consolidate_scope(
     phases: tuple[str, ...] | None = None,
 ) -> ConsolidationReport:
     """All four stages in this process, without Prefect (``deep-sleep run``, tests, the benchmark):
-    the pipeline of stage values (:mod:`deep_sleep.run.pipeline`) on a shard of one."""
+    the pipeline of stage values (:mod:`deep_sleep.run.pipeline`) on a shard of one, with the
+    configuration's holds policy."""
+    config = config or ConsolidationConfig()
     planned = plan_scope(store, scope, config, as_of, base_dir, phases)
-    applied = pipeline.apply(store, planned.validated, mode=mode, started_at=planned.started_at)
+    applied = pipeline.apply(store, planned.validated, mode=mode, started_at=planned.started_at, holds=config.holds)
     return applied.reports[Scope.coerce(scope).path]
 
 

@@ -30,6 +30,8 @@ from tests.storeutil import dump, edge, insert, node, scalar, small_graph
 
 NOW = datetime(2026, 11, 20, 3, 0, tzinfo=UTC)
 VECTOR = "[" + ",".join(f"{(i * 0.7311) % 1 - 0.5:.7f}" for i in range(256)) + "]"
+# Undo is about what a run applied: these runs apply everything (no holds, issue 16).
+NO_HOLDS = ConsolidationConfig(holds={"enabled": False})
 
 
 def rich_graph(store, scope) -> dict[str, list[str]]:
@@ -60,7 +62,7 @@ def rows(store, scope, without_version: bool = False) -> dict[str, dict[str, str
 def test_undo_restores_unchanged_rows_byte_for_byte_and_reports_the_changed_ones(store, scope, runs_dir):
     ids = rich_graph(store, scope)
     before, before_nv = rows(store, scope), rows(store, scope, without_version=True)
-    run = consolidate_scope(store, scope, as_of=NOW, base_dir=runs_dir)
+    run = consolidate_scope(store, scope, NO_HOLDS, as_of=NOW, base_dir=runs_dir)
     assert run.status == "applied", run.errors
     changed = {t: k for t, k in run.rows_changed.items()}
     assert changed["memory_nodes"]["updates"] >= 5 and changed["memory_nodes"]["deletes"] == 2
@@ -188,7 +190,7 @@ def test_undo_of_a_whole_synthetic_scope_restores_every_table(store, scope, runs
               for t, f in generate(spec).items()}
     load(store, frames)
     before = rows(store, scope, without_version=True)
-    run = consolidate_scope(store, scope, as_of=NOW, base_dir=runs_dir)
+    run = consolidate_scope(store, scope, NO_HOLDS, as_of=NOW, base_dir=runs_dir)
     assert run.status == "applied", run.errors
     assert {"memory_nodes", "memory_edges", "episodic_events", "pending_connections", "recall_events"} <= set(run.rows_changed)
     result = undo(store, run.run_id)

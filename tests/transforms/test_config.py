@@ -39,6 +39,7 @@ def test_every_default_of_spec_3_is_kept():
         "retention": {"keep_days": None, "force": False},
         "quarantine": {"max_label_chars": 2048, "min_timestamp": datetime(1990, 1, 1, tzinfo=UTC),
                        "future_tolerance_seconds": 300.0},
+        "holds": {"enabled": True, "max_delete_share": 0.05, "max_deletes": 500, "soul_changes": True, "used_deletes": True},
         "llm": {"enabled": False, "api_key_env": "ANTHROPIC_API_KEY", "base_url": None, "model": "claude-haiku-4-5",
                 "groups_per_request": 8, "max_output_tokens_per_group": 160, "max_summary_chars": 2000,
                 "run_token_budget": 200000, "tenant_daily_token_budget": 2000000, "max_retries": 3,

@@ -1,0 +1,258 @@
+"""Approve or reject the rows a run held back (SPEC §9, issue 16; ``deep-sleep approve|reject RUN_ID``).
+
+Where things are: the held rows are a diff directory under the run's diff directory
+(``<diff_uri>/held/``, :mod:`deep_sleep.run.holds`), so they survive with the run's files; the
+ledger row (``consolidation_runs``) has ``held`` (what and why) and ``hold_status``; each decision
+is one row per phase in ``consolidation_decisions`` (``PRIMARY KEY (run_id, phase)``: a phase's
+held rows are decided once, even by two racing calls).  The decisions table, not ``hold_status``,
+says what is still pending.
+
+:func:`approve` applies the held rows (all still-pending phases, or one ``phase``) with
+:func:`deep_sleep.run.apply.apply_diff` — the very statements and version guard of a nightly apply:
+a row that a live writer changed since the run's snapshot fails the guard, is left as the writer
+left it and is counted in ``conflicts``; deletes archive their before-images; edges held with a
+node whose delete conflicts stay.  The apply is recorded as a ledger row of its own (``mode =
+'approve'``, ``approval_of`` = the run) with a run directory of its own beside the run's
+(``<scope>/<as_of>_<approval id>/``: ``diff/`` exactly the rows it applied, ``snapshot/`` the run's
+snapshot rows of what it updates), so ``deep-sleep undo`` undoes an approval like any run and
+``gc`` keeps or removes its files by its own ledger row; it carries the run's own as_of, so it never moves a scope's "previous run" (those queries read ``mode = 'nightly'``).
+The decision rows and ``hold_status`` are written right after that apply commits.  Should two
+approvals race, the second's apply is a guarded no-op (the rows' versions moved, the deleted rows
+are gone) and its decision insert fails: it raises :class:`~deep_sleep.jobs.errors.HoldError`.
+
+:func:`reject` records the decision and applies nothing; the held files stay for the record
+(``deep-sleep gc`` removes them with the run's directories).
+
+Refused, with nothing written (:class:`~deep_sleep.jobs.errors.HoldError`): a run that is not in the
+ledger, not applied (failed or undone), holds nothing, or whose held phases (or the one asked for)
+are already decided.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import polars as pl
+
+from deep_sleep.core.diff import Diff
+from deep_sleep.core.errors import DeepSleepError
+from deep_sleep.core.report import ConsolidationReport
+from deep_sleep.core.snapshot import Snapshot, utc
+from deep_sleep.jobs.errors import HoldError
+from deep_sleep.jobs.ledger import RunRecord, get_run
+from deep_sleep.run import holds
+from deep_sleep.run.apply import apply_diff
+from deep_sleep.run.pipeline import read_scope_report, read_scope_snapshot
+from deep_sleep.store.db import Store
+
+DECISIONS_SQL = (
+    "SELECT phase, decision, decided_at, decided_by, decision_id::text FROM consolidation_decisions"
+    " WHERE run_id = %s::uuid ORDER BY phase"
+)
+DECIDE_SQL = (
+    "INSERT INTO consolidation_decisions (decision_id, run_id, phase, decision, decided_by, held_rows, applied_rows,"
+    " conflicts, approval_run_id) VALUES (%s::uuid, %s::uuid, %s, %s, %s, %s::jsonb, %s::jsonb, %s, %s::uuid)"
+)
+STATUS_SQL = """
+UPDATE consolidation_runs r SET hold_status = CASE
+    WHEN d.n < %(phases)s THEN 'partial'
+    WHEN d.approved = d.n THEN 'approved'
+    WHEN d.approved = 0 THEN 'rejected'
+    ELSE 'decided' END
+FROM (SELECT count(*) AS n, count(*) FILTER (WHERE decision = 'approved') AS approved
+      FROM consolidation_decisions WHERE run_id = %(run)s::uuid) d
+WHERE r.run_id = %(run)s::uuid
+"""
+APPROVAL_OF_SQL = "UPDATE consolidation_runs SET approval_of = %s::uuid WHERE run_id = %s::uuid"
+
+
+@dataclass(frozen=True)
+class Holds:
+    """What a run holds: the held diff, one row per held row with its reason, and the decisions so far.
+
+    phases: phase → table → kind → held rows.  decided: phase → {decision, decided_at, decided_by, decision_id}.
+    """
+
+    run: RunRecord
+    diff: Diff
+    reasons: pl.DataFrame
+    phases: dict[str, dict[str, dict[str, int]]]
+    decided: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def pending(self) -> list[str]:
+        return [p for p in self.phases if p not in self.decided]
+
+    def why(self) -> list[str]:
+        """The report's sentences on why rows were held (empty when its report.json is gone)."""
+        try:
+            return list(read_scope_report(self.run.diff_uri, self.run.scope_path).held.get("why", []))
+        except (DeepSleepError, OSError):  # the run's files are gone (gc) or unreadable
+            return []
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One ``approve`` or ``reject``: the phases it decided, the rows they held, and (approve) what landed."""
+
+    run_id: str
+    decision: str
+    phases: list[str]
+    held_rows: dict[str, dict[str, int]]
+    applied: dict[str, dict[str, int]] = field(default_factory=dict)
+    conflicts: int = 0
+    decision_id: str = ""
+    approval_run_id: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _counts(diff: Diff) -> dict[str, dict[str, int]]:
+    return {t: {k: n for k, n in kinds.items() if n} for t, kinds in diff.row_counts().items()}
+
+
+def read_holds(store: Store, run_id: str) -> Holds:
+    """The held rows of ``run_id`` (a UUID or an unambiguous prefix) and the decisions taken on them."""
+    run = get_run(store, run_id)  # LedgerError (an InputError) naming an unknown run
+    diff, reasons = holds.read_held(run.diff_uri, run.scope_path) if run.diff_uri else (Diff.empty(), pl.DataFrame(schema=holds.REASONS_SCHEMA))
+    phases = {p: _counts(holds.only_phases(diff, {p})) for p in holds.phases_of(diff)}
+    with store.pg() as con:
+        rows = con.execute(DECISIONS_SQL, (run.run_id,)).fetchall()
+    decided = {p: {"decision": d, "decided_at": at, "decided_by": by, "decision_id": did} for p, d, at, by, did in rows}
+    return Holds(run, diff, reasons, phases, decided)
+
+
+def _to_decide(h: Holds, phase: str | None, verb: str) -> list[str]:
+    run = h.run
+    if run.status != "applied" or run.mode == "approve":
+        raise HoldError(f"run {run.run_id} is {run.status} ({run.mode}): only an applied run's held rows can be {verb}d")
+    if not h.phases:
+        where = f"{run.diff_uri}/{holds.HELD_DIR}" if run.diff_uri else "its diff directory (the ledger names none)"
+        raise HoldError(f"run {run.run_id} holds nothing ({where} has no held rows); nothing to {verb}")
+    if phase is not None:
+        if phase not in h.phases:
+            raise HoldError(f"run {run.run_id} holds no rows of phase {phase!r}; its held phases: {', '.join(h.phases)}")
+        if phase in h.decided:
+            d = h.decided[phase]
+            raise HoldError(f"phase {phase!r} of run {run.run_id} was already {d['decision']} at {d['decided_at']}"
+                            f"{' by ' + d['decided_by'] if d['decided_by'] else ''}; a decision is final")
+        return [phase]
+    if not h.pending:
+        done = ", ".join(f"{p}: {d['decision']}" for p, d in h.decided.items())
+        raise HoldError(f"every held phase of run {run.run_id} is already decided ({done}); a decision is final")
+    return h.pending
+
+
+def _record(store: Store, h: Holds, decision: Decision, decided_by: str | None) -> None:
+    try:
+        with store.pg() as con:
+            with con.transaction():
+                for p in decision.phases:
+                    con.execute(DECIDE_SQL, (decision.decision_id, h.run.run_id, p, decision.decision, decided_by,
+                                             json.dumps(h.phases[p], sort_keys=True),
+                                             json.dumps(decision.applied, sort_keys=True), decision.conflicts,
+                                             decision.approval_run_id))
+                if decision.approval_run_id:
+                    con.execute(APPROVAL_OF_SQL, (h.run.run_id, decision.approval_run_id))
+                con.execute(STATUS_SQL, {"phases": len(h.phases), "run": h.run.run_id})
+    except psycopg.errors.UniqueViolation:
+        raise HoldError(f"run {h.run.run_id}: phase(s) {', '.join(decision.phases)} were decided by another call "
+                        "meanwhile; see `deep-sleep report`") from None
+    _update_report(h.run, decision)
+
+
+def _update_report(run: RunRecord, decision: Decision) -> None:
+    """Note the decision in the run's ``report.json`` (``held.decisions``), when the file is still there."""
+    if not run.diff_uri or not (Path(run.diff_uri) / "report.json").exists():
+        return
+    report = ConsolidationReport.read(run.diff_uri)
+    if not report.held:
+        return
+    decisions = {**report.held.get("decisions", {}), **{p: decision.decision for p in decision.phases}}
+    report.with_(held={**report.held, "decisions": decisions}).write(run.diff_uri)
+
+
+def approve(store: Store, run_id: str, phase: str | None = None, decided_by: str | None = None) -> Decision:
+    """Apply the held rows of ``run_id`` (every still-pending phase, or ``phase``) through the version guard,
+    and record the decision; see the module docstring."""
+    h = read_holds(store, run_id)
+    phases = _to_decide(h, phase, "approve")
+    todo = holds.only_phases(h.diff, set(phases))
+    approval_id = str(uuid.uuid4())
+    base = _approval_dir(h.run, approval_id)
+    out = todo.write(base / "diff")
+    snap_dir = _before_images(h.run, todo).write(base / "snapshot")
+    report = ConsolidationReport(
+        scope_path=h.run.scope_path, as_of=h.run.as_of.isoformat(), phases_run=phases, rows_changed=_counts(todo),
+        diff_hash=todo.content_hash(), run_id=approval_id, snapshot_uri=str(snap_dir.resolve()), diff_uri=str(out.resolve()),
+        notes={"approve": [f"held rows of run {h.run.run_id}" + (f", phase {phase}" if phase else "")]},
+    )
+    report.write(out)
+    result = apply_diff(store, todo, report, mode="approve")
+    report.with_(status="applied", rows_changed=result.applied, conflicts=result.conflicts).write(out)
+    decision = Decision(h.run.run_id, "approved", phases, _counts(todo), result.applied, result.conflicts,
+                        decision_id=approval_id, approval_run_id=approval_id)
+    _record(store, h, decision, decided_by)
+    return decision
+
+
+def _approval_dir(run: RunRecord, approval_id: str) -> Path:
+    """A run directory of its own, beside the run's (``<scope>/<as_of>_<approval id>``): ``gc`` keeps or
+    removes it by the approval's own ledger row, as any run's."""
+    original = Path(run.diff_uri).resolve().parent
+    stamp = utc(run.as_of).strftime("%Y%m%dT%H%M%S.%fZ")
+    return original.parent / f"{stamp}_{approval_id}"
+
+
+def _before_images(run: RunRecord, todo: Diff) -> Snapshot:
+    """The run's snapshot rows of what the approval updates (what ``deep-sleep undo`` restores them
+    from); deleted rows are archived by the apply, inserted ones are in the diff."""
+    frames = {}
+    updated = {t: td.updates.get_column("id") for t, td in todo.tables.items() if td.updates.height}
+    if updated:
+        snap = read_scope_snapshot(run.snapshot_uri, run.scope_path)  # a shard's or a single scope's
+        frames = {t: snap.table(t).filter(pl.col("id").cast(pl.String).is_in(ids.cast(pl.String).implode()))
+                  for t, ids in updated.items()}
+        return Snapshot(snap.scope_path, snap.taken_at, snap.previous_run_as_of, frames)
+    return Snapshot(run.scope_path, utc(run.as_of), None, frames)
+
+
+def reject(store: Store, run_id: str, phase: str | None = None, decided_by: str | None = None) -> Decision:
+    """Discard the held rows of ``run_id`` (every still-pending phase, or ``phase``): record the decision,
+    apply nothing."""
+    h = read_holds(store, run_id)
+    phases = _to_decide(h, phase, "reject")
+    decision = Decision(h.run.run_id, "rejected", phases, _counts(holds.only_phases(h.diff, set(phases))),
+                        decision_id=str(uuid.uuid4()))
+    _record(store, h, decision, decided_by)
+    return decision
+
+
+def holds_markdown(h: Holds) -> str:
+    """The held rows of a run per phase, with their decisions, as Markdown (the approval form's description)."""
+    from deep_sleep.run.console import markdown_table
+
+    rows = []
+    for p, by_table in h.phases.items():
+        what = "; ".join(f"{t}: " + ", ".join(f"{n} {k}" for k, n in kinds.items()) for t, kinds in by_table.items())
+        d = h.decided.get(p)
+        rows.append([p, what, d["decision"] if d else "pending"])
+    why = h.why()
+    head = f"Run `{h.run.run_id}` (`{h.run.scope}`, as_of {h.run.as_of:%Y-%m-%d %H:%M}) holds rows for approval."
+    return "\n\n".join([head, *(f"- {w}" for w in why), markdown_table(["phase", "held rows", "decision"], rows)]) + "\n"
+
+
+def decision_text(d: Decision) -> str:
+    """One line for the terminal."""
+    held = sum(n for kinds in d.held_rows.values() for n in kinds.values())
+    text = f"run {d.run_id}: {d.decision} {held} held row(s) of {', '.join(d.phases)}"
+    if d.decision == "approved":
+        landed = sum(n for kinds in d.applied.values() for n in kinds.values())
+        text += f"; applied {landed}, {d.conflicts} conflict(s) (rows changed since the snapshot, left as they are)"
+    return text

@@ -1,0 +1,62 @@
+"""The ``deep_sleep_approval`` Prefect flow: decide a run's held rows through a paused flow run's input form.
+
+For a run with pending holds (SPEC §9; :mod:`deep_sleep.jobs.approve`) the flow publishes the held
+rows as a Markdown artifact and pauses with ``pause_flow_run(wait_for_input=Approval)``: Prefect's UI
+shows the form (the description lists the held rows per phase and why), and
+``resume_flow_run(flow_run_id, run_input={"approve": true, "phase": null})`` from any client does the
+same.  On resume the flow approves (applies through the version guard) or rejects — ``phase``: only
+that phase, else every pending one — and returns the decision.  ``decided_by`` in the ledger is
+``prefect:<flow run id>``.  A run that holds nothing, or whose holds are already decided, fails the
+flow before it pauses (:class:`~deep_sleep.jobs.errors.HoldError`); a pause not resumed within
+``timeout_seconds`` fails the flow run and decides nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow, get_run_logger, pause_flow_run
+from prefect.artifacts import create_markdown_artifact
+from prefect.context import get_run_context
+from prefect.input import RunInput
+from pydantic import BaseModel, Field
+
+from deep_sleep.jobs.approve import approve, decision_text, holds_markdown, read_holds, reject
+from deep_sleep.jobs.errors import HoldError
+from deep_sleep.store.db import connect_store
+
+
+class Approval(RunInput):
+    """The form of a paused approval: approve (true) or reject (false) the held rows; phase: only this phase."""
+
+    approve: bool = Field(description="apply the held rows (true) or discard them (false)")
+    phase: str | None = Field(None, description="only this phase's held rows (empty: every pending phase)")
+
+
+class ApprovalParameters(BaseModel):
+    run_id: str = Field(description="the run whose held rows to decide (a UUID or an unambiguous prefix)")
+    dsn: str | None = Field(None, description="PostgreSQL DSN; default DEEP_SLEEP_DSN or the embedded server")
+    timeout_seconds: int = Field(3600, ge=1, description="how long the flow run waits paused for the decision")
+    poll_seconds: int = Field(10, ge=1, description="how often the paused flow run checks for the decision")
+
+
+@flow(name="deep_sleep_approval", log_prints=True)
+def deep_sleep_approval(params: ApprovalParameters) -> dict[str, Any]:
+    """Pause for an :class:`Approval` of the run's pending holds, then apply or reject them; returns the decision."""
+    store = connect_store(params.dsn)
+    h = read_holds(store, params.run_id)
+    if not h.phases:
+        raise HoldError(f"run {h.run.run_id} holds nothing; there is nothing to approve")
+    if not h.pending:
+        raise HoldError(f"every held phase of run {h.run.run_id} is already decided")
+    text = holds_markdown(h)
+    create_markdown_artifact(markdown=text, key=f"deep-sleep-holds-{h.run.run_id[:8]}",
+                             description=f"held rows of run {h.run.run_id}")
+    form = Approval.with_initial_data(description=text + "\nApprove (apply) or reject (discard) the held rows.",
+                                      approve=False)
+    answer = pause_flow_run(wait_for_input=form, timeout=params.timeout_seconds, poll_interval=params.poll_seconds)
+    by = f"prefect:{get_run_context().flow_run.id}"
+    decide = approve if answer.approve else reject
+    decision = decide(store, h.run.run_id, answer.phase or None, decided_by=by)
+    get_run_logger().info(decision_text(decision))
+    return decision.to_dict()
