@@ -51,7 +51,7 @@ from deep_sleep.store.db import Store
 from deep_sleep.store.extract import extract as extract_scope
 from deep_sleep.store.extract import extract_shard
 from deep_sleep.transforms.config import ConsolidationConfig
-from deep_sleep.validation import validate_diff
+from deep_sleep.validation import failed_scopes, validate_diff, validate_shard_diff
 
 REPORTS_FILE = "reports.parquet"
 QUARANTINE_FILE = "quarantine.parquet"
@@ -187,22 +187,24 @@ def validate(planned: Planned, config: ConsolidationConfig | None = None) -> Val
     """Check every scope's diff (SPEC §4); a failing check fails only the scopes whose rows fail it."""
     t0 = time.perf_counter()
     config = config or ConsolidationConfig()
-    found = []
-    for s in planned.plan.shard.scope_paths:
-        diff = planned.scope_diff(s)
-        if not diff.has_changes:
-            continue
-        failures = validate_diff(diff, planned.scope_snapshot(s), config)
-        if failures.height:
-            found.append(failures.with_columns(pl.lit(s).alias("scope_path")))
-    failures = pl.concat(found) if found else pl.DataFrame(schema={**_failure_schema(), "scope_path": pl.String})
+    shard = planned.plan.shard
+    if planned.single is not None:  # a shard of one: the scope's own checks
+        failures = validate_diff(planned.single.diff, planned.single.snapshot, config)
+        failures = failures.with_columns(pl.lit(shard.scope_paths[0]).alias("scope_path"))
+        failing = set(shard.scope_paths) if failures.height else set()
+    else:  # one pandera pass over the shard's diff; a failing check fails only its rows' scopes
+        failures = validate_shard_diff(planned.plan.diff, shard, config)
+        failing = set(failed_scopes(failures, shard))
     seconds = round(time.perf_counter() - t0, 6)
     reports = {}
-    failed_scopes = set(failures.get_column("scope_path").unique().to_list()) if failures.height else set()
+    by_scope = ({k: v.drop("scope_path") for (k,), v in failures.partition_by("scope_path", as_dict=True).items()}
+                if failures.height else {})
     for s, r in planned.reports.items():
         timings = {**r.timings, "validate": seconds}
-        if s in failed_scopes:
-            mine = failures.filter(pl.col("scope_path") == s).drop("scope_path")
+        if s in failing:
+            mine = by_scope.get(s)
+            if mine is None:  # a failure no scope of the shard owns fails them all (failed_scopes)
+                mine = failures.drop("scope_path")
             r = r.with_(status="failed", errors=r.errors + failure_messages(mine), validation=mine.head(200).to_dicts(),
                         timings=timings)
         else:
