@@ -217,23 +217,27 @@ def _check_run_ids(reports: dict[str, ConsolidationReport]) -> None:
             raise InputError(f"apply_shard: report.run_id {r.run_id!r} of {s!r} is not a UUID") from None
 
 
-def _batches(diff: Diff, quarantined: pl.DataFrame | None, scopes: list[str],
-             batch_scopes: int) -> tuple[dict[int, Diff], dict[int, pl.DataFrame]]:
+def _batches(diff: Diff, quarantined: pl.DataFrame | None, scopes: list[str], batch_scopes: int,
+             not_applied: set[str]) -> tuple[dict[int, Diff], dict[int, pl.DataFrame]]:
     """The shard's diff and quarantined rows split into batches of ``batch_scopes`` consecutive scopes
-    (of ``scopes``) — one partition per frame, no filter per batch.  A row of no listed scope (or
-    without a ``scope_path``) raises :class:`InputError`."""
+    (of ``scopes``) — one partition per frame, no filter per batch — without the rows of the scopes
+    ``not_applied`` (reports marked failed).  A row of no listed scope (or without a ``scope_path``)
+    raises :class:`InputError`."""
     from deep_sleep.core.diff import TableDiff
 
-    batch_of = pl.DataFrame({"scope_path": scopes, "_ds_batch": [i // batch_scopes for i in range(len(scopes))]},
+    batch_of = pl.DataFrame({"scope_path": scopes, "_ds_batch": [None if s in not_applied else i // batch_scopes
+                                                                  for i, s in enumerate(scopes)]},
                             schema={"scope_path": pl.String, "_ds_batch": pl.Int64})
+    listed = pl.Series(scopes, dtype=pl.String).implode()
 
     def split(what: str, frame: pl.DataFrame) -> dict[int, pl.DataFrame]:
         if "scope_path" not in frame.columns:
             raise InputError(f"apply_shard: {what} needs a scope_path on every row")
-        got = frame.join(batch_of, on="scope_path", how="left", maintain_order="left")
-        if got.get_column("_ds_batch").null_count():
-            stray = got.filter(pl.col("_ds_batch").is_null()).get_column("scope_path").unique().head(3).to_list()
-            raise InputError(f"apply_shard: {what} has rows of scopes without a report: {stray}")
+        stray = frame.filter(~pl.col("scope_path").is_in(listed) | pl.col("scope_path").is_null())
+        if stray.height:
+            raise InputError(f"apply_shard: {what} has rows of scopes without a report: "
+                             f"{stray.get_column('scope_path').unique().head(3).to_list()}")
+        got = frame.join(batch_of, on="scope_path", how="left", maintain_order="left").filter(pl.col("_ds_batch").is_not_null())
         return {b: part.drop("_ds_batch") for (b,), part in got.partition_by("_ds_batch", as_dict=True).items()}
 
     parts: dict[int, dict[str, dict[str, pl.DataFrame]]] = {}
@@ -248,10 +252,10 @@ def _batches(diff: Diff, quarantined: pl.DataFrame | None, scopes: list[str],
 
 
 def _ledger_rows(reports: list[ConsolidationReport], mode: str, started_at: datetime) -> str:
-    """The batch's ledger rows as one JSON array (the fields of :func:`ledger_params`)."""
+    """The batch's ledger rows as one JSON array (the fields of :func:`ledger_params`; each report's status)."""
     rows = [{
         "run_id": r.run_id, "scope_path": r.scope_path, "mode": mode, "as_of": r.as_of, "started_at": started_at.isoformat(),
-        "status": "applied", "counters": r.counters, "phases_run": r.phases_run, "phases_skipped": r.phases_skipped,
+        "status": r.status, "counters": r.counters, "phases_run": r.phases_run, "phases_skipped": r.phases_skipped,
         "timings": r.timings, "rows_changed": r.rows_changed, "conflicts": r.conflicts, "diff_hash": r.diff_hash,
         "snapshot_uri": r.snapshot_uri, "diff_uri": r.diff_uri, "errors": r.errors, "quarantined": r.quarantined,
     } for r in reports]
@@ -302,7 +306,8 @@ def _apply_batch(store: Store, planned: ShardStatements, reports: dict[str, Cons
                 cur.fetch_arrow_table()
             elif s.step == "ledger":
                 outcome = _outcome(planned.fed, landed, planned.scopes)
-                final = [reports[p].with_(rows_changed=outcome[p][0], conflicts=outcome[p][1], status="applied")
+                final = [reports[p] if reports[p].status == "failed" else
+                         reports[p].with_(rows_changed=outcome[p][0], conflicts=outcome[p][1], status="applied")
                          for p in planned.scopes]
                 cur.execute(s.sql, parameters=(_ledger_rows(final, mode, started_at),))
             else:
@@ -332,6 +337,20 @@ def _apply_alone(store: Store, diff: Diff, report: ConsolidationReport, mode: st
     return "failed", {}, 0, error
 
 
+def _marked_error(report: ConsolidationReport) -> str:
+    return "; ".join(report.errors[:3]) or "the report is marked failed"
+
+
+def _record_failed(store: Store, report: ConsolidationReport, mode: str, started_at: datetime) -> tuple[str, dict, int, str | None]:
+    """A scope whose report is marked failed (e.g. its validation failed): recorded on its own, not applied."""
+    error = _marked_error(report)
+    try:
+        record_run(store, report, mode, started_at, "failed")
+    except Exception as e:  # noqa: BLE001 - the result still says why
+        error += f" (and recording the failed run failed: {type(e).__name__}: {e})"
+    return "failed", {}, 0, error
+
+
 def apply_shard(
     store: Store,
     diff: Diff,
@@ -357,14 +376,18 @@ def apply_shard(
     If a batch's transaction raises, it is rolled back and the batch is retried scope by scope, each
     in its own :func:`apply_diff` transaction (a transient error tried again); a scope whose own
     transaction raises is recorded as a failed run (``errors`` says why) and the others apply.
-    Scopes with no rows still get their ledger row.  Returns scope_path → :class:`ShardApplied`.
+    Scopes with no rows still get their ledger row.  A scope whose report is already marked failed
+    (``status="failed"``, e.g. its validation failed) is recorded as that failed run in its batch's
+    ledger INSERT and none of its rows are applied (as :func:`~deep_sleep.run.stages.apply_stage`
+    does for one scope).  Returns scope_path → :class:`ShardApplied`.
     """
     if batch_scopes < 1:
         raise InputError(f"apply_shard: batch_scopes must be >= 1, got {batch_scopes}")
     _check_run_ids(reports)
     started_at = started_at or datetime.now(UTC)
     scopes = sorted(reports, key=str.encode)
-    diffs, held = _batches(diff, quarantined, scopes, batch_scopes)
+    marked = {s for s, r in reports.items() if r.status == "failed"}
+    diffs, held = _batches(diff, quarantined, scopes, batch_scopes, marked)
     out: dict[str, ShardApplied] = {}
     for b, start in enumerate(range(0, len(scopes), batch_scopes)):
         mine = {s: reports[s] for s in scopes[start:start + batch_scopes]}
@@ -378,7 +401,8 @@ def apply_shard(
             alone = part.by_scope()
             q_by = ({s: f.drop("scope_path") for (s,), f in q.partition_by("scope_path", as_dict=True).items()}
                     if q is not None and q.height else {})
-            results = {s: _apply_alone(store, alone.get(s, Diff.empty()), r, mode, started_at, q_by.get(s))
+            results = {s: _record_failed(store, r, mode, started_at) if s in marked else
+                       _apply_alone(store, alone.get(s, Diff.empty()), r, mode, started_at, q_by.get(s))
                        for s, r in mine.items()}
             seconds = round(time.perf_counter() - clock, 6)
             for s, (status, applied, conflicts, error) in results.items():
@@ -386,6 +410,9 @@ def apply_shard(
             continue
         seconds = round(time.perf_counter() - clock, 6)
         for s in mine:
+            if s in marked:
+                out[s] = ShardApplied("failed", {}, 0, _marked_error(reports[s]), seconds, b)
+                continue
             applied, conflicts = outcome[s]
             out[s] = ShardApplied("applied", applied, conflicts, None, seconds, b)
     return out

@@ -5,6 +5,7 @@ as its own scope's conflict; a row naming another scope's id changes nothing of 
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -130,23 +131,33 @@ def test_a_failing_scope_is_recorded_failed_a_live_write_is_its_scopes_conflict_
         live.commit()
     # a node insert in org/ac that breaks the layer CHECK: that scope's transaction raises
     diff = _with_row(planned.diff, "memory_nodes", "inserts", _poison(planned.diff, bad_scope))
+    # a scope whose validation failed: its report is marked failed, its rows must not land
+    invalid = next(s for s in scopes if s.startswith("org\x1fglobex\x1f"))
+    reports[invalid] = reports[invalid].with_(status="failed", errors=["validation failed: test"])
     before = _store_rows(store)
-    bad_rows_before = {t: [r for r in rows if bad_scope.replace("\x1f", "\\u001f") + '"' in r] for t, rows in before.items()}
+    mine_of = lambda rows, scope: [r for r in rows if json.loads(r).get("scope_path") == scope]  # noqa: E731
     got = apply_shard(store, diff, reports, started_at=STARTED, quarantined=planned.quarantined)
     assert got[bad_scope].status == "failed" and "memory_nodes_layer_check" in got[bad_scope].error
     assert got[bad_scope].retried and "memory_nodes_layer_check" in got[bad_scope].batch_error
-    assert {s: g.status for s, g in got.items() if s != bad_scope} == dict.fromkeys(set(scopes) - {bad_scope}, "applied")
+    assert {s: g.status for s, g in got.items() if s not in (bad_scope, invalid)} == dict.fromkeys(
+        set(scopes) - {bad_scope, invalid}, "applied")
+    assert got[invalid].status == "failed" and got[invalid].error == "validation failed: test"
     assert got[live_scope].conflicts >= 1
     assert all(got[s].conflicts == 0 for s in scopes if s != live_scope)
+    assert got[live_scope].applied["memory_nodes"]["updates"] == (
+        updates.filter(pl.col("scope_path") == live_scope).get_column("id").n_unique() - got[live_scope].conflicts)
     assert scalar(store, "SELECT label FROM memory_nodes WHERE id = %s", target) == "project: edited live"
     status, errors, rows_changed = store.pg().execute(
         "SELECT status, errors, rows_changed FROM consolidation_runs WHERE run_id = %s", (reports[bad_scope].run_id,)).fetchone()
     assert status == "failed" and any("memory_nodes_layer_check" in e for e in errors)
+    assert scalar(store, "SELECT errors FROM consolidation_runs WHERE run_id = %s", reports[invalid].run_id) == [
+        "validation failed: test"]
     after = _store_rows(store)
-    for t in tables.TABLES:  # nothing of the failed scope changed
-        assert [r for r in after[t] if bad_scope.replace("\x1f", "\\u001f") + '"' in r] == bad_rows_before[t], t
-    assert scalar(store, "SELECT count(*) FROM consolidation_archive WHERE run_id = %s", reports[bad_scope].run_id) == 0
-    for s in set(scopes) - {bad_scope}:  # every other scope applied as planned, conflicts aside
+    for t in tables.TABLES:  # nothing of the failed scopes changed
+        for failed in (bad_scope, invalid):
+            assert mine_of(after[t], failed) == mine_of(before[t], failed), (t, failed)
+            assert scalar(store, "SELECT count(*) FROM consolidation_archive WHERE run_id = %s", reports[failed].run_id) == 0
+    for s in set(scopes) - {bad_scope, invalid}:  # every other scope applied as planned, conflicts aside
         assert scalar(store, "SELECT status FROM consolidation_runs WHERE run_id = %s", reports[s].run_id) == "applied"
         assert got[s].applied.keys() == planned.reports[s].rows_changed.keys()
     held = scalar(store, "SELECT count(*) FROM consolidation_quarantine WHERE run_id = %s", reports["org\x1fglobex"].run_id)
@@ -157,11 +168,17 @@ def test_a_failing_batch_retries_only_its_own_scopes(twin_stores):
     store, _, scopes = twin_stores
     planned, reports = _plan(store, scopes)
     bad_scope = "org\x1fac"  # the first scope in byte order: batch 0
+    invalid = sorted(scopes, key=str.encode)[-1]  # in the last batch, which applies in one transaction
+    reports[invalid] = reports[invalid].with_(status="failed", errors=["validation failed: test"])
     got = apply_shard(store, _with_row(planned.diff, "memory_nodes", "inserts", _poison(planned.diff, bad_scope)), reports,
                       started_at=STARTED, quarantined=planned.quarantined, batch_scopes=2)
     assert got[bad_scope].batch == 0 and got[bad_scope].status == "failed"
     assert {s for s, g in got.items() if g.retried} == {s for s, g in got.items() if g.batch == 0}
-    assert all(g.status == "applied" for s, g in got.items() if s != bad_scope)
+    assert all(g.status == "applied" for s, g in got.items() if s not in (bad_scope, invalid))
+    assert got[invalid].status == "failed" and not got[invalid].retried and got[invalid].batch > 0
+    assert scalar(store, "SELECT status FROM consolidation_runs WHERE run_id = %s", reports[invalid].run_id) == "failed"
+    assert scalar(store, "SELECT count(*) FROM consolidation_archive WHERE run_id = %s", reports[invalid].run_id) == 0
+    assert scalar(store, "SELECT count(*) FROM consolidation_archive WHERE run_id = %s", reports[scopes[1]].run_id) > 0
 
 
 def test_a_row_naming_another_scopes_id_changes_nothing_of_that_scope(store):
