@@ -241,3 +241,24 @@ def test_shard_statements_are_pure_and_keep_every_write_scoped():
 
     with pytest.raises(InputError):
         shard_statements(diff, {"s1": run_ids["s1"]})
+
+
+def test_each_scopes_inserts_take_the_defaults_of_the_columns_it_gives_no_value(store):
+    """A column one scope's rows give values for and another's do not: the other scope's rows take the
+    store's default (as its run alone, whose diff has no such column, gives), not NULL."""
+    t = f"t{uuid.uuid4().hex[:8]}"
+    plain, rich = f"org\x1f{t}", f"org\x1f{t}\x1fagent\x1fa1"
+    ids = [str(uuid.uuid4()) for _ in range(3)]
+    inserts = pl.DataFrame({"id": ids, "scope_path": [plain, rich, rich], "tenant_id": [t] * 3,
+                            "label": ["project: a", "project: b", "project: c"], "importance": [None, 3.0, 4.0],
+                            "properties": [None, '{"k": 1}', '{"k": 2}'], "phase": ["p"] * 3})
+    reports = {s: ConsolidationReport(scope_path=s, as_of="2026-11-30T03:00:00Z", run_id=str(uuid.uuid4()))
+               for s in (plain, rich)}
+    got = apply_shard(store, Diff({"memory_nodes": TableDiff(inserts=inserts)}), reports)
+    assert {s: (g.status, g.retried, g.conflicts, g.applied) for s, g in got.items()} == {
+        plain: ("applied", False, 0, {"memory_nodes": {"inserts": 1}}),
+        rich: ("applied", False, 0, {"memory_nodes": {"inserts": 2}})}
+    rows = store.pg().execute("SELECT id::text, importance, properties FROM memory_nodes WHERE id = ANY(%s::uuid[]) ORDER BY label",
+                              (ids,)).fetchall()
+    # the plain scope gave neither column: both defaults (a NULL would break NOT NULL); the rich one its values
+    assert [(r[1], r[2]) for r in rows] == [(5.0, {}), (3.0, {"k": 1}), (4.0, {"k": 2})]
