@@ -1,4 +1,6 @@
 """Apply a validated diff to the store in one transaction (SPEC §2 step 4): run the statement list.
+A shard's diff (many scopes) is applied by :func:`apply_shard`: one transaction per batch of scopes,
+atomic per scope (see there).
 
 :func:`deep_sleep.run.statements.statements` builds every statement — the SQL, its parameters
 and how each table's rows are fed (inline JSON, a JSON temporary table, ADBC COPY) — as values;
@@ -38,10 +40,13 @@ from deep_sleep.run.statements import (  # noqa: F401 - re-exported: callers and
     stage_name,
     stage_sql,
     stage_statement,
+    ShardStatements,
+    shard_statements,
     statements,
     update_sql,
 )
 from deep_sleep.store.db import Store
+from deep_sleep.store.errors import is_transient
 
 
 def apply_work_mem() -> str:
@@ -169,3 +174,245 @@ def apply_diff(
                 _run(cur, s)
     seconds["quarantine_and_ledger_and_commit"] = round(time.perf_counter() - (tail or clock), 6)
     return ApplyResult(applied=applied, conflicts=conflicts, seconds=seconds)
+
+
+# -- many scopes at once (SPEC §2 "Scale"; issue 12 item 6) -----------------------------------------
+@dataclass(frozen=True)
+class ShardApplied:
+    """One scope's outcome of :func:`apply_shard`.
+
+    status: ``applied`` or ``failed`` (recorded as a failed run, nothing of the scope changed).
+    applied: rows applied per table and kind (as :attr:`ApplyResult.applied`; empty when failed).
+    conflicts: rows a live writer changed after the snapshot (left as the writer left them).
+    error: why the scope failed (``ExceptionType: message``), else None.
+    seconds: the wall time of the scope's batch: its transaction, and when it failed, the scope-by-scope
+        retry of the whole batch as well.
+    batch: the batch's number (0, 1, …; scopes in byte order of their paths).
+    retried: the scope was applied (or failed) in its own transaction after its batch's transaction failed.
+    batch_error: then, the error of the batch's transaction (``ExceptionType: message``), else None.
+    """
+
+    status: str
+    applied: dict[str, dict[str, int]]
+    conflicts: int
+    error: str | None
+    seconds: float
+    batch: int
+    retried: bool = False
+    batch_error: str | None = None
+
+
+TRANSIENT_ATTEMPTS = 3  # a scope's own transaction is tried this often when its error is transient
+
+
+def _check_run_ids(reports: dict[str, ConsolidationReport]) -> None:
+    for s, r in reports.items():
+        if r.scope_path != s:
+            raise InputError(f"apply_shard: the report under {s!r} is of scope {r.scope_path!r}")
+        if not r.run_id:
+            raise InputError(f"apply_shard: the report of {s!r} has no run_id (a UUID) to archive and record the run")
+        try:
+            uuid.UUID(r.run_id)
+        except ValueError:
+            raise InputError(f"apply_shard: report.run_id {r.run_id!r} of {s!r} is not a UUID") from None
+
+
+def _batches(diff: Diff, quarantined: pl.DataFrame | None, scopes: list[str], batch_scopes: int,
+             not_applied: set[str]) -> tuple[dict[int, Diff], dict[int, pl.DataFrame]]:
+    """The shard's diff and quarantined rows split into batches of ``batch_scopes`` consecutive scopes
+    (of ``scopes``) — one partition per frame, no filter per batch — without the rows of the scopes
+    ``not_applied`` (reports marked failed).  A row of no listed scope (or without a ``scope_path``)
+    raises :class:`InputError`."""
+    from deep_sleep.core.diff import TableDiff
+
+    batch_of = pl.DataFrame({"scope_path": scopes, "_ds_batch": [None if s in not_applied else i // batch_scopes
+                                                                  for i, s in enumerate(scopes)]},
+                            schema={"scope_path": pl.String, "_ds_batch": pl.Int64})
+    listed = pl.Series(scopes, dtype=pl.String).implode()
+
+    def split(what: str, frame: pl.DataFrame) -> dict[int, pl.DataFrame]:
+        if "scope_path" not in frame.columns:
+            raise InputError(f"apply_shard: {what} needs a scope_path on every row")
+        stray = frame.filter(~pl.col("scope_path").is_in(listed) | pl.col("scope_path").is_null())
+        if stray.height:
+            raise InputError(f"apply_shard: {what} has rows of scopes without a report: "
+                             f"{stray.get_column('scope_path').unique().head(3).to_list()}")
+        got = frame.join(batch_of, on="scope_path", how="left", maintain_order="left").filter(pl.col("_ds_batch").is_not_null())
+        return {b: part.drop("_ds_batch") for (b,), part in got.partition_by("_ds_batch", as_dict=True).items()}
+
+    parts: dict[int, dict[str, dict[str, pl.DataFrame]]] = {}
+    for name, td in diff.tables.items():
+        for kind, frame in td.frames().items():
+            if frame.height:
+                for b, part in split(f"{name}.{kind}", frame).items():
+                    parts.setdefault(b, {}).setdefault(name, {})[kind] = part
+    diffs = {b: Diff({name: TableDiff(**kinds) for name, kinds in by_table.items()}) for b, by_table in parts.items()}
+    held = split("quarantined", quarantined) if quarantined is not None and quarantined.height else {}
+    return diffs, held
+
+
+def _ledger_rows(reports: list[ConsolidationReport], mode: str, started_at: datetime) -> str:
+    """The batch's ledger rows as one JSON array (the fields of :func:`ledger_params`; each report's status)."""
+    rows = [{
+        "run_id": r.run_id, "scope_path": r.scope_path, "mode": mode, "as_of": r.as_of, "started_at": started_at.isoformat(),
+        "status": r.status, "counters": r.counters, "phases_run": r.phases_run, "phases_skipped": r.phases_skipped,
+        "timings": r.timings, "rows_changed": r.rows_changed, "conflicts": r.conflicts, "diff_hash": r.diff_hash,
+        "snapshot_uri": r.snapshot_uri, "diff_uri": r.diff_uri, "errors": r.errors, "quarantined": r.quarantined,
+    } for r in reports]
+    return json.dumps(rows, sort_keys=True, default=str)
+
+
+def _outcome(fed: pl.DataFrame, landed: list[pl.DataFrame], scopes: tuple[str, ...]) -> dict[str, tuple[dict, int]]:
+    """scope → (rows applied per table and kind, conflicts): every (table, kind) the scope fed rows to,
+    with the rows its writes returned (0 when none landed); conflicts are the rest."""
+    schema = {"scope_path": pl.String, "table": pl.String, "kind": pl.String, "n": pl.Int64}
+    got = pl.concat([f.cast(schema) for f in landed]) if landed else pl.DataFrame(schema=schema)
+    got = got.group_by("scope_path", "table", "kind").agg(pl.col("n").sum())
+    per = fed.join(got, on=["scope_path", "table", "kind"], how="left").with_columns(pl.col("n").fill_null(0))
+    out: dict[str, tuple[dict, int]] = {s: ({}, 0) for s in scopes}
+    for s, table, kind, rows, n in per.select("scope_path", "table", "kind", "rows", "n").iter_rows():
+        applied, conflicts = out[s]
+        applied.setdefault(table, {})[kind] = n
+        out[s] = (applied, conflicts + rows - n)
+    return out
+
+
+def planned_shard_statements(diff: Diff, reports: dict[str, ConsolidationReport],
+                             quarantined: pl.DataFrame | None = None) -> ShardStatements:
+    """The statements :func:`apply_shard` runs for one batch (the thresholds read at call time, as
+    :func:`planned_statements` does)."""
+    return shard_statements(diff, {s: r.run_id for s, r in reports.items()}, quarantined=quarantined,
+                            small_rows=SMALL_STAGE_ROWS, big_rows=BIG_DIFF_ROWS,
+                            work_mem=os.environ.get("DEEP_SLEEP_APPLY_WORK_MEM"))
+
+
+def _apply_batch(store: Store, planned: ShardStatements, reports: dict[str, ConsolidationReport],
+                 mode: str, started_at: datetime) -> dict[str, tuple[dict, int]]:
+    """One transaction: the batch's statements and one ledger INSERT of its scopes' rows.  Raises (the
+    transaction rolled back) on any error."""
+    landed: list[pl.DataFrame] = []
+    outcome: dict[str, tuple[dict, int]] = {}
+    with store.transaction() as cur:
+        for s in planned.statements:
+            if s.is_write:
+                cur.execute(s.sql)
+                landed.append(pl.from_arrow(cur.fetch_arrow_table()).with_columns(
+                    pl.lit(s.table).alias("table"), pl.lit(s.kind).alias("kind")))
+            elif s.step == "lock":
+                cur.execute(s.sql, parameters=_bind(s.params))
+                cur.fetch_arrow_table()
+            elif s.step == "quarantine" and s.sql is not None:
+                cur.execute(s.sql)
+                cur.fetch_arrow_table()
+            elif s.step == "ledger":
+                outcome = _outcome(planned.fed, landed, planned.scopes)
+                final = [reports[p] if reports[p].status == "failed" else
+                         reports[p].with_(rows_changed=outcome[p][0], conflicts=outcome[p][1], status="applied")
+                         for p in planned.scopes]
+                cur.execute(s.sql, parameters=(_ledger_rows(final, mode, started_at),))
+            else:
+                _run(cur, s)
+    return outcome
+
+
+def _apply_alone(store: Store, diff: Diff, report: ConsolidationReport, mode: str, started_at: datetime,
+                 quarantined: pl.DataFrame | None) -> tuple[str, dict, int, str | None]:
+    """One scope in its own transaction (:func:`apply_diff`), a transient error tried again up to
+    :data:`TRANSIENT_ATTEMPTS` times; any other error (or the last) is recorded as the scope's failed run."""
+    for attempt in range(1, TRANSIENT_ATTEMPTS + 1):
+        try:
+            result = apply_diff(store, diff, report, mode=mode, started_at=started_at, quarantined=quarantined)
+            return "applied", result.applied, result.conflicts, None
+        except Exception as e:  # noqa: BLE001 - a bad scope never blocks the others: recorded, not raised
+            if is_transient(e) and attempt < TRANSIENT_ATTEMPTS:
+                time.sleep(0.05 * attempt)
+                continue
+            error = f"{type(e).__name__}: {e}".strip()
+            break
+    failed = report.with_(status="failed", errors=[*report.errors, f"apply failed: {error}"])
+    try:
+        record_run(store, failed, mode, started_at, "failed")
+    except Exception as e:  # noqa: BLE001 - e.g. the run id is taken; the result still says why
+        error += f" (and recording the failed run failed: {type(e).__name__}: {e})"
+    return "failed", {}, 0, error
+
+
+def _marked_error(report: ConsolidationReport) -> str:
+    return "; ".join(report.errors[:3]) or "the report is marked failed"
+
+
+def _record_failed(store: Store, report: ConsolidationReport, mode: str, started_at: datetime) -> tuple[str, dict, int, str | None]:
+    """A scope whose report is marked failed (e.g. its validation failed): recorded on its own, not applied."""
+    error = _marked_error(report)
+    try:
+        record_run(store, report, mode, started_at, "failed")
+    except Exception as e:  # noqa: BLE001 - the result still says why
+        error += f" (and recording the failed run failed: {type(e).__name__}: {e})"
+    return "failed", {}, 0, error
+
+
+def apply_shard(
+    store: Store,
+    diff: Diff,
+    reports: dict[str, ConsolidationReport],
+    *,
+    mode: str = "nightly",
+    started_at: datetime | None = None,
+    quarantined: pl.DataFrame | None = None,
+    batch_scopes: int = 500,
+) -> dict[str, ShardApplied]:
+    """Apply a shard's ``diff`` (every frame with a ``scope_path`` column) for the scopes of ``reports``
+    (scope_path → report with its own ``run_id``), each scope atomically, and record one run per scope.
+
+    The scopes (in byte order of their paths) go in batches of ``batch_scopes``; each batch is one
+    transaction: its rows staged once per (table, kind), then set-based deletes (with before-images
+    archived under each scope's run id), updates and inserts under the same version guard as
+    :func:`apply_diff`, every row matched on id AND scope_path — a row never touches a store row of
+    another scope — then the quarantined rows (table, id, reason, row, scope_path) and one ledger
+    INSERT of the batch's runs (status ``applied``, rows_changed and conflicts per scope).  Every
+    scope's store rows and ledger row come out as :func:`apply_diff` of that scope's diff
+    (:meth:`Diff.by_scope`) gives them.
+
+    If a batch's transaction raises, it is rolled back and the batch is retried scope by scope, each
+    in its own :func:`apply_diff` transaction (a transient error tried again); a scope whose own
+    transaction raises is recorded as a failed run (``errors`` says why) and the others apply.
+    Scopes with no rows still get their ledger row.  A scope whose report is already marked failed
+    (``status="failed"``, e.g. its validation failed) is recorded as that failed run in its batch's
+    ledger INSERT and none of its rows are applied (as :func:`~deep_sleep.run.stages.apply_stage`
+    does for one scope).  Returns scope_path → :class:`ShardApplied`.
+    """
+    if batch_scopes < 1:
+        raise InputError(f"apply_shard: batch_scopes must be >= 1, got {batch_scopes}")
+    _check_run_ids(reports)
+    started_at = started_at or datetime.now(UTC)
+    scopes = sorted(reports, key=str.encode)
+    marked = {s for s, r in reports.items() if r.status == "failed"}
+    diffs, held = _batches(diff, quarantined, scopes, batch_scopes, marked)
+    out: dict[str, ShardApplied] = {}
+    for b, start in enumerate(range(0, len(scopes), batch_scopes)):
+        mine = {s: reports[s] for s in scopes[start:start + batch_scopes]}
+        part, q = diffs.get(b, Diff.empty()), held.get(b)
+        clock = time.perf_counter()
+        planned = planned_shard_statements(part, mine, q)  # pure: a bug here is raised, not retried
+        try:
+            outcome = _apply_batch(store, planned, mine, mode, started_at)
+        except Exception as e:  # noqa: BLE001 - retried scope by scope below; each scope's own error is recorded
+            batch_error = f"{type(e).__name__}: {e}".strip()
+            alone = part.by_scope()
+            q_by = ({s: f.drop("scope_path") for (s,), f in q.partition_by("scope_path", as_dict=True).items()}
+                    if q is not None and q.height else {})
+            results = {s: _record_failed(store, r, mode, started_at) if s in marked else
+                       _apply_alone(store, alone.get(s, Diff.empty()), r, mode, started_at, q_by.get(s))
+                       for s, r in mine.items()}
+            seconds = round(time.perf_counter() - clock, 6)
+            for s, (status, applied, conflicts, error) in results.items():
+                out[s] = ShardApplied(status, applied, conflicts, error, seconds, b, retried=True, batch_error=batch_error)
+            continue
+        seconds = round(time.perf_counter() - clock, 6)
+        for s in mine:
+            if s in marked:
+                out[s] = ShardApplied("failed", {}, 0, _marked_error(reports[s]), seconds, b)
+                continue
+            applied, conflicts = outcome[s]
+            out[s] = ShardApplied("applied", applied, conflicts, None, seconds, b)
+    return out

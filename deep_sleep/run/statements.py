@@ -37,6 +37,7 @@ and is counted in ``conflicts``; the next run sees it again.  Every write also f
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -45,7 +46,7 @@ import polars as pl
 
 from deep_sleep.core import tables
 from deep_sleep.core.diff import Diff, _fold_updates
-from deep_sleep.core.errors import ConfigError
+from deep_sleep.core.errors import ConfigError, InputError
 from deep_sleep.core.scope import Scope
 
 KEY_COLUMNS = ("id", "expected_version", "phase")
@@ -354,3 +355,228 @@ def explain(stmts: Iterable[Statement]) -> str:
             lines.append(s.sql + ";")
         parts.append("\n".join(lines))
     return "\n\n".join(parts) + "\n"
+
+
+# -- many scopes in one transaction (SPEC §2 "Scale"; issue 12 item 6) ------------------------------
+#
+# A batch of a shard's scopes is applied by one transaction whose statements mirror the single-scope
+# ones above, with two differences: every row carries its own ``scope_path`` (and, where the archive or
+# the quarantine needs it, its scope's run id in ``_ds_run_id``), and every write joins on it — a row
+# only ever matches a store row of its own scope — and returns ``(scope_path, n)`` rows, so rows
+# applied and conflicts are counted per scope.  The single-scope statements' SQL is left as it is.
+
+RUN_ID_COLUMN = "_ds_run_id"  # each staged delete / quarantined row's own scope's run id
+SIGNATURE_COLUMN = "_ds_sig"  # which columns an inserted row's scope gives values for (see shard_bodies)
+SHARD_LOCK_SQL = (
+    "SELECT count(pg_advisory_xact_lock(hashtextextended(_s.p, 0)))"
+    " FROM jsonb_array_elements_text($1::jsonb) WITH ORDINALITY AS _s(p, i)"
+)
+SHARD_QUARANTINE_SQL = (
+    "WITH done AS (INSERT INTO consolidation_quarantine (run_id, scope_path, table_name, row_id, reason, row)"
+    f" SELECT s.{RUN_ID_COLUMN}::uuid, s.scope_path, s.table, s.id, s.reason, s.row::jsonb FROM _ds_shard_quarantine s"
+    " RETURNING 1) SELECT count(*) FROM done"
+)
+#: One ledger row per scope of the batch from one JSON array parameter ($1) of the rows.
+LEDGER_FIELDS = (("run_id", "uuid"), ("scope_path", "text"), ("mode", "text"), ("as_of", "timestamptz"),
+                 ("started_at", "timestamptz"), ("status", "text"), ("counters", "jsonb"), ("phases_run", "jsonb"),
+                 ("phases_skipped", "jsonb"), ("timings", "jsonb"), ("rows_changed", "jsonb"), ("conflicts", "bigint"),
+                 ("diff_hash", "text"), ("snapshot_uri", "text"), ("diff_uri", "text"), ("errors", "jsonb"),
+                 ("quarantined", "jsonb"))
+SHARD_LEDGER_SQL = (
+    "INSERT INTO consolidation_runs (run_id, scope_path, mode, as_of, started_at, finished_at, status, counters,"
+    " phases_run, phases_skipped, timings, rows_changed, conflicts, diff_hash, snapshot_uri, diff_uri, errors,"
+    " quarantined)"
+    " SELECT x.run_id::uuid, x.scope_path, x.mode, x.as_of, x.started_at, now(), x.status, x.counters, x.phases_run,"
+    " x.phases_skipped, x.timings, x.rows_changed, x.conflicts, x.diff_hash, x.snapshot_uri, x.diff_uri, x.errors,"
+    " x.quarantined FROM jsonb_to_recordset($1::jsonb) AS x("
+    + ", ".join(f"{name} {'text' if kind == 'uuid' else kind}" for name, kind in LEDGER_FIELDS) + ")"
+)
+
+
+def shard_stage_name(table: str, kind: str) -> str:
+    return f"_ds_shard_{table}_{kind}"
+
+
+def _per_scope_counts(returning: str) -> str:
+    return f" SELECT {returning} AS scope_path, count(*) AS n FROM done GROUP BY 1"
+
+
+def shard_delete_sql(table: str, nodes_deleted: bool = False) -> str:
+    """:func:`delete_sql` for a batch of scopes: the staged rows (with ``scope_path`` and their
+    scope's run id) are matched on id AND scope_path under the version guard; each before-image is
+    archived under its own scope's run id.  Returns ``(scope_path, n)`` rows.  No parameters."""
+    stage = shard_stage_name(table, "deletes")
+    kept, keep_incident = "", ""
+    if table == "memory_edges" and nodes_deleted:
+        nodes = shard_stage_name("memory_nodes", "deletes")
+        kept = (f"kept AS (SELECT nd.id::uuid AS id, nd.scope_path FROM {nodes} nd"
+                f" WHERE NOT EXISTS (SELECT 1 FROM consolidation_archive a WHERE a.run_id = nd.{RUN_ID_COLUMN}::uuid"
+                f" AND a.table_name = 'memory_nodes' AND a.op = 'delete' AND a.row_id = nd.id::uuid::text)), ")
+        keep_incident = (" AND NOT EXISTS (SELECT 1 FROM kept k WHERE k.id = t.source_id AND k.scope_path = t.scope_path)"
+                         " AND NOT EXISTS (SELECT 1 FROM kept k WHERE k.id = t.target_id AND k.scope_path = t.scope_path)")
+    return (
+        f"WITH {kept}done AS (DELETE FROM {table} t USING {stage} s"
+        f" WHERE t.id = s.id::uuid AND t.scope_path = s.scope_path AND {VERSION_GUARD}{keep_incident}"
+        f" RETURNING t.*, s.reason AS _ds_reason, s.{RUN_ID_COLUMN} AS {RUN_ID_COLUMN}),"
+        f" archived AS (INSERT INTO consolidation_archive (run_id, table_name, row_id, op, reason, row)"
+        f" SELECT done.{RUN_ID_COLUMN}::uuid, '{table}', done.id::text, 'delete', done._ds_reason,"
+        f" to_jsonb(done) - '_ds_reason' - '{RUN_ID_COLUMN}' FROM done RETURNING 1)"
+        + _per_scope_counts("done.scope_path")
+    )
+
+
+def shard_update_sql(table: str, changed: list[str]) -> str:
+    """:func:`update_sql` for a batch of scopes (match on id — or a profile's key — AND scope_path).
+    A null in a changed column leaves the stored value (as the single-scope write, where a column no
+    row of the scope changes is not set at all).  Returns ``(scope_path, n)`` rows.  No parameters."""
+    cols = tables.columns(table)
+    by_key = table == "soul_profiles" and "key" in changed
+    changed = [c for c in changed if not (by_key and c == "key")]
+    sets = ", ".join(f"{c} = COALESCE({cols[c].cast_sql('s.' + c)}, t.{c})" for c in changed)
+    match = "(CASE WHEN s.key IS NOT NULL THEN t.key = s.key ELSE t.id = s.id::uuid END)" if by_key else "t.id = s.id::uuid"
+    return (
+        f"WITH done AS (UPDATE {table} t SET {sets} FROM {shard_stage_name(table, 'updates')} s"
+        f" WHERE {match} AND t.scope_path = s.scope_path AND {VERSION_GUARD} RETURNING t.scope_path)"
+        + _per_scope_counts("scope_path")
+    )
+
+
+def shard_insert_sql(table: str, present: list[str], signature: int) -> str:
+    """:func:`insert_sql` for the staged rows of one column signature: the scopes whose rows give
+    values for exactly ``present`` (the other columns take the store's defaults, as in a run of such
+    a scope alone).  Returns ``(scope_path, n)`` rows.  No parameters."""
+    cols = tables.columns(table)
+    names = ", ".join(present)
+    values = ", ".join(cols[c].cast_sql("s." + c) for c in present)
+    return (
+        f"WITH done AS (INSERT INTO {table} ({names}) SELECT {values} FROM {shard_stage_name(table, 'inserts')} s"
+        f" WHERE s.{SIGNATURE_COLUMN} = {int(signature)} ON CONFLICT DO NOTHING RETURNING scope_path)"
+        + _per_scope_counts("scope_path")
+    )
+
+
+def _collapse_shard_updates(updates: pl.DataFrame) -> pl.DataFrame:
+    """One row per (scope_path, id): the first ``expected_version`` and the last non-null value of each
+    column over the phases (what :func:`_collapse_updates` gives each scope alone)."""
+    data = [c for c in updates.columns if c not in (*KEY_COLUMNS, "scope_path")]
+    return updates.group_by("scope_path", "id", maintain_order=True).agg(
+        pl.col("expected_version").first(), *(pl.col(c).drop_nulls().last() for c in data))
+
+
+def _signatures(table: str, inserts: pl.DataFrame) -> tuple[pl.DataFrame, dict[int, list[str]]]:
+    """``inserts`` with :data:`SIGNATURE_COLUMN`: a number per set of the table's columns that a scope's
+    rows give a value for (a run of that scope alone inserts exactly those), and signature → columns."""
+    known = [c for c in inserts.columns if c in tables.columns(table)]
+    has = inserts.group_by("scope_path").agg(pl.col(c).is_not_null().any().alias(f"_has_{c}") for c in known)
+    key = pl.concat_str([pl.col(f"_has_{c}").cast(pl.UInt8).cast(pl.String) for c in known])
+    has = has.with_columns(key.alias("_key"))
+    codes = has.select("_key").unique().sort("_key").with_row_index(SIGNATURE_COLUMN).with_columns(
+        pl.col(SIGNATURE_COLUMN).cast(pl.Int64))
+    present = {int(i): [c for c, bit in zip(known, k, strict=True) if bit == "1"] for i, k in codes.iter_rows()}
+    sig = has.join(codes, on="_key").select("scope_path", SIGNATURE_COLUMN)
+    return inserts.join(sig, on="scope_path", how="left", maintain_order="left"), present
+
+
+def shard_bodies(diff: Diff, run_ids: pl.DataFrame) -> tuple[dict[tuple[str, str], pl.DataFrame], dict[tuple[str, str], dict[int, list[str]]]]:
+    """(table, kind) → the rows of a batch to stage, every one with its ``scope_path``: updates collapsed
+    per (scope, id); deletes with their scope's run id (``run_ids``: scope_path, :data:`RUN_ID_COLUMN`);
+    inserts with their column signature; no ``phase`` column, and no column without a value (a null
+    says "not changed" or "the store's default").  Also (table, "inserts") → signature → columns."""
+    out, signatures = {}, {}
+    for table, td in diff.tables.items():
+        for kind, frame in td.frames().items():
+            if not frame.height:
+                continue
+            if "scope_path" not in frame.columns:
+                raise InputError(f"{table}.{kind}: a shard's diff needs a scope_path on every row")
+            frame = frame.drop("phase") if "phase" in frame.columns else frame
+            if kind == "updates":
+                frame = _collapse_shard_updates(frame)
+            keep = [c for c, n in zip(frame.columns, frame.null_count().row(0), strict=True)
+                    if n < frame.height or c in ("id", "expected_version")]
+            frame = frame.select(keep)
+            if kind == "deletes":
+                frame = frame.join(run_ids, on="scope_path", how="left", maintain_order="left")
+            elif kind == "inserts":
+                frame, signatures[(table, kind)] = _signatures(table, frame)
+            out[(table, kind)] = frame
+    return out, signatures
+
+
+@dataclass(frozen=True)
+class ShardStatements:
+    """What :func:`shard_statements` gives: the statements of one batch's transaction, in order, and
+    the rows fed per scope (scope_path, table, kind, rows: for each write, rows applied + conflicts)."""
+
+    statements: tuple[Statement, ...]
+    fed: pl.DataFrame
+    scopes: tuple[str, ...]
+
+
+def shard_statements(
+    diff: Diff,
+    run_ids: dict[str, str],
+    *,
+    quarantined: pl.DataFrame | None = None,
+    small_rows: int = SMALL_STAGE_ROWS,
+    big_rows: int = BIG_DIFF_ROWS,
+    work_mem: str | None = None,
+) -> ShardStatements:
+    """Every statement that applies a batch of a shard's diff (every frame with ``scope_path``) for the
+    scopes of ``run_ids`` (scope_path → run id) in one transaction — pure.
+
+    Order: ``DISCARD TEMP``; ``SET LOCAL work_mem`` from ``big_rows`` rows; the scopes' advisory locks
+    (in byte order of their paths, so two batches never wait on each other in a cycle); every (table,
+    kind) staged once; deletes (nodes first), updates, inserts (one per column signature), each
+    returning rows per scope; the quarantined rows (table, id, reason, row, scope_path) with their
+    scope's run id; the ledger rows (bound by the executor from the per-scope outcome).  Rows of a
+    scope not in ``run_ids`` raise :class:`~deep_sleep.core.errors.InputError`.
+    """
+    scopes = tuple(sorted(run_ids, key=str.encode))
+    ids = pl.DataFrame({"scope_path": list(scopes), RUN_ID_COLUMN: [run_ids[s] for s in scopes]},
+                       schema={"scope_path": pl.String, RUN_ID_COLUMN: pl.String})
+    bodies, signatures = shard_bodies(diff, ids)
+    for (table, kind), body in bodies.items():
+        stray = body.filter(~pl.col("scope_path").is_in(ids.get_column("scope_path").implode()) | pl.col("scope_path").is_null())
+        if stray.height:
+            raise InputError(f"{table}.{kind}: rows of scopes this batch does not apply: "
+                             f"{sorted(set(stray.get_column('scope_path').head(3).to_list()), key=str)}")
+    rows = sum(b.height for b in bodies.values())
+    out: list[Statement] = [Statement("discard_temp", "DISCARD TEMP")]
+    if rows >= big_rows:
+        out.append(Statement("work_mem", f"SET LOCAL work_mem = '{check_work_mem(work_mem)}'"))
+    out.append(Statement("lock", SHARD_LOCK_SQL, (json.dumps(list(scopes)),)))
+    for (table, kind), body in bodies.items():
+        out.append(stage_statement(shard_stage_name(table, kind), body, small_rows, table, kind))
+    order = sorted(bodies, key=lambda tk: (("deletes", "updates", "inserts").index(tk[1]), tk[0] != "memory_nodes", tk[0]))
+    nodes_deleted = ("memory_nodes", "deletes") in bodies
+    fed = []
+    for table, kind in order:
+        body = bodies[(table, kind)]
+        fed.append(body.group_by("scope_path", maintain_order=True).len("rows").with_columns(pl.lit(table).alias("table"), pl.lit(kind).alias("kind")))
+        staged = shard_stage_name(table, kind)
+        if kind == "deletes":
+            out.append(Statement("delete", shard_delete_sql(table, nodes_deleted), table=table, kind=kind,
+                                 source="staged_table", staged=staged, rows=body.height))
+        elif kind == "updates":
+            changed = [c for c in body.columns if c not in (*KEY_COLUMNS, "scope_path")]
+            out.append(Statement("update", shard_update_sql(table, changed), table=table, kind=kind,
+                                 source="staged_table", staged=staged, rows=body.height))
+        else:
+            counts = dict(body.group_by(SIGNATURE_COLUMN).len().iter_rows())
+            for sig, present in sorted(signatures[(table, kind)].items()):
+                if counts.get(sig):
+                    out.append(Statement("insert", shard_insert_sql(table, present, sig), table=table, kind=kind,
+                                         source="staged_table", staged=staged, rows=counts[sig]))
+    if quarantined is not None and quarantined.height:
+        q = quarantined.join(ids, on="scope_path", how="left", maintain_order="left")
+        if q.get_column(RUN_ID_COLUMN).null_count():
+            raise InputError("quarantined rows of scopes this batch does not apply")
+        out.append(Statement("quarantine", None, (Rows(q),), table="consolidation_quarantine",
+                             source="adbc_copy", staged="_ds_shard_quarantine", rows=q.height))
+        out.append(Statement("quarantine", SHARD_QUARANTINE_SQL, table="consolidation_quarantine",
+                             source="staged_table", staged="_ds_shard_quarantine", rows=q.height))
+    out.append(Statement("ledger", SHARD_LEDGER_SQL, table="consolidation_runs", rows=len(scopes)))
+    schema = {"scope_path": pl.String, "rows": pl.Int64, "table": pl.String, "kind": pl.String}
+    fed_frame = pl.concat([f.cast(schema) for f in fed]) if fed else pl.DataFrame(schema=schema)
+    return ShardStatements(tuple(out), fed_frame.select("scope_path", "table", "kind", "rows"), scopes)
