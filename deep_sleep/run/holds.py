@@ -275,3 +275,36 @@ def phases_of(diff: Diff) -> list[str]:
         for frame in td.frames().values():
             found |= set(frame.get_column("phase").drop_nulls().unique().to_list())
     return sorted(found)
+
+
+def hold_candidates(diff: Diff, shard, policy: HoldsConfig) -> frozenset[str]:
+    """The scopes of a shard's ``diff`` (every frame with ``scope_path``) for which a rule of
+    :func:`split_holds` may fire — a superset, computed for the whole shard at once: scopes with a
+    ``soul_profiles`` change (``soul_changes``), scopes deleting more semantic nodes than
+    ``max_deletes`` or ``max_delete_share`` of theirs, scopes deleting a node with explicit positive
+    recall feedback (``used_deletes``).  The others apply whole, without a per-scope split."""
+    if not policy.enabled:
+        return frozenset()
+    out: set[str] = set()
+    if policy.soul_changes and "soul_profiles" in diff.tables:
+        for frame in diff.tables["soul_profiles"].frames().values():
+            if frame.height:
+                out |= set(frame.get_column("scope_path").unique().to_list())
+    deletes = diff.table("memory_nodes").deletes
+    if deletes.height:
+        nodes = shard.table("memory_nodes").select("id", "scope_path", "layer")
+        semantic = nodes.filter(pl.col("layer") == "semantic")
+        gone = deletes.select("id", "scope_path").join(semantic.select("id"), on="id", how="semi")
+        per = gone.group_by("scope_path").len("deleted").join(
+            semantic.group_by("scope_path").len("nodes"), on="scope_path", how="left")
+        fired = per.filter((pl.col("deleted") > policy.max_deletes)
+                           | (pl.col("deleted") > policy.max_delete_share * pl.col("nodes").fill_null(0)))
+        out |= set(fired.get_column("scope_path").to_list())
+        if policy.used_deletes:
+            recalls = shard.table("recall_events")
+            if recalls.height and "label_source" in recalls.columns and "label" in recalls.columns:
+                used = recalls.filter((pl.col("label_source") == "explicit") & (pl.col("label") >= 1.0)).select(
+                    pl.col("node_id").alias("id"))
+                hit = deletes.join(used, on="id", how="semi")
+                out |= set(hit.get_column("scope_path").unique().to_list())
+    return frozenset(out)

@@ -36,7 +36,7 @@ from pathlib import Path
 import polars as pl
 
 from deep_sleep.core import files, tables
-from deep_sleep.core.diff import KINDS, Diff
+from deep_sleep.core.diff import KINDS, Diff, TableDiff
 from deep_sleep.core.errors import InputError, SnapshotError
 from deep_sleep.core.holds_config import HoldsConfig
 from deep_sleep.core.report import ConsolidationReport
@@ -45,7 +45,7 @@ from deep_sleep.core.shard import Shard
 from deep_sleep.core.snapshot import Snapshot, utc
 from deep_sleep.core.summary import Summarizer
 from deep_sleep.run import holds as held_rows
-from deep_sleep.run.apply import apply_diff, record_run
+from deep_sleep.run.apply import apply_diff, apply_shard, record_run
 from deep_sleep.run.plan import Plan, ShardPlan, _with_scope, plan, plan_shard
 from deep_sleep.store.db import Store
 from deep_sleep.store.extract import extract as extract_scope
@@ -231,7 +231,19 @@ def apply(store: Store, validated: Validated, mode: str = "nightly", started_at:
     started_at = started_at or datetime.now(UTC)
     planned = validated.planned
     reports = {}
-    for s, report in validated.reports.items():
+    todo = dict(validated.reports)
+    if planned.single is None and len(todo) > 1:
+        # Many scopes: every scope no hold rule can touch goes through one set-based apply per batch
+        # of scopes (apply_shard: atomic per scope, a failed batch retried scope by scope); the others
+        # (a hold rule may fire, or the gate failed) are split and applied one by one below.
+        slow = set(held_rows.hold_candidates(planned.plan.diff, planned.plan.shard, holds)) if holds is not None else set()
+        if holds is not None:
+            slow |= {s for s, failed in (gate_failed or {}).items() if failed}
+        fast = {s: r for s, r in todo.items() if s not in slow}
+        if fast:
+            reports.update(_apply_many(store, planned, fast, mode, started_at))
+        todo = {s: r for s, r in todo.items() if s in slow}
+    for s, report in todo.items():
         if report.status == "failed":
             record_run(store, report, mode, started_at, "failed")
             reports[s] = report
@@ -265,6 +277,32 @@ def apply(store: Store, validated: Validated, mode: str = "nightly", started_at:
     if planned.diff_dir is not None:
         _write_reports(planned.diff_dir, reports, single=planned.single is not None)
     return Applied(validated, reports)
+
+
+def _apply_many(store: Store, planned: Planned, reports: dict[str, ConsolidationReport], mode: str,
+                started_at: datetime) -> dict[str, ConsolidationReport]:
+    """:func:`~deep_sleep.run.apply.apply_shard` of ``reports``' scopes of the shard's diff."""
+    t0 = time.perf_counter()
+    wanted = pl.Series(sorted(reports), dtype=pl.String).implode()
+    diff = planned.plan.diff
+    if len(reports) < len(planned.plan.shard.scope_paths):
+        diff = Diff({name: TableDiff(**{k: f.filter(pl.col("scope_path").is_in(wanted)) for k, f in td.frames().items()})
+                     for name, td in diff.tables.items()})
+    q = planned.plan.quarantined
+    q = q.filter(pl.col("scope_path").is_in(wanted)) if q.height else None
+    results = apply_shard(store, diff, reports, mode=mode, started_at=started_at, quarantined=q if q is not None and q.height else None)
+    seconds = round(time.perf_counter() - t0, 6)
+    out = {}
+    for s, report in reports.items():
+        r = results[s]
+        if report.status == "failed":
+            out[s] = report
+        elif r.status == "failed":
+            out[s] = report.with_(status="failed", errors=report.errors + [f"apply failed: {r.error}"])
+        else:
+            out[s] = report.with_(status="applied", rows_changed=r.applied, conflicts=r.conflicts,
+                                  timings={**report.timings, "apply": seconds})
+    return out
 
 
 def run(store: Store, scopes: list[Scope | str] | Scope | str, config: ConsolidationConfig | None = None,
