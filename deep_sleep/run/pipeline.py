@@ -286,7 +286,8 @@ def _apply_many(store: Store, planned: Planned, reports: dict[str, Consolidation
     wanted = pl.Series(sorted(reports), dtype=pl.String).implode()
     diff = planned.plan.diff
     if len(reports) < len(planned.plan.shard.scope_paths):
-        diff = Diff({name: TableDiff(**{k: f.filter(pl.col("scope_path").is_in(wanted)) for k, f in td.frames().items()})
+        diff = Diff({name: TableDiff(**{k: f.filter(pl.col("scope_path").is_in(wanted)) if f.height else f
+                                        for k, f in td.frames().items()})
                      for name, td in diff.tables.items()})
     q = planned.plan.quarantined
     q = q.filter(pl.col("scope_path").is_in(wanted)) if q.height else None
