@@ -225,17 +225,17 @@ def _oldest(events: pl.DataFrame, config: EpisodicSummaryConfig, one_scope: bool
     )
     if not takes.height:
         return None
-    ranked = (
-        events.join(takes, on="scope_path")
-        .sort(["scope_path", "created_at", "id"], nulls_last=True)
+    # Ranked on the key columns alone, then the chosen rows gathered: the events' text is not sorted.
+    keys = ["scope_path", "created_at", "id"]
+    picked = (
+        events.select(pl.int_range(pl.len(), dtype=pl.UInt32).alias("_row"), *keys)
+        .join(takes, on="scope_path")
+        .sort(keys, nulls_last=True)
         .filter(pl.int_range(pl.len()).over("scope_path") < pl.col("_take"))
-        .drop("_take")
+        .sort(keys)  # the batches' order: as the one-scope path sorts (null timestamps first)
+        .select("_row", pl.int_range(pl.len(), dtype=pl.UInt32).over("scope_path").alias("_pos"))
     )
-    return (
-        ranked.sort(["scope_path", "created_at", "id"])
-        .with_columns(pl.int_range(pl.len(), dtype=pl.UInt32).over("scope_path").alias("_pos"))
-        .with_columns((pl.col("_pos") // size).alias("_batch"))
-    )
+    return events[picked.get_column("_row")].with_columns(picked.get_column("_pos"), (picked.get_column("_pos") // size).alias("_batch"))
 
 
 def _summarised(summaries: pl.DataFrame, summarizer: Summarizer | None) -> pl.DataFrame:
