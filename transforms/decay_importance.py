@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 import polars as pl
-from deep_sleep.transforms._common import PhaseResult, is_protected, scoped_result, shard_native
+from deep_sleep.transforms._common import PhaseResult, is_protected, scope_paths, scoped_result, shard_native
 from pydantic import Field
 
 from deep_sleep.core.config import PhaseConfig
@@ -40,6 +40,8 @@ def decay_importance(snapshot: Snapshot | Shard, config: DecayImportanceConfig, 
     stale_before = as_of - timedelta(days=config.stale_days)
     interval_start = min(as_of - timedelta(hours=config.min_interval_hours), as_of - timedelta(microseconds=1))
     lda = pl.col("last_decayed_at")
+    paths = scope_paths(snapshot)
+    owner = ["scope_path"] if len(paths) > 1 else []  # one scope: its count is the frame's height
     decayed = (
         snapshot.table("memory_nodes")
         .lazy()
@@ -55,7 +57,7 @@ def decay_importance(snapshot: Snapshot | Shard, config: DecayImportanceConfig, 
         .select(
             "id",
             "version",
-            "scope_path",
+            *owner,
             pl.max_horizontal(pl.col("importance") - config.step, pl.lit(config.floor)).alias("importance"),
             pl.lit(as_of, dtype=pl.Datetime("us", "UTC")).alias("last_decayed_at"),
         )
@@ -63,5 +65,6 @@ def decay_importance(snapshot: Snapshot | Shard, config: DecayImportanceConfig, 
     )
     if not decayed.height:
         return scoped_result(Diff.empty(), None, COUNTERS)
-    counts = decayed.group_by("scope_path").agg(pl.len().alias("nodes_decayed"))
-    return scoped_result(Diff.of("memory_nodes", "decay_importance", updates=decayed.drop("scope_path")), counts, COUNTERS)
+    counts = (decayed.group_by("scope_path").agg(pl.len().alias("nodes_decayed")) if owner
+              else pl.DataFrame({"scope_path": list(paths), "nodes_decayed": [decayed.height]}))
+    return scoped_result(Diff.of("memory_nodes", "decay_importance", updates=decayed.drop(owner)), counts, COUNTERS)
