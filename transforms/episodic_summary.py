@@ -5,11 +5,23 @@ from __future__ import annotations
 from datetime import datetime
 
 import polars as pl
-from deep_sleep.transforms._common import PhaseResult, created_id, merge_json, skip
+from deep_sleep.transforms._common import (
+    PhaseResult,
+    created_id,
+    merge_json,
+    scope_paths,
+    scoped_created_ids,
+    scoped_result,
+    scopes_without,
+    shard_native,
+    skip,
+    tenant_of,
+)
 from pydantic import Field
 
 from deep_sleep.core.config import PhaseConfig
 from deep_sleep.core.diff import Diff
+from deep_sleep.core.shard import Shard
 from deep_sleep.core.snapshot import Snapshot
 from deep_sleep.core.summary import Summarizer, SummaryRequest
 
@@ -30,6 +42,7 @@ IMPORTANCE = 5.0
 # The summary text is capped so one node's properties stay a sane size; the events themselves
 # are kept whole in consolidation_archive by the apply.
 SUMMARY_MAX_CHARS = 8000
+NO_EVENTS = "missing input: no episodic events"
 TRUNCATED_NOTE = "\n… [truncated: the full events are kept in consolidation_archive]"
 
 
@@ -69,7 +82,8 @@ def summary_node_id(scope_path: str, first_event_id: str, last_event_id: str) ->
     return created_id(scope_path, PHASE, f"{first_event_id}|{last_event_id}")
 
 
-def episodic_summary(snapshot: Snapshot, config: EpisodicSummaryConfig, as_of: datetime,
+@shard_native
+def episodic_summary(snapshot: Snapshot | Shard, config: EpisodicSummaryConfig, as_of: datetime,
                      summarizer: Summarizer | None = None) -> PhaseResult:
     """While the scope holds more than ``threshold`` episodic events, and for at most
     ``max_batches`` batches per run, the oldest ``batch_size`` events (by ``created_at``, ties by
@@ -88,30 +102,21 @@ def episodic_summary(snapshot: Snapshot, config: EpisodicSummaryConfig, as_of: d
     With a ``summarizer`` (SPEC §7), a batch's ``summary`` is the model's text where it gives one,
     and then ``properties.summary_model`` names the model; on the fallback it is the
     concatenation above and ``summary_model`` is absent.
+
+    On a shard every one of these rules is per scope: each scope's own event count, threshold,
+    batches and oldest events; a scope without events is skipped ("missing input"); the
+    summarizer gets the batches in scope order (then oldest first), each request naming its scope.
     """
     events = snapshot.table("episodic_events")
     if not events.height:
-        return skip("missing input: no episodic events")
-    batches = len(summary_batches(events.height, config))
-    if not batches:
-        return PhaseResult(counters={"episodes_summarized": 0})
-    take = batches * config.batch_size
-    scope = snapshot.scope
-    created = events.get_column("created_at")
-    if created.null_count() or not take:  # keeps bottom_k's ordering of null timestamps
-        oldest = events.bottom_k(take, by=["created_at", "id"])
-    else:
-        # bottom_k by (created_at, id text) is slow: cut at the take-th smallest created_at instead
-        # (rows tied at the cut included, so the id still decides) and sort only those rows.
-        oldest = events.filter(pl.col("created_at") <= created.bottom_k(take).max())
-    chosen = (
-        oldest.sort(["created_at", "id"])
-        .head(take)
-        .with_row_index("_pos")
-        .with_columns((pl.col("_pos") // config.batch_size).alias("_batch"))
-    )
+        return skip(NO_EVENTS)
+    paths = scope_paths(snapshot)
+    skipped = scopes_without(snapshot, "episodic_events", NO_EVENTS, events) if len(paths) > 1 else {}
+    chosen = _oldest(events, config, len(paths) == 1)
+    if chosen is None:
+        return scoped_result(Diff.empty(), None, COUNTERS, skipped_scopes=skipped)
     summaries = (
-        chosen.group_by("_batch", maintain_order=True)
+        chosen.group_by("scope_path", "_batch", maintain_order=True)
         .agg(
             pl.col("content").fill_null("").str.strip_chars().str.join("\n").alias("summary"),
             pl.col("content").fill_null("").str.strip_chars().alias("_contents"),
@@ -125,15 +130,14 @@ def episodic_summary(snapshot: Snapshot, config: EpisodicSummaryConfig, as_of: d
             .then(pl.col("summary").str.slice(0, SUMMARY_MAX_CHARS - len(TRUNCATED_NOTE)) + pl.lit(TRUNCATED_NOTE))
             .otherwise(pl.col("summary"))
             .alias("summary"),
+            # the summary's cache key, and the natural key of its node's id
+            (pl.col("source_ids").list.first() + "|" + pl.col("source_ids").list.last()).alias("_key"),
         )
     )
-    bounds = summaries.select(pl.col("source_ids").list.first().alias("first"), pl.col("source_ids").list.last().alias("last"))
-    ids = [summary_node_id(scope.path, first, last) for first, last in bounds.iter_rows()]  # at most max_batches
-    summaries = summaries.with_columns(
-        pl.Series("id", ids, dtype=pl.String),
-        (pl.col("source_ids").list.first() + "|" + pl.col("source_ids").list.last()).alias("_key"),  # the summary's cache key
-    )
-    summaries = _summarised(summaries, summarizer, scope.path)
+    # summary_node_id of each batch, vectorized over the shard's scopes
+    summaries = summaries.with_columns(scoped_created_ids(summaries.get_column("scope_path"), PHASE,
+                                                          summaries.get_column("_key")).alias("id"))
+    summaries = _summarised(summaries, summarizer)
     fields = (
         "summary",
         pl.col("source_count").cast(pl.Int64),
@@ -158,8 +162,8 @@ def episodic_summary(snapshot: Snapshot, config: EpisodicSummaryConfig, as_of: d
     new = summaries.filter(~pl.col("id").is_in(found.get_column("id").implode()))
     inserts = new.select(
         "id",
-        pl.lit(scope.path).alias("scope_path"),
-        pl.lit(scope.tenant_id).alias("tenant_id"),
+        "scope_path",
+        tenant_of().alias("tenant_id"),
         pl.lit("semantic").alias("layer"),
         pl.lit(LABEL).alias("label"),
         "properties",
@@ -174,26 +178,75 @@ def episodic_summary(snapshot: Snapshot, config: EpisodicSummaryConfig, as_of: d
         pl.col("_patch"),
     )
     refreshed = refreshed.filter(pl.col("properties") != pl.col("_old")).select("id", "version", "properties")
-    deletes = chosen.join(summaries.select("_batch", "id"), on="_batch", suffix="_node").select(
+    deletes = chosen.join(summaries.select("scope_path", "_batch", "id"), on=["scope_path", "_batch"], suffix="_node").select(
         "id", "version", (pl.lit(f"summarised into {LABEL} ") + pl.col("id_node")).alias("reason")
     )
+    counts = chosen.group_by("scope_path").agg(pl.len().alias("episodes_summarized"))
     nodes = Diff.of("memory_nodes", PHASE, inserts=inserts if inserts.height else None,
                     updates=refreshed if refreshed.height else None)
     events = Diff.of("episodic_events", PHASE, deletes=deletes)
     # Two tables, and the node updates refresh existing summaries while the inserts are new ones:
     # nothing for Diff.combine to normalise.
     diff = Diff({**nodes.tables, **events.tables})
-    return PhaseResult(diff=diff, counters={"episodes_summarized": deletes.height})
+    return scoped_result(diff, counts, COUNTERS, skipped_scopes=skipped)
 
 
-def _summarised(summaries: pl.DataFrame, summarizer: Summarizer | None, scope_path: str) -> pl.DataFrame:
+def _oldest(events: pl.DataFrame, config: EpisodicSummaryConfig, one_scope: bool) -> pl.DataFrame | None:
+    """The events each scope's batches take (:func:`summary_batches` of the scope's event count):
+    its oldest by ``(created_at, id)`` (null timestamps last, as ``bottom_k`` picks them), with
+    ``_batch`` (the batch within the scope), in scope order, then ``(created_at, id)`` (nulls
+    first); ``None`` when no scope has a batch."""
+    size = config.batch_size
+    if one_scope:
+        batches = len(summary_batches(events.height, config))
+        take = batches * size
+        if not take:
+            return None
+        created = events.get_column("created_at")
+        if created.null_count():  # keeps bottom_k's ordering of null timestamps
+            oldest = events.bottom_k(take, by=["created_at", "id"])
+        else:
+            # bottom_k by (created_at, id text) is slow: cut at the take-th smallest created_at instead
+            # (rows tied at the cut included, so the id still decides) and sort only those rows.
+            oldest = events.filter(pl.col("created_at") <= created.bottom_k(take).max())
+        return (
+            oldest.sort(["created_at", "id"])
+            .head(take)
+            .with_row_index("_pos")
+            .with_columns((pl.col("_pos") // size).alias("_batch"))
+        )
+    # Per scope: summary_batches' count, as a column (b = min(max_batches, ⌈excess / size⌉)).
+    excess = pl.len() - config.threshold
+    takes = (
+        events.group_by("scope_path")
+        .agg(pl.when(excess > 0).then(pl.min_horizontal(pl.lit(config.max_batches), (excess + size - 1) // size) * size)
+             .otherwise(0).alias("_take"))
+        .filter(pl.col("_take") > 0)
+    )
+    if not takes.height:
+        return None
+    # Ranked on the key columns alone, then the chosen rows gathered: the events' text is not sorted.
+    keys = ["scope_path", "created_at", "id"]
+    picked = (
+        events.select(pl.int_range(pl.len(), dtype=pl.UInt32).alias("_row"), *keys)
+        .join(takes, on="scope_path")
+        .sort(keys, nulls_last=True)
+        .filter(pl.int_range(pl.len()).over("scope_path") < pl.col("_take"))
+        .sort(keys)  # the batches' order: as the one-scope path sorts (null timestamps first)
+        .select("_row", pl.int_range(pl.len(), dtype=pl.UInt32).over("scope_path").alias("_pos"))
+    )
+    return events[picked.get_column("_row")].with_columns(picked.get_column("_pos"), (picked.get_column("_pos") // size).alias("_batch"))
+
+
+def _summarised(summaries: pl.DataFrame, summarizer: Summarizer | None) -> pl.DataFrame:
     """``summaries`` with ``summary`` replaced by the summarizer's text where it gives one, and
-    ``summary_model`` (the model's name, null for the deterministic text)."""
+    ``summary_model`` (the model's name, null for the deterministic text).  One request per row,
+    in the rows' order, each naming its row's ``scope_path``."""
     if summarizer is None:
         return summaries.drop("_contents").with_columns(pl.lit(None, pl.String).alias("summary_model"))
     requests = [
-        SummaryRequest(PHASE, scope_path, row["_key"], tuple(row["_contents"]), row["summary"])
-        for row in summaries.select("_key", "_contents", "summary").iter_rows(named=True)
+        SummaryRequest(PHASE, row["scope_path"], row["_key"], tuple(row["_contents"]), row["summary"])
+        for row in summaries.select("scope_path", "_key", "_contents", "summary").iter_rows(named=True)
     ]
     answers = summarizer.summarize(requests)
     return summaries.drop("_contents").with_columns(
