@@ -39,6 +39,9 @@ class ConsolidationReport:
     llm: what the optional model summaries of phases 4 and 10 cost this run (SPEC §7): calls,
         input_tokens, output_tokens, cache_hits, model_summaries, fallbacks (and why: fallback_budget,
         fallback_error, fallback_malformed, fallback_cache_miss), retries; empty when the model is off.
+    gate: the recall-quality gate's figures (SPEC §9, :mod:`deep_sleep.run.gate`): ``queries``
+        replayed, ``recall_before`` and ``recall_after`` (recall@k of the used memories, 0–1),
+        ``drop_pp`` (percentage points) and ``failed``; empty when the gate is off or had no query.
     diff_hash: content hash of the diff (same snapshot + config + as_of → same hash).
     status: "planned" (replay), "applied", "failed", or "empty".
     run_id, snapshot_uri, diff_uri: where the run is recorded and stored.
@@ -58,6 +61,7 @@ class ConsolidationReport:
     validation: list[dict[str, Any]] = field(default_factory=list)
     quarantined: dict[str, dict[str, int]] = field(default_factory=dict)
     llm: dict[str, int] = field(default_factory=dict)
+    gate: dict[str, Any] = field(default_factory=dict)
     diff_hash: str = ""
     status: str = "planned"
     run_id: str | None = None
@@ -76,6 +80,8 @@ class ConsolidationReport:
         out = asdict(self)
         if not out["llm"]:  # only runs that used the model carry its costs: report.json stays as it was otherwise
             del out["llm"]
+        if not out["gate"]:  # likewise the gate's figures: only when it replayed a query
+            del out["gate"]
         return out
 
     def to_json(self) -> str:
