@@ -31,10 +31,12 @@ from deep_sleep.core.snapshot import Snapshot, utc
 from deep_sleep.core.summary import Summarizer
 from deep_sleep.run import handoff
 from deep_sleep.run.apply import apply_diff, record_run
+from deep_sleep.run.gate import recall_gate
 from deep_sleep.run.llm import summarizer_for
 from deep_sleep.run.plan import plan
 from deep_sleep.store.db import Store
 from deep_sleep.store.extract import extract
+from deep_sleep.store.vectors import node_embeddings
 from deep_sleep.transforms.config import ConsolidationConfig
 from deep_sleep.validation import SNAPSHOT_COLUMNS, validate_diff
 
@@ -127,6 +129,26 @@ def validate_stage(snapshot_dir: Path, diff_dir: Path, config: ConsolidationConf
     return report
 
 
+def gate_stage(store: Store, snapshot_dir: Path, diff_dir: Path, config: ConsolidationConfig) -> ConsolidationReport:
+    """The recall-quality gate (SPEC §9, :func:`deep_sleep.run.gate.recall_gate`) of a validated
+    diff, its figures put in the report (``gate``; nothing when the gate is off or had no query).
+    A report that failed validation is left as it is.  The nodes' embeddings are read from the store."""
+    report = ConsolidationReport.read(diff_dir)
+    if report.status == "failed" or not config.gate.enabled:
+        return report
+    t0 = time.perf_counter()
+    diff = handoff.take("diff", diff_dir)
+    if diff is None:
+        diff = Diff.read(diff_dir)
+    else:  # leave it for the apply stage
+        handoff.put("diff", diff_dir, diff, rows=_rows(diff), ignore=_REWRITTEN)
+    snap = _clean_snapshot(Snapshot.read(snapshot_dir), Path(diff_dir))
+    result = recall_gate(snap, diff, config, node_embeddings(store, [snap.scope_path]), now=utc(report.as_of))
+    report = report.with_(gate=result.to_report(), timings={**report.timings, "gate": round(time.perf_counter() - t0, 6)})
+    report.write(diff_dir)
+    return report
+
+
 def _clean_snapshot(snap: Snapshot, diff_dir: Path) -> Snapshot:
     """The snapshot minus the rows the plan stage quarantined (listed in the diff directory)."""
     qfile = diff_dir / QUARANTINE_FILE
@@ -210,5 +232,6 @@ def plan_scope(store: Store, scope: Scope | str, config: ConsolidationConfig | N
     summarizer = summarizer_for(config, store)  # None unless the model is enabled (SPEC §7)
     diff_dir = plan_stage(snap_dir, config, as_of, base / "diff", run_id=run_id, phases=phases, timings=extract_seconds,
                           summarizer=summarizer)
-    report = validate_stage(snap_dir, diff_dir, config)
+    validate_stage(snap_dir, diff_dir, config)
+    report = gate_stage(store, snap_dir, diff_dir, config)
     return PlannedRun(snap_dir, diff_dir, report, started)
