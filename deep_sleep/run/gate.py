@@ -36,8 +36,10 @@ queries, used memories and ``now`` serve both.
 **recall@k** of a query is the share of its used memories among its ``k`` best hits
 (``|used ∩ top k| / |used|``); a scope's recall@k is the mean over its replayed queries (each
 query weighs the same).  ``drop_pp = 100 × (before − after)``; the gate fails when ``drop_pp >
-gate.max_drop_pp``.  It is exact for the queries it replays (no sampling), up to float32 cosine
-arithmetic (pgvector computes in single precision too).
+gate.max_drop_pp``.  It is exact for the queries it replays (no sampling, every node of the
+scope compared), up to the last bits of the float32 cosine: pgvector sums in single precision in
+its own order, so two candidates whose similarities agree to ~1e-7 may change places (tested
+against the live recall on the store: the same hits, the same scores to 1e-6).
 
 **Embeddings.**  Snapshots do not carry node embeddings (they stay in Postgres), so the caller
 passes them (``embeddings``: ``id``, ``embedding``; :func:`deep_sleep.store.vectors.node_embeddings`
@@ -173,23 +175,26 @@ def recall_gate_shard(shard: Shard, diff: Diff, config: Any, embeddings: pl.Data
 
 
 def ranked_hits(snapshot: Snapshot, config: Any, embeddings: pl.DataFrame | None = None, *,
-                now: datetime | None = None, embedder: EmbeddingProvider | None = None) -> pl.DataFrame:
-    """(query, rank, node_id): the ``k`` best hits, best first (rank 1), of each query the gate
-    replays, over ``snapshot`` as it is — what :func:`deep_sleep.online.recall.recall` with
-    ``k = gate.k`` returns for it (given the same ``now``).  Empty without embeddings or queries."""
+                now: datetime | None = None, embedder: EmbeddingProvider | None = None,
+                with_scores: bool = False) -> pl.DataFrame:
+    """(query, rank, node_id[, score]): the ``k`` best hits, best first (rank 1), of each query the
+    gate replays, over ``snapshot`` as it is — what :func:`deep_sleep.online.recall.recall` with
+    ``k = gate.k`` returns for it (given the same ``now``; up to float32 cosine rounding, see the
+    module docstring).  Empty without embeddings or queries."""
     gate, min_label = _settings(config)
     shard = Shard.of(snapshot)
     nodes = shard.table("memory_nodes")
     vectors = _vectors(nodes, embeddings)
     state = shard.with_frames({"memory_nodes": nodes.drop("embedding", strict=False)})
     queries, _ = _queries(state.table("recall_events"), state.table("memory_nodes"), gate.max_queries, min_label)
-    empty = pl.DataFrame(schema={"query": pl.String, "rank": pl.Int64, "node_id": pl.String})
+    cols = ["query", "rank", "node_id"] + (["score"] if with_scores else [])
+    empty = pl.DataFrame(schema={"query": pl.String, "rank": pl.Int64, "node_id": pl.String, "score": pl.Float64}).select(cols)
     if vectors is None or not queries.height:
         return empty
     qvec = (embedder or default_embedder()).embed(queries.get_column("query").to_list())
     hits = _top_k(state, vectors, queries, qvec, _query_words(queries), gate.k, utc(now or snapshot.taken_at))
     return (hits.with_columns((pl.int_range(pl.len()).over("q") + 1).cast(pl.Int64).alias("rank"))
-            .join(queries.select("q", "query"), on="q").sort("q", "rank").select("query", "rank", "node_id"))
+            .join(queries.select("q", "query"), on="q").sort("q", "rank").select(cols))
 
 
 # -- inputs ------------------------------------------------------------------------------------
@@ -420,7 +425,7 @@ def _top_k(state: Shard, vectors: pl.DataFrame, queries: pl.DataFrame, qvec: np.
     score = base + _adjustments(state, cand.get_column("scope_path"), x)
     best = rank.order(score, sim, cand.get_column("node_id").to_numpy().astype(np.str_),
                       group=cand.get_column("q").to_numpy())
-    ranked = cand.select("q", "node_id")[best]
+    ranked = cand.select("q", "node_id", pl.Series("score", score))[best]
     return ranked.group_by("q", maintain_order=True).head(k)
 
 
