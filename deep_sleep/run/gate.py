@@ -153,8 +153,9 @@ def recall_gate_shard(shard: Shard, diff: Diff, config: Any, embeddings: pl.Data
         return {s: _nothing("no node embeddings given: nothing to replay against") for s in scopes}
     qvec = (embedder or default_embedder()).embed(queries.get_column("query").to_list())
     words = _query_words(queries)
-    hits_before = _top_k(before, vectors, queries, qvec, words, gate.k, now)
-    hits_after = _top_k(after, vectors, queries, qvec, words, gate.k, now)
+    space = _Space(before.table("memory_nodes"), vectors, queries, qvec)
+    hits_before = _top_k(before, space, queries, words, gate.k, now)
+    hits_after = _top_k(after, space, queries, words, gate.k, now)
     per_query = (
         used.group_by("q").agg(pl.len().alias("n_used"))
         .join(_found(used, hits_before, "found_before"), on="q", how="left")
@@ -192,7 +193,8 @@ def ranked_hits(snapshot: Snapshot, config: Any, embeddings: pl.DataFrame | None
     if vectors is None or not queries.height:
         return empty
     qvec = (embedder or default_embedder()).embed(queries.get_column("query").to_list())
-    hits = _top_k(state, vectors, queries, qvec, _query_words(queries), gate.k, utc(now or snapshot.taken_at))
+    space = _Space(state.table("memory_nodes"), vectors, queries, qvec)
+    hits = _top_k(state, space, queries, _query_words(queries), gate.k, utc(now or snapshot.taken_at))
     return (hits.with_columns((pl.int_range(pl.len()).over("q") + 1).cast(pl.Int64).alias("rank"))
             .join(queries.select("q", "query"), on="q").sort("q", "rank").select(cols))
 
@@ -200,29 +202,33 @@ def ranked_hits(snapshot: Snapshot, config: Any, embeddings: pl.DataFrame | None
 # -- inputs ------------------------------------------------------------------------------------
 
 def _vectors(nodes: pl.DataFrame, embeddings: pl.DataFrame | None) -> pl.DataFrame | None:
-    """(id, _e) — each embedded node's row in the float32 matrix ``_E`` (an attribute of the frame's
-    companion, see :func:`_matrix`) — or None when no embeddings were given."""
+    """(id, embedding) of the nodes that have one (the first row of an id given twice), or None
+    when no embeddings were given at all."""
     if embeddings is None:
         if "embedding" not in nodes.columns:
             return None
         embeddings = nodes.select("id", "embedding")
     if "id" not in embeddings.columns or "embedding" not in embeddings.columns:
         raise InputError("recall_gate: embeddings must have the columns id and embedding")
-    emb = embeddings.select("id", "embedding").drop_nulls("embedding").unique("id", keep="first", maintain_order=True)
+    emb = embeddings.select("id", "embedding").drop_nulls()
+    if emb.get_column("id").n_unique() < emb.height:
+        emb = emb.filter(pl.col("id").is_first_distinct())
     return emb
 
 
 def _matrix(emb: pl.DataFrame) -> np.ndarray:
-    """The embeddings as unit float32 rows (a zero row stays zero: its distance is NaN, as pgvector's)."""
+    """The embeddings as unit float32 rows (a zero row becomes NaN: its distance is NaN, as pgvector's)."""
     if not emb.height:
         return np.zeros((0, EMBEDDING_DIM), dtype=np.float32)
     col = emb.get_column("embedding")
-    mat = (col.cast(pl.Array(pl.Float32, col.dtype.size)) if isinstance(col.dtype, pl.Array)
-           else col.cast(pl.List(pl.Float32)).list.to_array(len(col[0]))).to_numpy().astype(np.float32, copy=False)
-    mat = np.ascontiguousarray(mat.reshape(emb.height, -1))
-    norms = np.linalg.norm(mat, axis=1, keepdims=True)
+    if not isinstance(col.dtype, pl.Array):
+        col = col.cast(pl.List(pl.Float32)).list.to_array(len(col[0]))
+    mat = np.array(col.cast(pl.Array(pl.Float32, col.dtype.size)).to_numpy(), dtype=np.float32, copy=True)
+    mat = mat.reshape(emb.height, -1)
+    norms = np.sqrt(np.einsum("ij,ij->i", mat, mat))
     with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(norms > 0, mat / norms, np.nan).astype(np.float32)
+        mat /= norms[:, None]
+    return mat
 
 
 def _fold(before: Shard, diff: Diff, single: bool) -> Shard:
@@ -281,129 +287,160 @@ def _found(used: pl.DataFrame, hits: pl.DataFrame, name: str) -> pl.DataFrame:
 
 # -- ranking -----------------------------------------------------------------------------------
 
-def _fan(edges: pl.DataFrame) -> pl.DataFrame:
-    """(scope_path, node, nb, weight): for each node, its up to 8 heaviest current out-edges and up
-    to 8 heaviest current in-edges (ties by the other end's id), as the live query's LATERAL takes them."""
-    cur = edges.filter(pl.col("valid_to").is_null()).select("scope_path", "source_id", "target_id", "weight")
-    out = (cur.sort(["scope_path", "source_id", "weight", "target_id"], descending=[False, False, True, False], nulls_last=False)
+def _fan(edges: pl.DataFrame, tops: pl.DataFrame) -> pl.DataFrame:
+    """(scope_path, node, nb, weight): for each node of ``tops`` (scope_path, node), its up to 8
+    heaviest current out-edges and up to 8 heaviest current in-edges (ties by the other end's id;
+    a null weight first, as PostgreSQL's ``DESC``), as the live query's LATERAL takes them."""
+    ids = tops.get_column("node").implode()
+    cur = (edges.lazy().filter(pl.col("valid_to").is_null() & (pl.col("source_id").is_in(ids) | pl.col("target_id").is_in(ids)))
+           .select("scope_path", "source_id", "target_id", "weight").collect().lazy())
+    top = tops.lazy()
+    out = (cur.join(top, left_on=["scope_path", "source_id"], right_on=["scope_path", "node"], how="semi")
+           .sort(["scope_path", "source_id", "weight", "target_id"], descending=[False, False, True, False], nulls_last=False)
            .group_by("scope_path", "source_id", maintain_order=True).head(FAN_OUT)
            .select("scope_path", pl.col("source_id").alias("node"), pl.col("target_id").alias("nb"), "weight"))
-    inc = (cur.sort(["scope_path", "target_id", "weight", "source_id"], descending=[False, False, True, False], nulls_last=False)
+    inc = (cur.join(top, left_on=["scope_path", "target_id"], right_on=["scope_path", "node"], how="semi")
+           .sort(["scope_path", "target_id", "weight", "source_id"], descending=[False, False, True, False], nulls_last=False)
            .group_by("scope_path", "target_id", maintain_order=True).head(FAN_OUT)
            .select("scope_path", pl.col("target_id").alias("node"), pl.col("source_id").alias("nb"), "weight"))
-    return pl.concat([out, inc])
+    return pl.concat([out, inc]).collect()
 
 
-def _degree(edges: pl.DataFrame) -> pl.DataFrame:
-    """(scope_path, id, degree): current edges out plus in, each side counted up to DEGREE_LIMIT."""
-    cur = edges.filter(pl.col("valid_to").is_null())
+def _degree(edges: pl.DataFrame, nodes: pl.DataFrame) -> pl.DataFrame:
+    """(scope_path, node_id, degree) of ``nodes`` (scope_path, node_id): current edges out plus in,
+    each side counted up to DEGREE_LIMIT."""
+    ids = nodes.get_column("node_id").implode()
+    cur = (edges.lazy().filter(pl.col("valid_to").is_null() & (pl.col("source_id").is_in(ids) | pl.col("target_id").is_in(ids)))
+           .select("scope_path", "source_id", "target_id").collect().lazy())
     lim = rank.DEGREE_LIMIT
-    out = cur.group_by("scope_path", pl.col("source_id").alias("id")).agg(pl.len().clip(upper_bound=lim).alias("_o"))
-    inc = cur.group_by("scope_path", pl.col("target_id").alias("id")).agg(pl.len().clip(upper_bound=lim).alias("_i"))
-    return (out.join(inc, on=["scope_path", "id"], how="full", coalesce=True)
-            .select("scope_path", "id", (pl.col("_o").fill_null(0) + pl.col("_i").fill_null(0)).alias("degree")))
+    want = nodes.lazy()
+    out = (cur.join(want, left_on=["scope_path", "source_id"], right_on=["scope_path", "node_id"], how="semi")
+           .group_by("scope_path", pl.col("source_id").alias("node_id")).agg(pl.len().clip(upper_bound=lim).alias("_o")))
+    inc = (cur.join(want, left_on=["scope_path", "target_id"], right_on=["scope_path", "node_id"], how="semi")
+           .group_by("scope_path", pl.col("target_id").alias("node_id")).agg(pl.len().clip(upper_bound=lim).alias("_i")))
+    return (out.join(inc, on=["scope_path", "node_id"], how="full", coalesce=True)
+            .select("scope_path", "node_id", (pl.col("_o").fill_null(0) + pl.col("_i").fill_null(0)).alias("degree"))
+            .collect())
 
 
-def _seeds(nodes: pl.DataFrame, vectors: pl.DataFrame, queries: pl.DataFrame, qvec: np.ndarray,
-           n_seed: int) -> pl.DataFrame:
-    """(q, node_id, dist): each query's ``n_seed`` nearest embedded nodes of its scope (ties by id).
+class _Space:
+    """Every replayed query's cosine distance to every embedded node of its scope, computed once
+    (embeddings do not change with the diff): per scope one dense float32 product, all kept in one
+    flat array so any (query, node) distance is one gather.
 
-    Per scope one dense float32 product of its queries' vectors and its nodes' vectors; a query
-    that embeds to zero finds nothing (the live recall returns no hit for it)."""
-    emb = (nodes.select("scope_path", "id").join(vectors, on="id").sort("scope_path", "id"))
-    mat = _matrix(emb)
-    qnorm = np.linalg.norm(qvec, axis=1)
-    qmat = np.divide(qvec, qnorm[:, None], out=np.zeros_like(qvec), where=qnorm[:, None] > 0).astype(np.float32)
-    node_paths = emb.get_column("scope_path")
-    node_ids = emb.get_column("id").to_numpy()
-    q_paths = queries.get_column("scope_path")
-    q_ids = queries.get_column("q").to_numpy()
-    # rows of each scope: both frames sorted by scope (queries come sorted by scope from _queries)
-    keys = pl.Series(sorted(set(q_paths.to_list()), key=str.encode), dtype=pl.String)
-    n_lo, n_hi = node_paths.search_sorted(keys, "left").to_numpy(), node_paths.search_sorted(keys, "right").to_numpy()
-    q_lo, q_hi = q_paths.search_sorted(keys, "left").to_numpy(), q_paths.search_sorted(keys, "right").to_numpy()
-    parts_q, parts_n, parts_d = [], [], []
-    for i in range(len(keys)):
-        a, b, c, d = int(n_lo[i]), int(n_hi[i]), int(q_lo[i]), int(q_hi[i])
-        if a == b or c == d:
-            continue
-        live = qnorm[c:d] > 0
-        qs = np.flatnonzero(live) + c
-        if not len(qs):
-            continue
-        dist = 1.0 - (qmat[qs] @ mat[a:b].T).astype(np.float64)
-        order_d = np.where(np.isnan(dist), np.inf, dist)  # pgvector's NaN sorts after every number
-        take = min(n_seed, b - a)
-        if take < b - a:  # everything at or below the take-th smallest distance; the ties cut by id below
-            kth = np.partition(order_d, take - 1, axis=1)[:, take - 1:take]
-            rows, cols = np.nonzero(order_d <= kth)
-        else:
-            rows, cols = np.divmod(np.arange(len(qs) * (b - a)), b - a)
-        parts_q.append(q_ids[qs[rows]])
-        parts_n.append(cols + a)
-        parts_d.append(dist[rows, cols])
-    if not parts_q:
-        return pl.DataFrame(schema={"q": pl.Int64, "node_id": pl.String, "dist": pl.Float64, "_o": pl.Float64})
-    idx = np.concatenate(parts_n)
-    d = np.concatenate(parts_d)
-    seeds = pl.DataFrame({"q": np.concatenate(parts_q).astype(np.int64), "node_id": node_ids[idx], "dist": d,
-                          "_o": np.where(np.isnan(d), np.inf, d)})
-    return (seeds.sort("q", "_o", "node_id").group_by("q", maintain_order=True).head(n_seed))
+    rows: (scope_path, id, _e) — the embedded nodes of the snapshot, sorted by scope and id, ``_e``
+    their row.  A node's zero vector gives NaN (as pgvector's ``<=>``), a zero query no distance
+    (the live recall returns no hit for it)."""
+
+    def __init__(self, nodes: pl.DataFrame, vectors: pl.DataFrame, queries: pl.DataFrame, qvec: np.ndarray) -> None:
+        index = vectors.select("id").with_row_index("_v")
+        emb = nodes.select("scope_path", "id").join(index, on="id").sort("scope_path", "id")
+        self.rows = emb.select("scope_path", "id").with_row_index("_e").with_columns(pl.col("_e").cast(pl.Int64))
+        self.ids = emb.get_column("id").to_numpy()
+        mat = _matrix(vectors)[emb.get_column("_v").to_numpy()]
+        qnorm = np.linalg.norm(qvec, axis=1)
+        qmat = np.divide(qvec, qnorm[:, None], out=np.zeros_like(qvec), where=qnorm[:, None] > 0).astype(np.float32)
+        paths = emb.get_column("scope_path")
+        q_paths = queries.get_column("scope_path")
+        n_q = queries.height
+        self.lo = np.zeros(n_q, dtype=np.int64)    # first node row of the query's scope
+        self.n = np.zeros(n_q, dtype=np.int64)     # embedded nodes of the query's scope
+        self.off = np.full(n_q, -1, dtype=np.int64)  # where the query's distances start in flat (-1: none)
+        keys = pl.Series(sorted(set(q_paths.to_list()), key=str.encode), dtype=pl.String)
+        lo, hi = paths.search_sorted(keys, "left").to_numpy(), paths.search_sorted(keys, "right").to_numpy()
+        qlo, qhi = q_paths.search_sorted(keys, "left").to_numpy(), q_paths.search_sorted(keys, "right").to_numpy()
+        blocks, at = [], 0
+        self.blocks: list[tuple[np.ndarray, int, int, np.ndarray]] = []  # (query rows, node lo, node hi, dist)
+        for i in range(len(keys)):
+            a, b = int(lo[i]), int(hi[i])
+            qs = np.arange(int(qlo[i]), int(qhi[i]))
+            qs = qs[qnorm[qs] > 0]
+            if a == b or not len(qs):
+                continue
+            dist = 1.0 - (qmat[qs] @ mat[a:b].T).astype(np.float64)
+            self.blocks.append((qs, a, b, dist))
+            self.lo[qs], self.n[qs] = a, b - a
+            self.off[qs] = at + np.arange(len(qs)) * (b - a)
+            blocks.append(dist.reshape(-1))
+            at += dist.size
+        self.flat = np.concatenate(blocks) if blocks else np.zeros(0)
+
+    def dist(self, q: np.ndarray, e: np.ndarray) -> np.ndarray:
+        """The distance of queries ``q`` to node rows ``e`` (nodes of the query's scope; NaN for e < 0)."""
+        ok = (e >= 0) & (self.off[q] >= 0)
+        out = np.full(len(q), np.nan)
+        out[ok] = self.flat[self.off[q[ok]] + e[ok] - self.lo[q[ok]]]
+        return out
+
+    def seeds(self, alive: np.ndarray, n_seed: int) -> pl.DataFrame:
+        """(q, node_id, dist): each query's ``n_seed`` nearest live embedded nodes (ties by id)."""
+        parts_q, parts_e, parts_d = [], [], []
+        for qs, a, b, dist in self.blocks:
+            live = np.flatnonzero(alive[a:b])
+            if not len(live):
+                continue
+            d = dist if len(live) == b - a else dist[:, live]
+            order_d = np.where(np.isnan(d), np.inf, d)  # pgvector's NaN sorts after every number
+            take = min(n_seed, len(live))
+            if take < len(live):  # everything at or below the take-th smallest distance; ties cut by id below
+                kth = np.partition(order_d, take - 1, axis=1)[:, take - 1:take]
+                r, c = np.nonzero(order_d <= kth)
+            else:
+                r, c = np.divmod(np.arange(len(qs) * len(live)), len(live))
+            parts_q.append(qs[r])
+            parts_e.append(live[c] + a)
+            parts_d.append(d[r, c])
+        if not parts_q:
+            return pl.DataFrame(schema={"q": pl.Int64, "node_id": pl.String, "dist": pl.Float64})
+        e = np.concatenate(parts_e)
+        d = np.concatenate(parts_d)
+        seeds = pl.DataFrame({"q": np.concatenate(parts_q).astype(np.int64), "node_id": self.ids[e], "dist": d,
+                              "_o": np.where(np.isnan(d), np.inf, d)})
+        return seeds.sort("q", "_o", "node_id").group_by("q", maintain_order=True).head(n_seed).drop("_o")
 
 
-def _top_k(state: Shard, vectors: pl.DataFrame, queries: pl.DataFrame, qvec: np.ndarray, words: pl.DataFrame,
-           k: int, now: datetime) -> pl.DataFrame:
-    """(q, node_id): each query's ``k`` best hits over ``state``, ranked as the live recall ranks."""
+def _top_k(state: Shard, space: _Space, queries: pl.DataFrame, words: pl.DataFrame, k: int, now: datetime) -> pl.DataFrame:
+    """(q, node_id, score): each query's ``k`` best hits over ``state``, ranked as the live recall ranks."""
     nodes = state.table("memory_nodes")
     edges = state.table("memory_edges")
     n_seed = max(4 * k, SEED_MIN)
-    seeds = _seeds(nodes, vectors, queries, qvec, n_seed)
+    # the embedded nodes still there (ids are unique across scopes: a uuid each)
+    mask = space.rows.get_column("id").is_in(nodes.get_column("id").implode()).to_numpy()
+    seeds = space.seeds(mask, n_seed)
     qscope = queries.select("q", "scope_path")
-    top = seeds.group_by("q", maintain_order=True).head(k).select("q", pl.col("node_id").alias("via"),
-                                                                  (1.0 - pl.col("dist")).alias("_via_sim"))
+    top = (seeds.group_by("q", maintain_order=True).head(k).join(qscope, on="q")
+           .select("q", "scope_path", pl.col("node_id").alias("via"), (1.0 - pl.col("dist")).alias("_via_sim")))
     hop = (
-        top.join(qscope, on="q")
-        .join(_fan(edges), left_on=["scope_path", "via"], right_on=["scope_path", "node"])
+        top.join(_fan(edges, top.select("scope_path", pl.col("via").alias("node")).unique()),
+                 left_on=["scope_path", "via"], right_on=["scope_path", "node"])
         .join(seeds.select("q", pl.col("node_id").alias("nb")), on=["q", "nb"], how="anti")
         .sort(["q", "nb", "weight", "via"], descending=[False, False, True, False], nulls_last=False)
         .group_by("q", "nb", maintain_order=True).first()
         .join(nodes.select("scope_path", pl.col("id").alias("nb")), on=["scope_path", "nb"], how="semi")
     )
-    # the neighbours' own distances (null without an embedding)
     cand = pl.concat([
-        seeds.select("q", "node_id", "dist", pl.lit(None, pl.String).alias("via"), pl.lit(None, pl.Float64).alias("weight"),
-                     pl.lit(None, pl.Float64).alias("_via_sim")),
-        hop.select("q", pl.col("nb").alias("node_id"), pl.lit(None, pl.Float64).alias("dist"), "via",
+        seeds.join(qscope, on="q").select("q", "scope_path", "node_id", "dist", pl.lit(None, pl.String).alias("via"),
+                                          pl.lit(None, pl.Float64).alias("weight"), pl.lit(None, pl.Float64).alias("_via_sim")),
+        hop.select("q", "scope_path", pl.col("nb").alias("node_id"), pl.lit(None, pl.Float64).alias("dist"), "via",
                    pl.col("weight").cast(pl.Float64), "_via_sim"),
-    ]).join(qscope, on="q")
+    ])
     hop_rows = cand.get_column("via").is_not_null().to_numpy()
     dist = cand.get_column("dist").fill_null(np.nan).to_numpy().copy()
-    if hop_rows.any():
-        nb = cand.filter(pl.col("via").is_not_null()).with_row_index("_r").join(
-            vectors.with_row_index("_v").select("id", "_v"), left_on="node_id", right_on="id", how="left")
-        nb = nb.sort("_r")
-        has = nb.get_column("_v").is_not_null().to_numpy()
-        dd = np.full(len(has), np.nan)
-        if has.any():
-            vi = nb.get_column("_v").to_numpy()[has].astype(np.int64)
-            qi = nb.get_column("q").to_numpy()[has]
-            mat = _matrix(vectors[vi])
-            qv = qvec[_positions(queries, qi)].astype(np.float32)
-            qn = np.linalg.norm(qv, axis=1, keepdims=True)
-            qv = np.divide(qv, qn, out=np.zeros_like(qv), where=qn > 0)
-            dd[has] = 1.0 - np.einsum("ij,ij->i", qv, mat).astype(np.float64)
-        dist[hop_rows] = dd
-    # node attributes, degree, label words
+    if hop_rows.any():  # a neighbour's own distance (NaN without an embedding)
+        nb = (cand.filter(pl.col("via").is_not_null()).select("q", "scope_path", "node_id")
+              .join(space.rows, left_on=["scope_path", "node_id"], right_on=["scope_path", "id"], how="left",
+                    maintain_order="left"))
+        dist[hop_rows] = space.dist(nb.get_column("q").to_numpy(), nb.get_column("_e").fill_null(-1).to_numpy())
     cand = (
         cand.with_columns(pl.Series("dist", dist))
         .join(nodes.select("scope_path", pl.col("id").alias("node_id"), "layer", "label", "importance",
                            "access_count", "updated_at", pl.col("scope_path").alias("_node_path")),
-              on=["scope_path", "node_id"], how="left")
-        .join(_degree(edges).rename({"id": "node_id"}), on=["scope_path", "node_id"], how="left")
-        .with_row_index("_r")
+              on=["scope_path", "node_id"], how="left", maintain_order="left")
     )
-    overlap = _overlap(cand, words)
-    cand = cand.join(overlap, on="_r", how="left").sort("_r")
+    cand = (cand.join(_degree(edges, cand.select("scope_path", "node_id").unique()), on=["scope_path", "node_id"],
+                      how="left", maintain_order="left")
+            .with_row_index("_r"))
+    cand = cand.join(_overlap(cand, words), on="_r", how="left").sort("_r")
     xp = rank.ARRAY
     f64 = lambda name: cand.get_column(name).cast(pl.Float64).fill_null(np.nan).to_numpy()  # noqa: E731
     sim = rank.similarity(f64("dist"))
@@ -429,16 +466,15 @@ def _top_k(state: Shard, vectors: pl.DataFrame, queries: pl.DataFrame, qvec: np.
     return ranked.group_by("q", maintain_order=True).head(k)
 
 
-def _positions(queries: pl.DataFrame, q: np.ndarray) -> np.ndarray:
-    """Rows of ``queries`` (and of their vectors) of the query ids ``q`` (ids are row numbers)."""
-    return np.asarray(q, dtype=np.int64)
-
-
 def _overlap(cand: pl.DataFrame, words: pl.DataFrame) -> pl.DataFrame:
     """(_r, _overlap): the share of the query's words that are words of the candidate's label."""
-    labels = cand.get_column("label").fill_null("").unique()
-    label_words = pl.DataFrame({"label": labels, "word": [query_words(t) for t in labels.to_list()]},
-                               schema={"label": pl.String, "word": pl.List(pl.String)}).explode("word").drop_nulls()
+    labels = cand.get_column("label").fill_null("").unique().to_list()
+    flat_label, flat_word = [], []
+    for text in labels:  # one call per distinct candidate label: the live recall's own tokenizer
+        found = query_words(text)
+        flat_label += [text] * len(found)
+        flat_word += found
+    label_words = pl.DataFrame({"label": flat_label, "word": flat_word}, schema={"label": pl.String, "word": pl.String})
     n_words = words.group_by("q").agg(pl.len().alias("_n"))
     hits = (cand.select("_r", "q", pl.col("label").fill_null(""))
             .join(label_words, on="label").join(words, on=["q", "word"], how="inner")
