@@ -274,3 +274,14 @@ def test_plan_scope_gate_ranks_as_live_recall_and_report_and_ledger_keep_the_fig
     assert applied.gate == gate
     assert rows(store, "SELECT recall_before, recall_after FROM consolidation_runs WHERE run_id = %s",
                 applied.run_id) == [(1.0, 0.0)]
+
+
+def test_nodes_without_embeddings_are_never_seeds():
+    snap, emb, embedder = _golden()
+    none = emb.clear()  # the store has no embedding for any node: the live recall would find nothing either
+    gate = recall_gate(snap, Diff.empty(), GateConfig(k=2), none, embedder=embedder)
+    assert (gate.queries, gate.recall_before, gate.recall_after, gate.failed) == (1, 0.0, 0.0, False)
+    # only A has one: B and E are not seeds; D is reached from A by spreading, C and E never
+    only_a = emb.filter(pl.col("id") == _id(1))
+    got = ranked_hits(snap, GateConfig(k=10), only_a, embedder=embedder).get_column("node_id").to_list()
+    assert got == [_id(1), _id(4)]
