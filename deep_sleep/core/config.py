@@ -77,6 +77,19 @@ class RetentionConfig(BaseModel):
     force: bool = False
 
 
+class GateConfig(BaseModel):
+    """The recall-quality gate (SPEC §9, :mod:`deep_sleep.run.gate`): before apply, up to
+    ``max_queries`` of the scope's used recall queries are replayed against the scope before and
+    after the diff; a drop of recall@``k`` of the used memories by more than ``max_drop_pp``
+    percentage points fails the gate (its destructive rows are then held)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    enabled: bool = True
+    k: int = Field(10, ge=1)
+    max_queries: int = Field(50, ge=1)
+    max_drop_pp: float = Field(2.0, ge=0)
+
+
 class BaseConsolidationConfig(BaseSettings):
     """The knobs of a run that belong to no phase; :func:`assemble` adds one section per phase.
     Frozen: build a new one to change it."""
@@ -93,6 +106,7 @@ class BaseConsolidationConfig(BaseSettings):
     llm: LlmConfig = LlmConfig()  # optional Claude summaries of phases 4 and 10 (SPEC §7)
     quarantine: QuarantineConfig = QuarantineConfig()
     holds: HoldsConfig = HoldsConfig()  # rows that wait for approval (SPEC §9)
+    gate: GateConfig = GateConfig()
 
     @classmethod
     def settings_customise_sources(

@@ -43,6 +43,9 @@ class ConsolidationReport:
         ``reasons`` (rule → rows), ``phases`` (phase → rows), ``why`` (one sentence per rule that fired),
         and ``status`` once decided; empty when nothing is held.  ``rows_changed`` and ``conflicts`` are
         then the applied part's.
+    gate: the recall-quality gate's figures (SPEC §9, :mod:`deep_sleep.run.gate`): ``queries``
+        replayed, ``recall_before`` and ``recall_after`` (recall@k of the used memories, 0–1),
+        ``drop_pp`` (percentage points) and ``failed``; empty when the gate is off or had no query.
     diff_hash: content hash of the diff (same snapshot + config + as_of → same hash).
     status: "planned" (replay), "applied", "failed", or "empty".
     run_id, snapshot_uri, diff_uri: where the run is recorded and stored.
@@ -63,6 +66,7 @@ class ConsolidationReport:
     quarantined: dict[str, dict[str, int]] = field(default_factory=dict)
     llm: dict[str, int] = field(default_factory=dict)
     held: dict[str, Any] = field(default_factory=dict)
+    gate: dict[str, Any] = field(default_factory=dict)
     diff_hash: str = ""
     status: str = "planned"
     run_id: str | None = None
@@ -83,6 +87,8 @@ class ConsolidationReport:
             del out["llm"]
         if not out["held"]:  # likewise: only runs that held rows say so
             del out["held"]
+        if not out["gate"]:  # likewise the gate's figures: only when it replayed a query
+            del out["gate"]
         return out
 
     def to_json(self) -> str:

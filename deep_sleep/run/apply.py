@@ -101,7 +101,7 @@ def ledger_params(report: ConsolidationReport, mode: str, started_at: datetime, 
         report.run_id, report.scope_path, mode, datetime.fromisoformat(report.as_of.replace("Z", "+00:00")),
         started_at, status, j(report.counters), j(report.phases_run), j(report.phases_skipped), j(report.timings),
         j(report.rows_changed), report.conflicts, report.diff_hash, report.snapshot_uri, report.diff_uri, j(report.errors),
-        j(report.quarantined),
+        j(report.quarantined), report.gate.get("recall_before"), report.gate.get("recall_after"),
     )
 
 

@@ -219,6 +219,35 @@ def validate(planned: Planned, config: ConsolidationConfig | None = None) -> Val
     return result
 
 
+def gate(store: Store, validated: Validated, config: ConsolidationConfig) -> Validated:
+    """The recall-quality gate (SPEC §9, :mod:`deep_sleep.run.gate`) of every scope that passed
+    validation, for the whole shard at once: its figures go into the reports (``gate``), and
+    :func:`apply` holds the destructive rows of a scope whose gate failed.  Node embeddings (which
+    snapshots do not carry) are read from the store in one query."""
+    from deep_sleep.run.gate import recall_gate, recall_gate_shard
+    from deep_sleep.store.vectors import node_embeddings
+
+    if not config.gate.enabled:
+        return validated
+    ok = [s for s, r in validated.reports.items() if r.status != "failed"]
+    if not ok:
+        return validated
+    t0 = time.perf_counter()
+    planned = validated.planned
+    as_of = utc(next(iter(validated.reports.values())).as_of)
+    embeddings = node_embeddings(store, ok)
+    if planned.single is not None:
+        results = {ok[0]: recall_gate(planned.single.snapshot, planned.single.diff, config, embeddings, now=as_of)}
+    else:
+        results = recall_gate_shard(planned.plan.shard, planned.plan.diff, config, embeddings, now=as_of)
+    seconds = round(time.perf_counter() - t0, 6)
+    reports = {s: (r.with_(gate=results[s].to_report(), timings={**r.timings, "gate": seconds})
+                   if s in ok and s in results else r) for s, r in validated.reports.items()}
+    if planned.diff_dir is not None:
+        _write_reports(planned.diff_dir, reports, single=planned.single is not None)
+    return Validated(planned, validated.failures, reports)
+
+
 def apply(store: Store, validated: Validated, mode: str = "nightly", started_at: datetime | None = None,
           holds: HoldsConfig | None = None, gate_failed: Mapping[str, bool] | None = None) -> Applied:
     """Apply every scope that passed validation (atomically per scope: a scope that fails leaves the
@@ -230,6 +259,8 @@ def apply(store: Store, validated: Validated, mode: str = "nightly", started_at:
     and the ledger; the rest applies."""
     started_at = started_at or datetime.now(UTC)
     planned = validated.planned
+    if gate_failed is None:  # the gate stage's verdicts, kept in the reports
+        gate_failed = {s: bool(r.gate.get("failed")) for s, r in validated.reports.items() if r.gate}
     reports = {}
     todo = dict(validated.reports)
     if planned.single is None and len(todo) > 1:
@@ -318,7 +349,7 @@ def run(store: Store, scopes: list[Scope | str] | Scope | str, config: Consolida
     extracted = extract(store, scopes, as_of, config, None if base is None else base / "snapshot")
     planned = transform(extracted, config, as_of, None if base is None else base / "diff", phases=phases,
                         summarizer=summarizer)
-    validated = validate(planned, config)
+    validated = gate(store, validate(planned, config), config)
     if not apply_changes:
         return validated
     return apply(store, validated, mode=mode, started_at=started, holds=config.holds if base is not None else None)

@@ -37,10 +37,12 @@ from deep_sleep.core.summary import Summarizer
 from deep_sleep.run import holds as holds_mod
 from deep_sleep.run import pipeline
 from deep_sleep.run.apply import apply_diff, record_run
+from deep_sleep.run.gate import recall_gate
 from deep_sleep.run.llm import summarizer_for
 from deep_sleep.run.plan import plan
 from deep_sleep.store.db import Store
 from deep_sleep.store.extract import extract
+from deep_sleep.store.vectors import node_embeddings
 from deep_sleep.transforms.config import ConsolidationConfig
 from deep_sleep.validation import SNAPSHOT_COLUMNS, validate_diff
 
@@ -105,6 +107,22 @@ def validate_stage(snapshot_dir: Path, diff_dir: Path, config: ConsolidationConf
         report = report.with_(status="failed", errors=report.errors + errors, validation=failures.head(200).to_dicts(), timings=timings)
     else:
         report = report.with_(timings=timings)
+    report.write(diff_dir)
+    return report
+
+
+def gate_stage(store: Store, snapshot_dir: Path, diff_dir: Path, config: ConsolidationConfig) -> ConsolidationReport:
+    """The recall-quality gate (SPEC §9, :func:`deep_sleep.run.gate.recall_gate`) of a validated
+    diff, its figures put in the report (``gate``; nothing when the gate is off or had no query).
+    A report that failed validation is left as it is.  The nodes' embeddings are read from the store."""
+    report = ConsolidationReport.read(diff_dir)
+    if report.status == "failed" or not config.gate.enabled:
+        return report
+    t0 = time.perf_counter()
+    diff = Diff.read(diff_dir)
+    snap = _clean_snapshot(Snapshot.read(snapshot_dir), Path(diff_dir))
+    result = recall_gate(snap, diff, config, node_embeddings(store, [snap.scope_path]), now=utc(report.as_of))
+    report = report.with_(gate=result.to_report(), timings={**report.timings, "gate": round(time.perf_counter() - t0, 6)})
     report.write(diff_dir)
     return report
 
@@ -220,5 +238,5 @@ def plan_scope(store: Store, scope: Scope | str, config: ConsolidationConfig | N
     summarizer = summarizer_for(config, store)  # None unless the model is enabled (SPEC §7)
     planned = pipeline.transform(extracted, config, as_of, base / "diff", run_ids={scope.path: run_id}, phases=phases,
                                  summarizer=summarizer)
-    validated = pipeline.validate(planned, config)
+    validated = pipeline.gate(store, pipeline.validate(planned, config), config)
     return PlannedRun(base / "snapshot", base / "diff", validated.reports[scope.path], started, validated)

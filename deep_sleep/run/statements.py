@@ -68,9 +68,9 @@ _WRITE_OF_KIND = {"deletes": "delete", "updates": "update", "inserts": "insert"}
 LEDGER_SQL = (
     "INSERT INTO consolidation_runs (run_id, scope_path, mode, as_of, started_at, finished_at, status, counters,"
     " phases_run, phases_skipped, timings, rows_changed, conflicts, diff_hash, snapshot_uri, diff_uri, errors,"
-    " quarantined)"
+    " quarantined, recall_before, recall_after)"
     " VALUES ($1::uuid, $2, $3, $4, $5, now(), $6, $7::jsonb, $8::jsonb, $9::jsonb, $10::jsonb, $11::jsonb, $12,"
-    " $13, $14, $15, $16::jsonb, $17::jsonb)"
+    " $13, $14, $15, $16::jsonb, $17::jsonb, $18::float8, $19::float8)"
 )
 
 QUARANTINE_SQL = (
@@ -346,7 +346,7 @@ def explain(stmts: Iterable[Statement]) -> str:
             head += f": {s.rows} row(s), {SOURCES[s.source].format(staged=s.staged)}"
         lines = [head]
         if s.step == "ledger":
-            lines.append("-- params: $1…$17 bound from the run's report after the writes (rows_changed, conflicts)")
+            lines.append("-- params: $1…$19 bound from the run's report after the writes (rows_changed, conflicts)")
         elif s.params:
             lines += [f"-- ${n} = {_param(p, s.sql is None)}" for n, p in enumerate(s.params, 1)]
         if s.sql is None:

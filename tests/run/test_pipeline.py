@@ -12,7 +12,6 @@ import json
 import uuid
 from datetime import UTC, datetime, timedelta
 
-import pytest
 
 from deep_sleep.core.scope import Scope
 from deep_sleep.run import pipeline

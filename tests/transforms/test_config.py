@@ -44,6 +44,7 @@ def test_every_default_of_spec_3_is_kept():
                 "groups_per_request": 8, "max_output_tokens_per_group": 160, "max_summary_chars": 2000,
                 "run_token_budget": 200000, "tenant_daily_token_budget": 2000000, "max_retries": 3,
                 "backoff_seconds": 1.0, "max_backoff_seconds": 30.0, "timeout_seconds": 30.0},
+        "gate": {"enabled": True, "k": 10, "max_queries": 50, "max_drop_pp": 2.0},
         "strengthen": {"enabled": True, "min_accesses": 2, "increment": 0.5, "cap": 10.0},
         "cooccurrence": {"enabled": True, "window_seconds": 900.0, "max_neighbours": 5},
         "tag_risk": {"enabled": True, "markers": ("risk", "danger", "failure", "loss", "negative", "decline", "warning",

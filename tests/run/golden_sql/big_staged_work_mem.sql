@@ -45,5 +45,5 @@ WITH done AS (UPDATE memory_nodes t SET importance = COALESCE(s.importance, t.im
 WITH done AS (INSERT INTO episodic_events (id, scope_path, tenant_id, session_id, content, metadata, created_at, version) SELECT s.id::uuid, s.scope_path, s.tenant_id, s.session_id, s.content, s.metadata::jsonb, s.created_at, s.version FROM _ds_episodic_events_inserts s WHERE s.scope_path = $1 ON CONFLICT DO NOTHING RETURNING 1) SELECT count(*) AS n FROM done;
 
 -- 12. ledger consolidation_runs
--- params: $1…$17 bound from the run's report after the writes (rows_changed, conflicts)
-INSERT INTO consolidation_runs (run_id, scope_path, mode, as_of, started_at, finished_at, status, counters, phases_run, phases_skipped, timings, rows_changed, conflicts, diff_hash, snapshot_uri, diff_uri, errors, quarantined) VALUES ($1::uuid, $2, $3, $4, $5, now(), $6, $7::jsonb, $8::jsonb, $9::jsonb, $10::jsonb, $11::jsonb, $12, $13, $14, $15, $16::jsonb, $17::jsonb);
+-- params: $1…$19 bound from the run's report after the writes (rows_changed, conflicts)
+INSERT INTO consolidation_runs (run_id, scope_path, mode, as_of, started_at, finished_at, status, counters, phases_run, phases_skipped, timings, rows_changed, conflicts, diff_hash, snapshot_uri, diff_uri, errors, quarantined, recall_before, recall_after) VALUES ($1::uuid, $2, $3, $4, $5, now(), $6, $7::jsonb, $8::jsonb, $9::jsonb, $10::jsonb, $11::jsonb, $12, $13, $14, $15, $16::jsonb, $17::jsonb, $18::float8, $19::float8);

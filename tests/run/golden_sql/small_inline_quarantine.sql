@@ -66,5 +66,5 @@ WITH done AS (INSERT INTO soul_profiles (id, scope_path, tenant_id, key, value, 
 WITH done AS (INSERT INTO consolidation_quarantine (run_id, scope_path, table_name, row_id, reason, row) SELECT $1::uuid, $2, s.table, s.id, s.reason, s.row::jsonb FROM _ds_quarantine s RETURNING 1) SELECT count(*) FROM done;
 
 -- 14. ledger consolidation_runs
--- params: $1…$17 bound from the run's report after the writes (rows_changed, conflicts)
-INSERT INTO consolidation_runs (run_id, scope_path, mode, as_of, started_at, finished_at, status, counters, phases_run, phases_skipped, timings, rows_changed, conflicts, diff_hash, snapshot_uri, diff_uri, errors, quarantined) VALUES ($1::uuid, $2, $3, $4, $5, now(), $6, $7::jsonb, $8::jsonb, $9::jsonb, $10::jsonb, $11::jsonb, $12, $13, $14, $15, $16::jsonb, $17::jsonb);
+-- params: $1…$19 bound from the run's report after the writes (rows_changed, conflicts)
+INSERT INTO consolidation_runs (run_id, scope_path, mode, as_of, started_at, finished_at, status, counters, phases_run, phases_skipped, timings, rows_changed, conflicts, diff_hash, snapshot_uri, diff_uri, errors, quarantined, recall_before, recall_after) VALUES ($1::uuid, $2, $3, $4, $5, now(), $6, $7::jsonb, $8::jsonb, $9::jsonb, $10::jsonb, $11::jsonb, $12, $13, $14, $15, $16::jsonb, $17::jsonb, $18::float8, $19::float8);

@@ -50,5 +50,5 @@ WITH done AS (UPDATE prospective_triggers t SET status = COALESCE(s.status, t.st
 WITH done AS (INSERT INTO pending_connections (id, scope_path, tenant_id, source_label, target_label, relation, weight, created_at, consumed_by_run, outcome, version) SELECT s.id::uuid, s.scope_path, s.tenant_id, s.source_label, s.target_label, s.relation, s.weight, s.created_at, s.consumed_by_run::uuid, s.outcome, s.version FROM _ds_pending_connections_inserts s WHERE s.scope_path = $1 ON CONFLICT DO NOTHING RETURNING 1) SELECT count(*) AS n FROM done;
 
 -- 13. ledger consolidation_runs
--- params: $1…$17 bound from the run's report after the writes (rows_changed, conflicts)
-INSERT INTO consolidation_runs (run_id, scope_path, mode, as_of, started_at, finished_at, status, counters, phases_run, phases_skipped, timings, rows_changed, conflicts, diff_hash, snapshot_uri, diff_uri, errors, quarantined) VALUES ($1::uuid, $2, $3, $4, $5, now(), $6, $7::jsonb, $8::jsonb, $9::jsonb, $10::jsonb, $11::jsonb, $12, $13, $14, $15, $16::jsonb, $17::jsonb);
+-- params: $1…$19 bound from the run's report after the writes (rows_changed, conflicts)
+INSERT INTO consolidation_runs (run_id, scope_path, mode, as_of, started_at, finished_at, status, counters, phases_run, phases_skipped, timings, rows_changed, conflicts, diff_hash, snapshot_uri, diff_uri, errors, quarantined, recall_before, recall_after) VALUES ($1::uuid, $2, $3, $4, $5, now(), $6, $7::jsonb, $8::jsonb, $9::jsonb, $10::jsonb, $11::jsonb, $12, $13, $14, $15, $16::jsonb, $17::jsonb, $18::float8, $19::float8);
