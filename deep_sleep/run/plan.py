@@ -51,7 +51,7 @@ def _arguments(phase: Phase, snapshot: Snapshot, config: ConsolidationConfig, as
         "config": config.phase(phase.name),
         "as_of": as_of,
         "lookback_hours": config.lookback_hours,
-        "scope_path": snapshot.scope_path,
+        "scope_path": getattr(snapshot, "scope_path", None),  # a Shard has none: shard_native phases never ask
         "settings": config,  # the whole configuration, for a phase that must keep another phase's invariant
         "extracted": extracted,  # the snapshot before any phase (for evidence an earlier phase archived)
         "summarizer": summarizer,  # phases 4 and 10 (SPEC §7); None: the deterministic text
