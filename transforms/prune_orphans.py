@@ -6,12 +6,13 @@ from datetime import datetime, timedelta
 
 import numpy as np
 import polars as pl
-from deep_sleep.transforms._common import PhaseResult, is_protected, json_number
+from deep_sleep.transforms._common import PhaseResult, is_protected, json_number, scope_paths, scoped_result, shard_native
 from pydantic import Field
 
 from deep_sleep.core.config import PhaseConfig
-from deep_sleep.core.diff import Diff
+from deep_sleep.core.diff import Diff, TableDiff
 from deep_sleep.core.errors import SnapshotError
+from deep_sleep.core.shard import Shard
 from deep_sleep.core.snapshot import Snapshot
 
 
@@ -30,7 +31,8 @@ TTL_REASON = "semantic ttl expired"
 ORPHAN_REASON = "orphan: weak, stale and at most max_degree neighbours"
 
 
-def prune_orphans(snapshot: Snapshot, config: PruneOrphansConfig, as_of: datetime) -> PhaseResult:
+@shard_native
+def prune_orphans(snapshot: Snapshot | Shard, config: PruneOrphansConfig, as_of: datetime) -> PhaseResult:
     """Delete unprotected semantic nodes (with their incident edges) that either
     (a) have a numeric ``properties.ttl_hours`` with ``updated_at + ttl_hours ≤ as_of`` — whatever their
     importance or degree — or (b) are orphans: importance < ``importance_factor`` × 10, ``updated_at``
@@ -43,8 +45,15 @@ def prune_orphans(snapshot: Snapshot, config: PruneOrphansConfig, as_of: datetim
     with the ttl reason, as is any edge touching an expired node.  A node that a quarantined row
     still touches (``snapshot.held_nodes``, e.g. an edge of NaN weight) is never pruned: its degree
     here ignores that row, and the quarantined row would be left pointing at a deleted node.
+
+    Shard-native: on a :class:`Shard` a node is known by (scope_path, id) and an edge's ends by
+    (its scope_path, source_id / target_id), so only a scope's own edges count towards its nodes'
+    degrees; ``nodes_pruned`` is counted per scope.
     """
     nodes = snapshot.table("memory_nodes")
+    paths = scope_paths(snapshot)
+    many = len(paths) > 1  # one scope: no scope_path to carry or hash
+    scope = ("scope_path",) if many else ()
     # Lazy scans, each collected right after its cheap first filter: an eager select or filter would
     # copy every column of a frame whose chunks earlier folds misaligned, and polars' optimizer would
     # fuse the later filters into the first and parse every node's JSON.  So only the few nodes whose
@@ -54,17 +63,17 @@ def prune_orphans(snapshot: Snapshot, config: PruneOrphansConfig, as_of: datetim
     age_us = (pl.lit(as_of, dtype=pl.Datetime("us", "UTC")) - pl.col("updated_at")).dt.total_microseconds()
     expired = (
         nodes.lazy()
-        .select("id", "version", "layer", "label", "properties", "updated_at")
+        .select("id", "version", "layer", "label", "properties", "updated_at", *scope)
         .filter(semantic & pl.col("properties").str.contains("ttl_hours", literal=True))
         .collect()
         # Whole microseconds as in working_ttl, compared as floats: no overflow for absurd ttl values.
         .filter(ttl.is_finite() & (age_us.cast(pl.Float64) >= (ttl * 3_600_000_000).floor()))
         .filter(~is_protected())
-        .select("id", "version")
+        .select("id", "version", *scope)
     )
     weak = (
         nodes.lazy()
-        .select("id", "version", "layer", "label", "importance", "updated_at")
+        .select("id", "version", "layer", "label", "importance", "updated_at", *scope)
         .filter(
             semantic
             & (pl.col("importance") < config.importance_factor * 10)
@@ -72,47 +81,59 @@ def prune_orphans(snapshot: Snapshot, config: PruneOrphansConfig, as_of: datetim
         )
         .collect()
         .filter(~is_protected())
-        .select("id", "version")
+        .select("id", "version", *scope)
     )
     if snapshot.held_nodes:
         held = pl.Series(sorted(snapshot.held_nodes), dtype=pl.String).implode()
         expired = expired.filter(~pl.col("id").is_in(held))
         weak = weak.filter(~pl.col("id").is_in(held))
     if not (expired.height or weak.height):
-        return PhaseResult(counters={"nodes_pruned": 0})
-    seed = _seed(nodes.get_column("id"))
-    expired = expired.with_columns(pl.col("id").hash(seed).alias("h"))
-    weak = weak.with_columns(pl.col("id").hash(seed).alias("h"))
+        return scoped_result(Diff.empty(), None, COUNTERS)
+    seed = _seed(nodes, many)
+    expired = expired.with_columns(_key("id", seed, many).alias("h"))
+    weak = weak.with_columns(_key("id", seed, many).alias("h"))
     weak = weak.filter(~pl.col("h").is_in(expired.get_column("h").implode()))
     # The only edges that matter touch a weak or an expired node: both steps below read just those.
     touching = pl.concat([weak.get_column("h"), expired.get_column("h")]).implode()
     edges = (
         snapshot.table("memory_edges")
         .lazy()
-        .select("id", "version", pl.col("source_id").hash(seed).alias("s"), pl.col("target_id").hash(seed).alias("t"))
+        .select("id", "version", _key("source_id", seed, many).alias("s"), _key("target_id", seed, many).alias("t"), *scope)
         .filter(pl.col("s").is_in(touching) | pl.col("t").is_in(touching))
         .collect()
     )
     orphans = weak.filter(_peel(edges, weak.get_column("h"), expired.get_column("h"), config.max_degree))
     doomed = pl.concat(
         [
-            expired.select("id", "version", "h", pl.lit(TTL_REASON).alias("reason")),
-            orphans.select("id", "version", "h", pl.lit(ORPHAN_REASON).alias("reason")),
+            expired.select("id", "version", "h", pl.lit(TTL_REASON).alias("reason"), *scope),
+            orphans.select("id", "version", "h", pl.lit(ORPHAN_REASON).alias("reason"), *scope),
         ]
     )
     if not doomed.height:
-        return PhaseResult(counters={"nodes_pruned": 0})
-    return PhaseResult(diff=_delete(edges, doomed, expired.get_column("h")), counters={"nodes_pruned": doomed.height})
+        return scoped_result(Diff.empty(), None, COUNTERS)
+    if many:
+        counts = doomed.group_by("scope_path").agg(pl.len().alias("nodes_pruned"))
+    else:
+        counts = pl.DataFrame({"scope_path": [paths[0]], "nodes_pruned": [doomed.height]})
+    return scoped_result(_delete(edges, doomed, expired.get_column("h"), many), counts, COUNTERS)
 
 
-def _seed(ids: pl.Series) -> int:
-    """A hash seed under which the scope's node ids have distinct 64-bit hashes, so the graph work
-    below runs on integers instead of 36-character strings (a collision is ~1e-8 at 1M nodes; the
-    next seed then resolves it).  Edges point at nodes of the snapshot: the extract quarantines
-    dangling ones."""
+def _key(column: str, seed: int, many: bool) -> pl.Expr:
+    """A node's 64-bit key: the hash of its id — with ``many`` scopes, combined with the hash of the
+    row's ``scope_path``, so an edge's end names a node of the edge's own scope only."""
+    key = pl.col(column).hash(seed)
+    return key ^ pl.col("scope_path").hash(seed + 8) if many else key
+
+
+def _seed(nodes: pl.DataFrame, many: bool = False) -> int:
+    """A hash seed under which the nodes' keys (:func:`_key`) are distinct 64-bit values, so the
+    graph work below runs on integers instead of 36-character strings (a collision is ~1e-8 at 1M
+    nodes; the next seed then resolves it).  Edges point at nodes of the snapshot: the extract
+    quarantines dangling ones."""
     for seed in range(8):
         # Sorted, equal hashes sit side by side: numpy's sort of a million integers beats polars' n_unique.
-        hashes = np.sort(ids.hash(seed).to_numpy())
+        keys = nodes.lazy().select(_key("id", seed, many)).collect().to_series()
+        hashes = np.sort(keys.to_numpy())
         if not (hashes[1:] == hashes[:-1]).any():
             return seed
     raise SnapshotError("memory_nodes: duplicate ids in the snapshot")
@@ -161,9 +182,10 @@ def _peel(edges: pl.DataFrame, weak: pl.Series, expired: pl.Series, max_degree: 
     return removed
 
 
-def _delete(edges: pl.DataFrame, doomed: pl.DataFrame, expired: pl.Series) -> Diff:
+def _delete(edges: pl.DataFrame, doomed: pl.DataFrame, expired: pl.Series, many: bool = False) -> Diff:
     """Node deletes with their reasons, and every incident edge (the ttl reason wins when an edge
-    touches an expired node; ``expired``: the expired nodes' id hashes)."""
+    touches an expired node; ``expired``: the expired nodes' id hashes).  With ``many`` scopes the
+    deletes keep the rows' ``scope_path`` (the runner would otherwise look each id up)."""
     hashes = doomed.get_column("h").implode()
     ttl = expired.implode()
     incident = (
@@ -176,11 +198,16 @@ def _delete(edges: pl.DataFrame, doomed: pl.DataFrame, expired: pl.Series) -> Di
             .then(pl.lit(f"{TTL_REASON} (incident edge)"))
             .otherwise(pl.lit(f"{ORPHAN_REASON} (incident edge)"))
             .alias("reason"),
+            *(("scope_path",) if many else ()),
         )
         .collect()
         .sort("id", multithreaded=False)
     )
     # Single-threaded: polars' parallel sort of a string column is ~2× slower at these sizes.
-    nodes = Diff.of("memory_nodes", PHASE, deletes=doomed.drop("h").sort("id", multithreaded=False))
+    doomed = doomed.drop("h").sort("id", multithreaded=False)
+    nodes = Diff.of("memory_nodes", PHASE, deletes=doomed)
     edges = Diff.of("memory_edges", PHASE, deletes=incident)
+    if many:  # Diff.of keeps the rows' order: their scope_path goes back on as it was
+        nodes, edges = (Diff({name: TableDiff(deletes=td.deletes.with_columns(rows.get_column("scope_path")))
+                              for name, td in d.tables.items()}) for d, rows in ((nodes, doomed), (edges, incident)))
     return Diff({**nodes.tables, **edges.tables})  # two tables, nothing to normalise

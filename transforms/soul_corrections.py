@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime
 
 import polars as pl
 from deep_sleep.transforms._common import (
     PhaseResult,
-    created_ids,
-    in_window,
-    window_start,
+    in_scope_window,
+    scope_paths,
+    scoped_created_ids,
+    scoped_result,
+    scopes,
+    shard_native,
+    tenant_of,
+    with_window,
 )
 
 from deep_sleep.core.config import PhaseConfig
 from deep_sleep.core.diff import Diff
+from deep_sleep.core.shard import Shard
 from deep_sleep.core.snapshot import Snapshot
 
 
@@ -29,8 +36,9 @@ PHASE = "soul_corrections"
 EDITOR = "user_manual_edit"
 
 
+@shard_native
 def soul_corrections(
-    snapshot: Snapshot, config: SoulCorrectionsConfig, as_of: datetime, lookback_hours: float
+    snapshot: Snapshot | Shard, config: SoulCorrectionsConfig, as_of: datetime, lookback_hours: float
 ) -> PhaseResult:
     """Recent semantic nodes labelled ``SOUL:<key>`` with ``properties._last_edited_by ==
     "user_manual_edit"`` set ``soul_profiles[key] = properties.value``.  The key is the text after
@@ -42,15 +50,23 @@ def soul_corrections(
     ``value`` is stored as its JSON text (``42``, ``true``, ``["a"]``).  ``soul_updates`` counts
     profile rows inserted or changed.  A profile is identified by (scope_path, ``key``) (SPEC §1):
     updates carry ``key`` and the apply matches on it.
+
+    Shard-native: on a :class:`Shard` each scope has its own window (its own previous run), the
+    latest edit wins per (scope_path, key), an edit reaches only its own scope's profile, and
+    counters and notes are per scope.
     """
-    start = window_start(snapshot, as_of, lookback_hours)
+    paths = scope_paths(snapshot)
+    many = len(paths) > 1  # one scope: the scope is a literal, never a key
+    scope = ["scope_path"] if many else []
     # The cheap window, layer and prefix tests run lazily over only the columns used (no copy of the
     # whole frame); JSON is parsed after the collect, on the few SOUL: edits they leave.
+    recent = with_window(
+        snapshot.table("memory_nodes").lazy().select("id", "layer", "label", "properties", "updated_at", "scope_path"),
+        snapshot, as_of, lookback_hours,
+    )
     edits = (
-        snapshot.table("memory_nodes")
-        .lazy()
-        .select("id", "layer", "label", "properties", "updated_at")
-        .filter(in_window("updated_at", start, as_of) & (pl.col("layer") == "semantic") & pl.col("label").str.starts_with("SOUL:"))
+        recent.filter(in_scope_window("updated_at", as_of) & (pl.col("layer") == "semantic")
+                      & pl.col("label").str.starts_with("SOUL:"))
         .collect()
         .filter(pl.col("properties").str.json_path_match("$._last_edited_by") == EDITOR)
         .select(
@@ -59,43 +75,50 @@ def soul_corrections(
             pl.col("label").str.slice(len("SOUL:")).alias("raw_key"),
             pl.col("label").str.slice(len("SOUL:")).str.strip_chars().str.to_lowercase().alias("key"),
             pl.col("properties").str.json_path_match("$.value").alias("value"),
+            pl.col("scope_path") if many else pl.lit(paths[0]).alias("scope_path"),
         )
     )
     if not edits.height:  # the usual case, and a quick nap's: no edit in the window
-        return PhaseResult(counters={"soul_updates": 0, "soul_rejected": 0})
+        return scoped_result(Diff.empty(), None, COUNTERS)
     canonical = pl.col("key").is_in(list(config.canonical_keys))
-    rejected = edits.filter(~canonical | pl.col("value").is_null()).sort("key", "id")
-    notes = tuple(
-        rejected.select(
-            pl.when(canonical)
-            .then(pl.format("rejected SOUL key '{}' (node {}): the edit has no value", "raw_key", "id"))
-            .otherwise(
-                pl.format(
-                    "rejected SOUL key '{}' (node {}): only {} are honoured",
-                    "raw_key", "id", pl.lit(", ".join(config.canonical_keys)),
-                )
+    rejected = edits.filter(~canonical | pl.col("value").is_null()).sort(*scope, "key", "id")
+    notes = rejected.select(
+        "scope_path",
+        pl.when(canonical)
+        .then(pl.format("rejected SOUL key '{}' (node {}): the edit has no value", "raw_key", "id"))
+        .otherwise(
+            pl.format(
+                "rejected SOUL key '{}' (node {}): only {} are honoured",
+                "raw_key", "id", pl.lit(", ".join(config.canonical_keys)),
             )
-        ).to_series().to_list()
+        )
+        .alias("note"),
     )
     latest = (
         edits.filter(canonical & pl.col("value").is_not_null())
-        .sort(["key", "updated_at", "id"], descending=[False, True, False])
-        .unique("key", keep="first", maintain_order=True)
-        .select("key", "value")
+        .sort([*scope, "key", "updated_at", "id"], descending=[*(False for _ in scope), False, True, False])
+        .unique([*scope, "key"], keep="first", maintain_order=True)
+        .select("scope_path", "key", "value")
     )
     profiles = snapshot.table("soul_profiles")
     ts = pl.lit(as_of, dtype=pl.Datetime("us", "UTC"))
     updates = (
-        profiles.join(latest, on="key", how="inner", suffix="_new")
+        profiles.drop([] if many else ["scope_path"], strict=False)
+        .join(latest, on=[*scope, "key"], how="inner", suffix="_new")
         .filter(pl.col("value") != pl.col("value_new"))
-        .select("id", "version", "key", pl.col("value_new").alias("value"), ts.alias("updated_at"))
+        .select("id", "version", "key", pl.col("value_new").alias("value"), ts.alias("updated_at"), "scope_path")
         .sort("id")
     )
-    absent = latest.join(profiles.select("key"), on="key", how="anti")
+    absent = latest.join(profiles.select(*scope, "key"), on=[*scope, "key"], how="anti")
+    if many:
+        tenant = tenant_of()
+    else:
+        tenant = pl.lit(snapshot.scope.tenant_id if isinstance(snapshot, Snapshot) else scopes(snapshot).item(0, "tenant_id"),
+                        pl.String)
     inserts = absent.select(
-        created_ids(snapshot.scope_path, PHASE, absent.get_column("key")).alias("id"),
-        pl.lit(snapshot.scope_path).alias("scope_path"),
-        pl.lit(snapshot.scope.tenant_id).alias("tenant_id"),
+        scoped_created_ids(absent.get_column("scope_path"), PHASE, absent.get_column("key")).alias("id"),
+        "scope_path",
+        tenant.alias("tenant_id"),
         "key",
         "value",
         ts.alias("updated_at"),
@@ -104,10 +127,15 @@ def soul_corrections(
         "soul_profiles",
         PHASE,
         inserts=inserts if inserts.height else None,
-        updates=updates if updates.height else None,
+        updates=(updates if many else updates.drop("scope_path")) if updates.height else None,
     )
-    return PhaseResult(
-        diff=diff,
-        counters={"soul_updates": updates.height + inserts.height, "soul_rejected": rejected.height},
-        notes=notes,
+    counts = (
+        pl.concat([updates.select("scope_path"), inserts.select("scope_path")])
+        .group_by("scope_path").agg(pl.len().alias("soul_updates"))
+        .join(rejected.group_by("scope_path").agg(pl.len().alias("soul_rejected")), on="scope_path", how="full",
+              coalesce=True)
     )
+    scope_notes = {s: tuple(part.get_column("note").to_list())
+                   for (s,), part in notes.partition_by("scope_path", as_dict=True, maintain_order=True).items()}
+    result = scoped_result(diff, counts, COUNTERS, scope_notes=scope_notes)
+    return result if many else replace(result, notes=scope_notes.get(paths[0], ()))

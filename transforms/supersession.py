@@ -6,10 +6,11 @@ from datetime import datetime
 
 import numpy as np
 import polars as pl
-from deep_sleep.transforms._common import PhaseResult, merge_json
+from deep_sleep.transforms._common import PhaseResult, merge_json, scope_paths, scoped_result, shard_native
 
 from deep_sleep.core.config import PhaseConfig
 from deep_sleep.core.diff import Diff
+from deep_sleep.core.shard import Shard
 from deep_sleep.core.snapshot import Snapshot
 
 
@@ -21,7 +22,8 @@ class SupersessionConfig(PhaseConfig):
 COUNTERS: tuple[str, ...] = ("facts_superseded",)
 
 
-def supersession(snapshot: Snapshot, config: SupersessionConfig, as_of: datetime) -> PhaseResult:
+@shard_native
+def supersession(snapshot: Snapshot | Shard, config: SupersessionConfig, as_of: datetime) -> PhaseResult:
     """Functional edges are those whose relation is in ``functional_relations`` or whose
     ``properties.functional`` is the JSON boolean ``true`` (the string "true" is not).  Only functional
     edges take part: a non-functional edge neither supersedes nor is superseded, even when it shares
@@ -32,11 +34,16 @@ def supersession(snapshot: Snapshot, config: SupersessionConfig, as_of: datetime
     ``properties.superseded_by`` = that edge's id, so a chain x → y → z closes x at y and y at z.
     Ties in ``created_at`` go to the larger id as the newer.  Edges are never deleted; edges already
     closed are ignored, so a rerun changes nothing.  ``as_of`` plays no part: the rule is timeless.
+
+    Shard-native: on a :class:`Shard` the groups are (scope_path, source_id, relation), so an edge
+    only ever supersedes an edge of its own scope, and ``facts_superseded`` is counted per scope.
     """
     edges = snapshot.table("memory_edges")
-    closed = _closed(_functional(edges, config))
+    paths = scope_paths(snapshot)
+    many = len(paths) > 1  # one scope: no scope_path column to carry, group or sort on
+    closed = _closed(_functional(edges, config, many), many)
     if not closed.height:
-        return PhaseResult(counters={"facts_superseded": 0})
+        return scoped_result(Diff.empty(), None, COUNTERS)
     # Version and properties are needed only for the edges that close: fetch them last (a filter on
     # the row number, which unlike a gather stays fast when the edges are in many chunks).  Both are
     # in row order, so the fetched rows line up with ``closed``'s.
@@ -48,20 +55,23 @@ def supersession(snapshot: Snapshot, config: SupersessionConfig, as_of: datetime
         .select("version", "properties")
         .collect()
     )
+    scope = ("scope_path",) if many else ()
     closed = (
         closed.hstack(fetched)
-        .select("id", "version", "valid_to", "properties", "_next_id")
+        .select("id", "version", "valid_to", "properties", "_next_id", *scope)
         .sort("id", multithreaded=False)  # polars' parallel sort of strings is slower at these sizes
     )
     updates = _mark_superseded(closed)
-    return PhaseResult(
-        diff=Diff.of("memory_edges", "supersession", updates=updates),
-        counters={"facts_superseded": updates.height},
-    )
+    if many:
+        counts = updates.group_by("scope_path").agg(pl.len().alias("facts_superseded"))
+    else:
+        counts = pl.DataFrame({"scope_path": [paths[0]], "facts_superseded": [updates.height]})
+    return scoped_result(Diff.of("memory_edges", "supersession", updates=updates), counts, COUNTERS)
 
 
-def _functional(edges: pl.DataFrame, config: SupersessionConfig) -> pl.DataFrame:
-    """Current functional edges: row number, id, source_id, relation, created_at."""
+def _functional(edges: pl.DataFrame, config: SupersessionConfig, many: bool = False) -> pl.DataFrame:
+    """Current functional edges: row number, id, source_id, relation, created_at (and, ``many``
+    scopes, scope_path)."""
     current = pl.col("valid_to").is_null()
     relations = config.functional_relations
     # Equality with each relation compares the strings' inline prefixes: cheaper than hashing every
@@ -77,7 +87,7 @@ def _functional(edges: pl.DataFrame, config: SupersessionConfig) -> pl.DataFrame
     masks = edges.lazy().select(
         declared=current & declared, mentioned=current & pl.col("properties").str.contains("functional", literal=True)
     ).collect()
-    cols = ("_row", "id", "source_id", "relation", "created_at")
+    cols = ("_row", "id", "source_id", "relation", "created_at", *(("scope_path",) if many else ()))
 
     def rows(mask: pl.Series, *extra: str) -> pl.DataFrame:
         return edges.lazy().with_row_index("_row").filter(pl.lit(mask)).select(*cols, *extra).collect()
@@ -89,12 +99,16 @@ def _functional(edges: pl.DataFrame, config: SupersessionConfig) -> pl.DataFrame
     return pl.concat(parts)
 
 
-def _closed(current: pl.DataFrame) -> pl.DataFrame:
-    """Every edge but the newest of its (source_id, relation) group, with the next newer edge's id
-    (``_next_id``) and ``created_at`` (as ``valid_to``), in row (``_row``) order."""
-    group = ["source_id", "relation"]
+def _closed(current: pl.DataFrame, many: bool = False) -> pl.DataFrame:
+    """Every edge but the newest of its (source_id, relation) group — (scope_path, source_id,
+    relation) with ``many`` scopes — with the next newer edge's id (``_next_id``) and ``created_at``
+    (as ``valid_to``), in row (``_row``) order."""
+    group = ["scope_path", "source_id", "relation"] if many else ["source_id", "relation"]
     same_group_next = pl.all_horizontal(pl.col(c).shift(-1) == pl.col(c) for c in group).fill_null(False)
-    key = current.select(pl.col("source_id").hash() ^ pl.col("relation").hash()).to_series().to_numpy()
+    hashed = pl.col("source_id").hash() ^ pl.col("relation").hash()
+    if many:
+        hashed = hashed ^ pl.col("scope_path").hash(1)
+    key = current.select(hashed).to_series().to_numpy()
     return (
         # Only groups of two or more edges (by hash: a collision merely lets a lone edge through).
         current.filter(pl.Series(_repeated(key)))
@@ -104,7 +118,7 @@ def _closed(current: pl.DataFrame) -> pl.DataFrame:
             pl.when(same_group_next).then(pl.col("created_at").shift(-1)).alias("valid_to"),
         )
         .filter(pl.col("_next_id").is_not_null())
-        .select("_row", "id", "valid_to", "_next_id")
+        .select("_row", "id", "valid_to", "_next_id", *(("scope_path",) if many else ()))
         .sort("_row")
     )
 
