@@ -5,11 +5,19 @@ from __future__ import annotations
 from datetime import datetime
 
 import polars as pl
-from deep_sleep.transforms._common import PhaseResult, in_window, window_start
+from deep_sleep.transforms._common import (
+    PhaseResult,
+    in_scope_window,
+    scope_paths,
+    scoped_result,
+    shard_native,
+    with_window,
+)
 from pydantic import Field
 
 from deep_sleep.core.config import PhaseConfig
 from deep_sleep.core.diff import Diff
+from deep_sleep.core.shard import Shard
 from deep_sleep.core.snapshot import Snapshot
 
 
@@ -23,33 +31,40 @@ class StrengthenConfig(PhaseConfig):
 COUNTERS: tuple[str, ...] = ("nodes_strengthened",)
 
 
-def strengthen(snapshot: Snapshot, config: StrengthenConfig, as_of: datetime, lookback_hours: float) -> PhaseResult:
+@shard_native
+def strengthen(snapshot: Snapshot | Shard, config: StrengthenConfig, as_of: datetime, lookback_hours: float) -> PhaseResult:
     """Semantic nodes with ≥ ``min_accesses`` access-log events in (window start, as_of]:
     importance += ``increment``, capped at ``cap``.  A node already at the cap is neither changed nor counted.
+
+    Per scope (a :class:`~deep_sleep.core.shard.Shard` or a single-scope snapshot): each scope's window
+    starts at its own previous run, and an access counts only for a node of the access's own scope.
     """
-    start = window_start(snapshot, as_of, lookback_hours)
     hits = (
-        snapshot.table("memory_access_log")
-        .filter(in_window("accessed_at", start, as_of))
-        .group_by("node_id")
+        with_window(snapshot.table("memory_access_log").lazy().select("scope_path", "node_id", "accessed_at"),
+                    snapshot, as_of, lookback_hours)
+        .filter(in_scope_window("accessed_at", as_of))
+        .group_by("scope_path", "node_id")
         .len("accesses")
         .filter(pl.col("accesses") >= config.min_accesses)
+        .select("scope_path", pl.col("node_id").alias("id"))
+        .collect()
     )
     nodes = (
         snapshot.table("memory_nodes")
         .lazy()  # reads only these columns, however earlier folds left the frame's chunks
-        .select("id", "version", "layer", "importance")
+        .select("scope_path", "id", "version", "layer", "importance")
         .filter(
             (pl.col("layer") == "semantic")
             & (pl.col("importance") < config.cap)
-            & pl.col("id").is_in(hits.get_column("node_id").implode())
+            & pl.col("id").is_in(hits.get_column("id").implode())
         )
-        .select("id", "version", pl.min_horizontal(pl.col("importance") + config.increment, pl.lit(config.cap)).alias("importance"))
+        .join(hits.lazy(), on=["scope_path", "id"], how="semi", maintain_order="left")  # the access's own scope
+        .select("scope_path", "id", "version",
+                pl.min_horizontal(pl.col("importance") + config.increment, pl.lit(config.cap)).alias("importance"))
         .collect()
     )
-    if not nodes.height:
-        return PhaseResult(counters={"nodes_strengthened": 0})
-    return PhaseResult(
-        diff=Diff.of("memory_nodes", "strengthen", updates=nodes),
-        counters={"nodes_strengthened": nodes.height},
-    )
+    counts = nodes.group_by("scope_path").len("nodes_strengthened")
+    # A scope's diff names its rows by id; the shard's diff also carries their scope (for by_scope).
+    updates = nodes if len(scope_paths(snapshot)) > 1 else nodes.drop("scope_path")
+    diff = Diff.of("memory_nodes", "strengthen", updates=updates) if nodes.height else Diff.empty()
+    return scoped_result(diff, counts, COUNTERS)
