@@ -4,18 +4,23 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from datetime import datetime
 
 import polars as pl
 from deep_sleep.transforms._common import (
     PhaseResult,
-    in_window,
+    in_scope_window,
     merge_json,
-    window_start,
+    scope_paths,
+    scoped_result,
+    shard_native,
+    with_window,
 )
 
 from deep_sleep.core.config import PhaseConfig
 from deep_sleep.core.diff import Diff
+from deep_sleep.core.shard import Shard
 from deep_sleep.core.snapshot import Snapshot, iso
 
 
@@ -37,7 +42,8 @@ _META = re.compile(r"([\\.+*?()|\[\]{}^$])")
 _TOKEN = r'"(?:[^"\\]|\\.)*"|[{}\[\]:,]'
 
 
-def tag_risk(snapshot: Snapshot, config: TagRiskConfig, as_of: datetime, lookback_hours: float) -> PhaseResult:
+@shard_native
+def tag_risk(snapshot: Snapshot | Shard, config: TagRiskConfig, as_of: datetime, lookback_hours: float) -> PhaseResult:
     """Recent nodes whose label or any top-level string value of ``properties`` contains a marker word
     at a word start, case-insensitively (``errors``, ``Risky``, ``my_error`` match; ``terror`` does not),
     get ``properties.risk_node = true`` and ``properties.risk_tagged_at = as_of`` (ISO 8601, ``Z``).  A
@@ -48,22 +54,23 @@ def tag_risk(snapshot: Snapshot, config: TagRiskConfig, as_of: datetime, lookbac
     re-tagged).  A matching node whose properties are not a JSON
     object is left alone (tagging would overwrite them) and reported in the notes.  Empty markers are
     ignored.
+
+    Per scope (a :class:`~deep_sleep.core.shard.Shard` or a single-scope snapshot): "recent" is each
+    scope's own window (from its previous run), and each scope's note lists its own untaggable nodes.
     """
-    zero = {"risk_nodes_tagged": 0}
     markers = sorted({m for m in config.markers if m})
     if not markers:
-        return PhaseResult(counters=zero)
+        return scoped_result(Diff.empty(), None, COUNTERS)
     words = "|".join(_escape(m) for m in markers)
     pattern = f"{_WORD_START}(?i:{words})"
-    start = window_start(snapshot, as_of, lookback_hours)
     # The text tests are computed in the query that reads the window (not in eager passes over its result).
     # Only nodes whose raw JSON holds a marker (or an escape that might spell one) need their
     # values looked at one by one; most nodes have none.
     recent = (
-        snapshot.table("memory_nodes")
-        .lazy()
-        .filter((pl.col("layer") == "semantic") & in_window("updated_at", start, as_of))
+        with_window(snapshot.table("memory_nodes").lazy(), snapshot, as_of, lookback_hours)
+        .filter((pl.col("layer") == "semantic") & in_scope_window("updated_at", as_of))
         .select(
+            "scope_path",
             "id",
             "version",
             "label",
@@ -83,21 +90,41 @@ def tag_risk(snapshot: Snapshot, config: TagRiskConfig, as_of: datetime, lookbac
     maybe = recent.filter(todo & ~pl.col("_label_hit") & pl.col("_object") & pl.col("_maybe"))
     value_hits = _value_hits(maybe, pattern) if maybe.height else pl.Series("_row", [], pl.UInt32)
     hits = recent.filter(todo & (pl.col("_label_hit") | pl.col("_row").is_in(value_hits.implode())))
-    untaggable = hits.filter(~pl.col("_object")).get_column("id").sort()
-    notes = ()
-    if untaggable.len():
-        shown = ", ".join(untaggable.head(10).to_list()) + (" …" if untaggable.len() > 10 else "")
-        notes = (f"{untaggable.len()} risk node(s) not tagged: properties are not a JSON object ({shown})",)
-    tagged = hits.filter(pl.col("_object")).select("id", "version", "properties").sort("id")
+    notes = _untaggable_notes(hits.filter(~pl.col("_object")))
+    tagged = hits.filter(pl.col("_object")).select("scope_path", "id", "version", "properties").sort("id")
+    single = len(scope_paths(snapshot)) == 1
     if not tagged.height:
-        return PhaseResult(counters=zero, notes=notes)
+        return _with_notes(scoped_result(Diff.empty(), None, COUNTERS, scope_notes=notes), single)
     patch = json.dumps({"risk_node": True, "risk_tagged_at": iso(as_of)}, separators=(",", ":"))
     updates = merge_json(tagged, pl.lit(patch))
-    return PhaseResult(
-        diff=Diff.of("memory_nodes", "tag_risk", updates=updates),
-        counters={"risk_nodes_tagged": updates.height},
-        notes=notes,
+    counts = updates.group_by("scope_path").len("risk_nodes_tagged")
+    # A scope's diff names its rows by id; the shard's diff also carries their scope (for by_scope).
+    if single:
+        updates = updates.drop("scope_path")
+    return _with_notes(scoped_result(Diff.of("memory_nodes", "tag_risk", updates=updates), counts, COUNTERS,
+                                     scope_notes=notes), single)
+
+
+def _with_notes(result: PhaseResult, single: bool) -> PhaseResult:
+    """A single-scope run reports its scope's notes as the result's ``notes`` too."""
+    return replace(result, notes=next(iter(result.scope_notes.values()))) if single and result.scope_notes else result
+
+
+def _untaggable_notes(untaggable: pl.DataFrame) -> dict[str, tuple[str, ...]]:
+    """Each scope's note on its matching nodes whose properties are not a JSON object: their count
+    and their first 10 ids in id order (`` …`` when there are more)."""
+    if not untaggable.height:
+        return {}
+    shown = (
+        untaggable.group_by("scope_path")
+        .agg(pl.len().alias("n"), pl.col("id").sort().head(10).str.join(", ").alias("ids"))
+        .select(
+            "scope_path",
+            pl.format("{} risk node(s) not tagged: properties are not a JSON object ({}{})", "n", "ids",
+                      pl.when(pl.col("n") > 10).then(pl.lit(" …")).otherwise(pl.lit(""))).alias("note"),
+        )
     )
+    return {s: (note,) for s, note in shown.iter_rows()}
 
 
 def _tagged(nodes: pl.DataFrame) -> pl.Series:
