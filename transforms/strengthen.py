@@ -7,11 +7,10 @@ from datetime import datetime
 import polars as pl
 from deep_sleep.transforms._common import (
     PhaseResult,
-    in_scope_window,
+    in_own_window,
     scope_paths,
     scoped_result,
     shard_native,
-    with_window,
 )
 from pydantic import Field
 
@@ -39,32 +38,37 @@ def strengthen(snapshot: Snapshot | Shard, config: StrengthenConfig, as_of: date
     Per scope (a :class:`~deep_sleep.core.shard.Shard` or a single-scope snapshot): each scope's window
     starts at its own previous run, and an access counts only for a node of the access's own scope.
     """
+    multi = len(scope_paths(snapshot)) > 1
+    scoped = ["scope_path"] if multi else []  # one scope: every row is of it
     hits = (
-        with_window(snapshot.table("memory_access_log").lazy().select("scope_path", "node_id", "accessed_at"),
-                    snapshot, as_of, lookback_hours)
-        .filter(in_scope_window("accessed_at", as_of))
-        .group_by("scope_path", "node_id")
+        snapshot.table("memory_access_log")
+        .lazy()
+        .select(*scoped, "node_id", "accessed_at")
+        .filter(in_own_window(snapshot, "accessed_at", as_of, lookback_hours))
+        .group_by(*scoped, "node_id")
         .len("accesses")
         .filter(pl.col("accesses") >= config.min_accesses)
-        .select("scope_path", pl.col("node_id").alias("id"))
+        .select(*scoped, pl.col("node_id").alias("id"))
         .collect()
     )
     nodes = (
         snapshot.table("memory_nodes")
         .lazy()  # reads only these columns, however earlier folds left the frame's chunks
-        .select("scope_path", "id", "version", "layer", "importance")
+        .select(*scoped, "id", "version", "layer", "importance")
         .filter(
             (pl.col("layer") == "semantic")
             & (pl.col("importance") < config.cap)
             & pl.col("id").is_in(hits.get_column("id").implode())
         )
-        .join(hits.lazy(), on=["scope_path", "id"], how="semi", maintain_order="left")  # the access's own scope
-        .select("scope_path", "id", "version",
+        .select(*scoped, "id", "version",
                 pl.min_horizontal(pl.col("importance") + config.increment, pl.lit(config.cap)).alias("importance"))
         .collect()
     )
-    counts = nodes.group_by("scope_path").len("nodes_strengthened")
-    # A scope's diff names its rows by id; the shard's diff also carries their scope (for by_scope).
-    updates = nodes if len(scope_paths(snapshot)) > 1 else nodes.drop("scope_path")
-    diff = Diff.of("memory_nodes", "strengthen", updates=updates) if nodes.height else Diff.empty()
+    if multi:  # an access counts for a node of its own scope only
+        nodes = nodes.join(hits, on=["scope_path", "id"], how="semi", maintain_order="left")
+        counts = nodes.group_by("scope_path").len("nodes_strengthened")
+    else:
+        counts = pl.DataFrame({"scope_path": list(scope_paths(snapshot)), "nodes_strengthened": [nodes.height]})
+    # The shard's diff names its rows' scope as well (Diff.by_scope); a scope's, by id alone.
+    diff = Diff.of("memory_nodes", "strengthen", updates=nodes) if nodes.height else Diff.empty()
     return scoped_result(diff, counts, COUNTERS)
