@@ -10,12 +10,11 @@ from datetime import datetime
 import polars as pl
 from deep_sleep.transforms._common import (
     PhaseResult,
-    in_scope_window,
+    in_own_window,
     merge_json,
     scope_paths,
     scoped_result,
     shard_native,
-    with_window,
 )
 
 from deep_sleep.core.config import PhaseConfig
@@ -66,11 +65,15 @@ def tag_risk(snapshot: Snapshot | Shard, config: TagRiskConfig, as_of: datetime,
     # The text tests are computed in the query that reads the window (not in eager passes over its result).
     # Only nodes whose raw JSON holds a marker (or an escape that might spell one) need their
     # values looked at one by one; most nodes have none.
+    paths = scope_paths(snapshot)
+    single = len(paths) == 1
+    scoped = [] if single else ["scope_path"]  # one scope: every row is of it
     recent = (
-        with_window(snapshot.table("memory_nodes").lazy(), snapshot, as_of, lookback_hours)
-        .filter((pl.col("layer") == "semantic") & in_scope_window("updated_at", as_of))
+        snapshot.table("memory_nodes")
+        .lazy()
+        .filter((pl.col("layer") == "semantic") & in_own_window(snapshot, "updated_at", as_of, lookback_hours))
         .select(
-            "scope_path",
+            *scoped,
             "id",
             "version",
             "label",
@@ -90,17 +93,16 @@ def tag_risk(snapshot: Snapshot | Shard, config: TagRiskConfig, as_of: datetime,
     maybe = recent.filter(todo & ~pl.col("_label_hit") & pl.col("_object") & pl.col("_maybe"))
     value_hits = _value_hits(maybe, pattern) if maybe.height else pl.Series("_row", [], pl.UInt32)
     hits = recent.filter(todo & (pl.col("_label_hit") | pl.col("_row").is_in(value_hits.implode())))
-    notes = _untaggable_notes(hits.filter(~pl.col("_object")))
-    tagged = hits.filter(pl.col("_object")).select("scope_path", "id", "version", "properties").sort("id")
-    single = len(scope_paths(snapshot)) == 1
+    untaggable = hits.filter(~pl.col("_object"))
+    notes = _untaggable_notes(untaggable.with_columns(pl.lit(paths[0]).alias("scope_path")) if single else untaggable)
+    tagged = hits.filter(pl.col("_object")).select(*scoped, "id", "version", "properties").sort("id")
     if not tagged.height:
         return _with_notes(scoped_result(Diff.empty(), None, COUNTERS, scope_notes=notes), single)
     patch = json.dumps({"risk_node": True, "risk_tagged_at": iso(as_of)}, separators=(",", ":"))
     updates = merge_json(tagged, pl.lit(patch))
-    counts = updates.group_by("scope_path").len("risk_nodes_tagged")
-    # A scope's diff names its rows by id; the shard's diff also carries their scope (for by_scope).
-    if single:
-        updates = updates.drop("scope_path")
+    counts = (pl.DataFrame({"scope_path": [paths[0]], "risk_nodes_tagged": [updates.height]}) if single
+              else updates.group_by("scope_path").len("risk_nodes_tagged"))
+    # The shard's diff names its rows' scope as well (Diff.by_scope); a scope's, by id alone.
     return _with_notes(scoped_result(Diff.of("memory_nodes", "tag_risk", updates=updates), counts, COUNTERS,
                                      scope_notes=notes), single)
 
