@@ -100,6 +100,20 @@ def in_scope_window(column: str, as_of: datetime) -> pl.Expr:
     return (pl.col(column) > pl.col("window_start")) & (pl.col(column) <= as_of)
 
 
+def in_own_window(snapshot: Snapshot | Shard, column: str, as_of: datetime, lookback_hours: float) -> pl.Expr:
+    """``column ∈ (its row's scope's window start, as_of]`` as one expression (no ``window_start``
+    column to join in): when every scope of the snapshot or shard has the same window start (always
+    for a single scope) the bound is a literal — as fast as :func:`in_window` — else each row's bound
+    is looked up from its ``scope_path``."""
+    starts = window_starts(snapshot, as_of, lookback_hours)
+    distinct = starts.get_column("window_start").unique()
+    if distinct.len() == 1:
+        return in_window(column, distinct.item(0), as_of)
+    bound = pl.col("scope_path").replace_strict(starts.get_column("scope_path"), starts.get_column("window_start"),
+                                                return_dtype=tables.TS)
+    return (pl.col(column) > bound) & (pl.col(column) <= as_of)
+
+
 def tenant_of(scope_path: str = "scope_path") -> pl.Expr:
     """The tenant id (the first level's id) of each ``scope_path``."""
     return pl.col(scope_path).str.split_exact("\x1f", 2).struct.field("field_1")

@@ -9,9 +9,12 @@ import numpy as np
 import polars as pl
 from deep_sleep.transforms._common import (
     PhaseResult,
-    created_ids,
-    in_window,
-    window_start,
+    in_own_window,
+    scope_paths,
+    scoped_created_ids,
+    scoped_result,
+    shard_native,
+    tenant_of,
 )
 from pydantic import Field
 
@@ -19,7 +22,7 @@ from deep_sleep.core import tables
 from deep_sleep.core.config import PhaseConfig
 from deep_sleep.core.diff import Diff
 from deep_sleep.core.lookup import text_order
-from deep_sleep.core.scope import Scope
+from deep_sleep.core.shard import Shard
 from deep_sleep.core.snapshot import Snapshot
 
 
@@ -35,9 +38,8 @@ COUNTERS: tuple[str, ...] = ("edges_created", "edges_reinforced")
 RELATION = "CO_OCCURRED"
 
 
-def cooccurrence(
-    snapshot: Snapshot, config: CooccurrenceConfig, as_of: datetime, lookback_hours: float, scope_path: str
-) -> PhaseResult:
+@shard_native
+def cooccurrence(snapshot: Snapshot | Shard, config: CooccurrenceConfig, as_of: datetime, lookback_hours: float) -> PhaseResult:
     """Pairs of distinct recent nodes with |Δ``updated_at``| ≤ ``window_seconds`` (boundary included, µs
     precision).  A pair that already has a ``CO_OCCURRED`` edge in either direction is reinforced: every
     such edge gets weight + 1, so if edges exist both ways each gets one update (and the counter counts
@@ -51,11 +53,18 @@ def cooccurrence(
     node with free slots has fewer than ``max_neighbours`` existing neighbours, so its choices lie
     within ``max_neighbours`` positions on each side of it in time order (and the first
     ``max_neighbours`` + 1 of its equal-time group) — O(N·max_neighbours) pairs after an O(N log N) sort.
+
+    Per scope (a :class:`~deep_sleep.core.shard.Shard` or a single-scope snapshot): "recent" is each
+    scope's own window, pairs, neighbours and edges are the scope's own (an edge counts for a node only
+    if it is of the node's scope).  The scopes are laid end to end on one time axis, farther apart than
+    ``window_seconds`` (see :func:`_apart`), so one pass ranks every scope's candidates on its own.
     """
-    zero = {"edges_created": 0, "edges_reinforced": 0}
-    start = window_start(snapshot, as_of, lookback_hours)
     width = math.floor(config.window_seconds * 1_000_000 + 1e-6)  # µs; the boundary itself is in
     k = config.max_neighbours
+    paths = scope_paths(snapshot)
+    multi = len(paths) > 1
+    # A scope is named by its number (its position in the shard's sorted scope list) on a shard.
+    code = [pl.col("scope_path").cast(pl.Enum(paths)).to_physical().cast(pl.Int64).alias("sc")] if multi else []
 
     # Recent nodes, numbered in id order: comparing numbers is comparing ids.  Lazy: the frames
     # arrive in misaligned chunks after earlier phases' folds, and an eager select would copy
@@ -63,64 +72,64 @@ def cooccurrence(
     recent = (
         snapshot.table("memory_nodes")
         .lazy()
-        .select("id", "layer", "updated_at")
-        .filter((pl.col("layer") == "semantic") & in_window("updated_at", start, as_of))
-        .select("id", pl.col("updated_at").dt.epoch("us").alias("t"))
+        .select(*(["scope_path"] if multi else []), "id", "layer", "updated_at")
+        .filter((pl.col("layer") == "semantic") & in_own_window(snapshot, "updated_at", as_of, lookback_hours))
+        .select(*code, "id", pl.col("updated_at").dt.epoch("us").alias("t"))
         .collect()
         .rechunk()  # the sort and the gather below are several times slower on a chunked string column
     )
     recent = recent.select(pl.all().gather(text_order(recent.get_column("id"))))
-    n = recent.height
-    if n < 2:
-        return PhaseResult(counters=zero)
-    id_of, t_by_i = recent.get_column("id"), recent.get_column("t").to_numpy()
+    if recent.height < 2:
+        return scoped_result(Diff.empty(), None, COUNTERS)
 
     # CO_OCCURRED edges, narrow: their row number (the other columns are fetched for the reinforced
     # ones only) and their ends, with the ends' id hashes for the joins below.
     edges = (
         snapshot.table("memory_edges")
         .lazy()
-        .select("relation", "source_id", "target_id")
+        .select("relation", "source_id", "target_id", *(["scope_path"] if multi else []))
         .with_row_index("_row")
         .filter(pl.col("relation") == RELATION)
-        .select("_row", "source_id", "target_id")
+        .select("_row", "source_id", "target_id", *code)
         .collect()
         .rechunk()  # the hashes and joins below are faster on one chunk
         .filter(pl.col("source_id") != pl.col("target_id"))  # compares ids of CO_OCCURRED edges only
         .with_columns(pl.col("source_id").hash().alias("sh"), pl.col("target_id").hash().alias("th"))
     )
-    # Each edge with a recent end, with its ends' numbers (si, ti) where they are recent: edges with
-    # both ends recent are the existing pairs; every edge gives its recent ends a neighbour.
-    ends = _number_ends(edges, id_of)
-    linked = ends.filter(pl.col("si").is_not_null() & pl.col("ti").is_not_null())
-    deg = _distinct_neighbours(ends, n)  # by node number: recent's rows are numbers 0..n-1 in order
-    nodes = recent.select(pl.int_range(n, dtype=pl.Int64).alias("i"), "t").with_columns(
-        pl.Series("free", np.maximum(k - deg, 0))
-    )
-
-    si, ti = linked.get_column("si").to_numpy(), linked.get_column("ti").to_numpy()
-    reinforced = linked.filter(pl.Series(np.abs(t_by_i[si] - t_by_i[ti]) <= width)).get_column("_row")
-    new_pairs = _mutual_nearest(nodes, linked, n, k, width) if k > 0 else pl.DataFrame(schema={"a": pl.Int64, "b": pl.Int64})
+    if not multi:
+        reinforced, pairs = _link(recent, edges, k, width)
+    else:
+        apart = _apart(recent.get_column("t").to_numpy(), recent.get_column("sc").to_numpy(), width)
+        if apart is not None:
+            t, wide = apart
+            reinforced, pairs = _link(recent.with_columns(pl.Series("t", t)), edges, k, wide)
+        else:  # only for windows of years over thousands of nodes: the axis would overflow; scope by scope
+            parts = [_link(recent.filter(pl.col("sc") == c), edges.filter(pl.col("sc") == c), k, width)
+                     for c in recent.get_column("sc").unique().sort().to_list()]
+            reinforced = pl.concat([r for r, _ in parts])
+            pairs = pl.concat([p for _, p in parts])
 
     updates = inserts = None
-    if reinforced.len():
+    if reinforced.height:
         updates = (  # a filter on the row number: unlike a gather, fast on a frame in many chunks
             snapshot.table("memory_edges")
             .lazy()
-            .select("id", "version", "weight")
+            .select("id", "version", "weight", *(["scope_path"] if multi else []))
             .with_row_index("_row")
-            .filter(pl.col("_row").is_in(reinforced.implode()))
-            .select("id", "version", (pl.col("weight") + 1.0).alias("weight"))
+            .filter(pl.col("_row").is_in(reinforced.get_column("_row").implode()))
+            .select(*(["scope_path"] if multi else []), "id", "version", (pl.col("weight") + 1.0).alias("weight"))
             .collect()
             .sort("id", multithreaded=False)  # polars' parallel sort of strings is slower at these sizes
         )
-    if new_pairs.height:
-        pairs = pl.DataFrame({"source_id": id_of.gather(new_pairs["a"]), "target_id": id_of.gather(new_pairs["b"])})
+    if pairs.height:
+        scope = (pl.Series("scope_path", paths, dtype=pl.String).gather(pairs.get_column("sc")) if multi
+                 else pl.repeat(paths[0], pairs.height, dtype=pl.String, eager=True).alias("scope_path"))
+        pairs = pairs.with_columns(scope)
         keys = pairs.select(pl.concat_str("source_id", "target_id", separator="|")).to_series()
         inserts = pairs.select(  # in (source, target) order: deterministic without sorting the ids
-            created_ids(scope_path, "cooccurrence", keys).alias("id"),
-            pl.lit(scope_path).alias("scope_path"),
-            pl.lit(Scope.parse(scope_path).tenant_id).alias("tenant_id"),
+            scoped_created_ids(pairs.get_column("scope_path"), "cooccurrence", keys).alias("id"),
+            "scope_path",
+            tenant_of("scope_path").alias("tenant_id"),
             "source_id",
             "target_id",
             pl.lit(RELATION).alias("relation"),
@@ -130,10 +139,87 @@ def cooccurrence(
             # Present (null) so that a later phase's update of the new edge (supersession) merges into it.
             pl.lit(None, dtype=tables.TS).alias("valid_to"),
         )
-    return PhaseResult(
-        diff=Diff.of("memory_edges", "cooccurrence", inserts=inserts, updates=updates),
-        counters={"edges_created": new_pairs.height, "edges_reinforced": reinforced.len()},
+    if multi:
+        name = pl.Series("scope_path", paths, dtype=pl.String)
+        counts = pl.concat(
+            [pairs.group_by("sc").len("edges_created").with_columns(pl.lit(0, pl.UInt32).alias("edges_reinforced")),
+             reinforced.group_by("sc").len("edges_reinforced").with_columns(pl.lit(0, pl.UInt32).alias("edges_created"))
+             .select("sc", "edges_created", "edges_reinforced")]
+        ).group_by("sc").sum()
+        counts = counts.select(name.gather(counts.get_column("sc")), "edges_created", "edges_reinforced")
+    else:
+        counts = pl.DataFrame({"scope_path": [paths[0]], "edges_created": [pairs.height],
+                               "edges_reinforced": [reinforced.height]})
+    return scoped_result(Diff.of("memory_edges", "cooccurrence", inserts=inserts, updates=updates), counts, COUNTERS)
+
+
+def _link(recent: pl.DataFrame, edges: pl.DataFrame, k: int, width: int) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """The reinforced edges (``_row``, and ``sc`` on a shard) and the new pairs (``source_id``,
+    ``target_id``, and ``sc``) of the recent nodes ``recent`` (``id`` in id order, ``t`` µs, and on a
+    shard ``sc``, the node's scope number) given the CO_OCCURRED ``edges`` (see :func:`cooccurrence`)."""
+    n = recent.height
+    multi = "sc" in recent.columns
+    none = (pl.DataFrame(schema={"_row": pl.UInt32, **({"sc": pl.Int64} if multi else {})}),
+            pl.DataFrame(schema={"source_id": pl.String, "target_id": pl.String, **({"sc": pl.Int64} if multi else {})}))
+    if n < 2:
+        return none
+    id_of, t_by_i = recent.get_column("id"), recent.get_column("t").to_numpy()
+    # Each edge with a recent end, with its ends' numbers (si, ti) where they are recent: edges with
+    # both ends recent are the existing pairs; every edge gives its recent ends a neighbour.
+    ends = _number_ends(edges, id_of)
+    if multi:  # an edge is a neighbour only of the nodes of its own scope
+        sc = recent.get_column("sc")
+        ends = ends.with_columns(
+            pl.when(sc.gather(ends.get_column(i).fill_null(0)) == ends.get_column("sc")).then(ends.get_column(i)).alias(i)
+            for i in ("si", "ti")
+        ).filter(pl.col("si").is_not_null() | pl.col("ti").is_not_null())
+    linked = ends.filter(pl.col("si").is_not_null() & pl.col("ti").is_not_null())
+    deg = _distinct_neighbours(ends, n)  # by node number: recent's rows are numbers 0..n-1 in order
+    nodes = recent.select(pl.int_range(n, dtype=pl.Int64).alias("i"), "t").with_columns(
+        pl.Series("free", np.maximum(k - deg, 0))
     )
+
+    si, ti = linked.get_column("si").to_numpy(), linked.get_column("ti").to_numpy()
+    reinforced = linked.filter(pl.Series(np.abs(t_by_i[si] - t_by_i[ti]) <= width)).select("_row", *(["sc"] if multi else []))
+    new_pairs = _mutual_nearest(nodes, linked, n, k, width) if k > 0 else pl.DataFrame(schema={"a": pl.Int64, "b": pl.Int64})
+    pairs = pl.DataFrame({"source_id": id_of.gather(new_pairs["a"]), "target_id": id_of.gather(new_pairs["b"])})
+    if multi:
+        pairs = pairs.with_columns(recent.get_column("sc").gather(new_pairs["a"]))
+    return reinforced, pairs
+
+
+def _apart(t: np.ndarray, sc: np.ndarray, width: int) -> tuple[np.ndarray, int] | None:
+    """Times ``t`` (µs) of nodes of several scopes (``sc``) on one axis where no two scopes' nodes are
+    within the window of each other, and the window on it: ``(t', width')``, or None when the axis
+    would not fit in 63 bits.
+
+    In (scope, time) order every gap between consecutive nodes becomes ``min(gap, c)`` and the gap
+    between the last node of a scope and the first of the next becomes ``c``, where ``c = width' + 1``
+    and ``width' = min(width, the widest scope's time span)``.  Within a scope this keeps the time
+    order, the equal-time groups, every gap ≤ ``width'`` (all its consecutive gaps are) and every
+    gap > ``width`` above ``width'`` — so which pairs are within the window, and how a node's
+    candidates rank, are the scope's own; nodes of different scopes are always farther apart than
+    ``width'``.  (When ``width`` exceeds every scope's span, no pair within a scope is outside it,
+    which a window of ``width'`` keeps.)"""
+    n = len(t)
+    order = np.lexsort((t, sc))
+    ts, cs = t[order], sc[order]
+    first = np.ones(n, dtype=bool)
+    first[1:] = cs[1:] != cs[:-1]
+    starts = np.flatnonzero(first)
+    stops = np.append(starts[1:], n) - 1
+    wide = int(min(width, int((ts[stops] - ts[starts]).max())))
+    c = wide + 1
+    if c * n >= 2**62:
+        return None
+    gap = np.empty(n, dtype=np.int64)
+    gap[0] = 0
+    gap[1:] = np.minimum(ts[1:] - ts[:-1], c)
+    gap[first] = c
+    gap[0] = 0
+    out = np.empty(n, dtype=np.int64)
+    out[order] = np.cumsum(gap)
+    return out, wide
 
 
 def _number_ends(edges: pl.DataFrame, ids: pl.Series) -> pl.DataFrame:

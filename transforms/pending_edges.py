@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING
 import polars as pl
 from deep_sleep.transforms._common import (
     PhaseResult,
-    resolve_scoped_labels,
+    scope_paths,
     scoped_created_ids,
     scoped_result,
-    scopes,
     scopes_without,
+    semantic,
     shard_native,
     skip,
     tenant_of,
@@ -21,6 +21,7 @@ from deep_sleep.transforms._common import (
 from deep_sleep.core import tables
 from deep_sleep.core.config import PhaseConfig
 from deep_sleep.core.diff import Diff
+from deep_sleep.core.shard import Shard
 from deep_sleep.core.snapshot import Snapshot, iso
 
 if TYPE_CHECKING:  # assembled from the roster, which imports this module
@@ -40,7 +41,7 @@ CO_OCCURRED = "CO_OCCURRED"
 
 
 @shard_native
-def pending_edges(snapshot: Snapshot, config: PendingEdgesConfig, as_of: datetime,
+def pending_edges(snapshot: Snapshot | Shard, config: PendingEdgesConfig, as_of: datetime,
                   settings: ConsolidationConfig) -> PhaseResult:
     """Unconsumed ``pending_connections`` (``consumed_by_run`` null): both labels are resolved over the
     scope's current semantic nodes (highest importance, then latest ``updated_at``, then smallest id);
@@ -56,17 +57,22 @@ def pending_edges(snapshot: Snapshot, config: PendingEdgesConfig, as_of: datetim
     ``exists``, ``duplicate``, ``neighbour_cap``, else ``created``.  Pure phases do not know the run's
     ledger id, so ``consumed_by_run`` is the run's *logical id*: UUIDv5 of (scope_path, "run", ISO
     ``as_of``) — the same for every attempt at that ``as_of``, joinable to the ledger through
-    (scope_path, as_of).  Labels resolve within the row's own scope; a scope without unconsumed rows
-    is skipped ("missing input").
+    (scope_path, as_of).
+
+    Per scope (a :class:`~deep_sleep.core.shard.Shard` or a single-scope snapshot): labels resolve
+    over the row's own scope's nodes, existing edges, duplicates and the neighbour cap are the
+    scope's own, and a scope without unconsumed rows is skipped ("missing input").
     """
     pending = snapshot.table("pending_connections").filter(pl.col("consumed_by_run").is_null())
-    skipped = scopes_without(snapshot, "pending_connections", "missing input: no pending connections", pending)
+    reason = "missing input: no pending connections"
     if not pending.height:
-        return skip("missing input: no pending connections")
+        return skip(reason)
+    skipped = scopes_without(snapshot, "pending_connections", reason, rows=pending)
+    single = len(scope_paths(snapshot)) == 1
     # Resolve only the labels the pending rows name, and look only for the edges they propose.
     wanted = pl.concat([pending.get_column("source_label"), pending.get_column("target_label")]).unique().implode()
     named = snapshot.table("memory_nodes").lazy().filter(pl.col("label").is_in(wanted))
-    labels = resolve_scoped_labels(named.select("id", "scope_path", "layer", "label", "importance", "updated_at").collect())
+    labels = _resolve_labels(named.select("scope_path", "id", "layer", "label", "importance", "updated_at").collect())
     key = ["source_id", "target_id", "relation"]
     rows = (
         pending.sort(["created_at", "id"], nulls_last=True)
@@ -75,41 +81,49 @@ def pending_edges(snapshot: Snapshot, config: PendingEdgesConfig, as_of: datetim
         .join(labels.rename({"label": "target_label", "id": "target_id"}), on=["scope_path", "target_label"], how="left",
               maintain_order="left")
     )
-    proposed = rows.select(key).drop_nulls().unique()
+    skey = ["scope_path", *key]
+    proposed = rows.select(skey).drop_nulls().unique()
     existing = (
         snapshot.table("memory_edges")
         .lazy()
-        .select(key)
+        .select(skey)
         .filter(pl.col("source_id").is_in(proposed.get_column("source_id").implode()))
-        .join(proposed.lazy(), on=key, how="semi")
+        .join(proposed.lazy(), on=skey, how="semi")
         .unique()
         .with_columns(pl.lit(True).alias("_exists"))
         .collect()
     )
-    rows = rows.join(existing, on=key, how="left", maintain_order="left").with_columns(
+    rows = rows.join(existing, on=skey, how="left", maintain_order="left").with_columns(
         pl.when(pl.col("source_id").is_null()).then(pl.lit("unresolved_source"))
         .when(pl.col("target_id").is_null()).then(pl.lit("unresolved_target"))
         .when(pl.col("source_id") == pl.col("target_id")).then(pl.lit("self_loop"))
         .when(pl.col("_exists").fill_null(False)).then(pl.lit("exists"))
-        .when(~pl.struct(key).is_first_distinct()).then(pl.lit("duplicate"))
+        .when(~pl.struct(skey).is_first_distinct()).then(pl.lit("duplicate"))
         .otherwise(pl.lit("created"))
         .alias("outcome")
     )
     cap = settings.cooccurrence.max_neighbours  # the same invariant phase 1.5 keeps
     rows = _neighbour_cap(rows, snapshot.table("memory_edges"), cap)
-    runs = scopes(snapshot).select("scope_path")
+    # The run's logical id of each scope with pending rows, one hash per scope.
+    runs = rows.select(pl.col("scope_path").unique())
     runs = runs.with_columns(scoped_created_ids(runs.get_column("scope_path"), "run",
-                                                pl.Series("k", [iso(as_of) or ""] * runs.height)).alias("consumed_by_run"))
-    consumed = (rows.drop("consumed_by_run").join(runs, on="scope_path", how="left", maintain_order="left")
-                .select("id", "version", "consumed_by_run", "outcome").sort("id"))
+                                                pl.Series([iso(as_of) or ""] * runs.height, dtype=pl.String))
+                             .alias("consumed_by_run"))
+    consumed = (
+        rows.select("scope_path", "id", "version", "outcome")
+        .join(runs, on="scope_path", how="left", maintain_order="left")
+        .select(*(["scope_path"] if not single else []), "id", "version", "consumed_by_run", "outcome")
+        .sort("id")
+    )
     created = rows.filter(pl.col("outcome") == "created")
+    counts = rows.group_by("scope_path").agg((pl.col("outcome") == "created").sum().alias("edges_created"))
     diffs = [Diff.of("pending_connections", "pending_edges", updates=consumed)]
     if created.height:
         keys = created.select(pl.concat_str("source_id", "target_id", "relation", separator="|")).to_series()
         inserts = created.select(
             scoped_created_ids(created.get_column("scope_path"), "pending_edges", keys).alias("id"),
             "scope_path",
-            tenant_of().alias("tenant_id"),
+            tenant_of("scope_path").alias("tenant_id"),
             "source_id",
             "target_id",
             "relation",
@@ -121,16 +135,29 @@ def pending_edges(snapshot: Snapshot, config: PendingEdgesConfig, as_of: datetim
         ).sort("id")
         diffs.append(Diff.of("memory_edges", "pending_edges", inserts=inserts))
     # Two tables, nothing to normalise.
-    counts = created.group_by("scope_path").len("edges_created")
-    return scoped_result(Diff({name: td for d in diffs for name, td in d.tables.items()}), counts, COUNTERS,
-                         skipped_scopes=skipped)
+    diff = Diff({name: td for d in diffs for name, td in d.tables.items()})
+    return scoped_result(diff, counts, COUNTERS, skipped_scopes=skipped)
+
+
+def _resolve_labels(nodes: pl.DataFrame) -> pl.DataFrame:
+    """(scope_path, label) → id of the node it resolves to within that scope: among the scope's
+    semantic nodes with that exact label, the highest importance, then the latest ``updated_at``, then
+    the smallest id (SPEC §3, phase 2.5; :func:`~deep_sleep.transforms._common.resolve_labels` per scope)."""
+    return (
+        semantic(nodes)
+        .sort(["scope_path", "label", "importance", "updated_at", "id"], descending=[False, False, True, True, False],
+              nulls_last=True)
+        .group_by("scope_path", "label", maintain_order=True)
+        .agg(pl.col("id").first())
+    )
 
 
 def _neighbour_cap(rows: pl.DataFrame, edges: pl.DataFrame, cap: int) -> pl.DataFrame:
     """Turn ``created`` into ``neighbour_cap`` for CO_OCCURRED proposals that would give a node more than
     ``cap`` distinct CO_OCCURRED neighbours.  A proposal joining two nodes not yet neighbours (either
     direction) takes a slot at both ends; it is kept iff it is among the first ``free`` such
-    proposals (``created_at``, then id; both directions of one pair count once) at each end."""
+    proposals (``created_at``, then id; both directions of one pair count once) at each end.
+    Neighbours, pairs and ranks are per ``scope_path`` (only a scope's own edges count)."""
     wanted = (pl.col("outcome") == "created") & (pl.col("relation") == CO_OCCURRED)
     proposed = rows.filter(wanted)
     if not proposed.height:
@@ -141,7 +168,7 @@ def _neighbour_cap(rows: pl.DataFrame, edges: pl.DataFrame, cap: int) -> pl.Data
     co = (
         edges.lazy()
         .filter(pl.col("relation") == CO_OCCURRED)
-        .select("source_id", "target_id")
+        .select("scope_path", "source_id", "target_id")
         .collect()
         .lazy()
         .filter(pl.col("source_id").is_in(touched) | pl.col("target_id").is_in(touched))
@@ -149,29 +176,32 @@ def _neighbour_cap(rows: pl.DataFrame, edges: pl.DataFrame, cap: int) -> pl.Data
         .collect()
     )
     linked = pl.concat(
-        [co.select(a="source_id", b="target_id"), co.select(a="target_id", b="source_id")]
+        [co.select("scope_path", a="source_id", b="target_id"), co.select("scope_path", a="target_id", b="source_id")]
     ).unique()
-    free = linked.group_by("a").len("deg").select(node="a", free=(cap - pl.col("deg").cast(pl.Int64)).clip(lower_bound=0))
+    free = linked.group_by("scope_path", "a").len("deg").select(
+        "scope_path", node="a", free=(cap - pl.col("deg").cast(pl.Int64)).clip(lower_bound=0))
     pair = [pl.min_horizontal("source_id", "target_id").alias("lo"), pl.max_horizontal("source_id", "target_id").alias("hi")]
     new_pairs = (
         rows.with_row_index("_order")
         .filter(wanted)
-        .join(linked, left_on=["source_id", "target_id"], right_on=["a", "b"], how="anti", maintain_order="left")
-        .select("_order", *pair)
-        .unique(subset=["lo", "hi"], keep="first", maintain_order=True)
+        .join(linked, left_on=["scope_path", "source_id", "target_id"], right_on=["scope_path", "a", "b"], how="anti",
+              maintain_order="left")
+        .select("_order", "scope_path", *pair)
+        .unique(subset=["scope_path", "lo", "hi"], keep="first", maintain_order=True)
     )
-    ends = pl.concat([new_pairs.select("_order", "lo", "hi", node="lo"), new_pairs.select("_order", "lo", "hi", node="hi")])
+    ends = pl.concat([new_pairs.select("_order", "scope_path", "lo", "hi", node="lo"),
+                      new_pairs.select("_order", "scope_path", "lo", "hi", node="hi")])
     refused = (
-        ends.join(free, on="node", how="left")
-        .with_columns(pl.col("_order").rank("ordinal").over("node").alias("_rank"))
+        ends.join(free, on=["scope_path", "node"], how="left")
+        .with_columns(pl.col("_order").rank("ordinal").over("scope_path", "node").alias("_rank"))
         .filter(pl.col("_rank") > pl.col("free").fill_null(cap))
-        .select("lo", "hi")
+        .select("scope_path", "lo", "hi")
         .unique()
         .with_columns(pl.lit(True).alias("_refused"))
     )
     return (
         rows.with_columns(*pair)
-        .join(refused, on=["lo", "hi"], how="left", maintain_order="left")
+        .join(refused, on=["scope_path", "lo", "hi"], how="left", maintain_order="left")
         .with_columns(
             pl.when(wanted & pl.col("_refused").fill_null(False)).then(pl.lit("neighbour_cap")).otherwise("outcome").alias("outcome")
         )

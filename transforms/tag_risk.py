@@ -4,20 +4,22 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from datetime import datetime
 
 import polars as pl
 from deep_sleep.transforms._common import (
     PhaseResult,
-    in_scope_window,
+    in_own_window,
     merge_json,
+    scope_paths,
     scoped_result,
     shard_native,
-    with_window,
 )
 
 from deep_sleep.core.config import PhaseConfig
 from deep_sleep.core.diff import Diff
+from deep_sleep.core.shard import Shard
 from deep_sleep.core.snapshot import Snapshot, iso
 
 
@@ -40,7 +42,7 @@ _TOKEN = r'"(?:[^"\\]|\\.)*"|[{}\[\]:,]'
 
 
 @shard_native
-def tag_risk(snapshot: Snapshot, config: TagRiskConfig, as_of: datetime, lookback_hours: float) -> PhaseResult:
+def tag_risk(snapshot: Snapshot | Shard, config: TagRiskConfig, as_of: datetime, lookback_hours: float) -> PhaseResult:
     """Recent nodes whose label or any top-level string value of ``properties`` contains a marker word
     at a word start, case-insensitively (``errors``, ``Risky``, ``my_error`` match; ``terror`` does not),
     get ``properties.risk_node = true`` and ``properties.risk_tagged_at = as_of`` (ISO 8601, ``Z``).  A
@@ -50,7 +52,10 @@ def tag_risk(snapshot: Snapshot, config: TagRiskConfig, as_of: datetime, lookbac
     ``risk_node`` is already the JSON boolean ``true`` are skipped (``false`` or the string "true" are
     re-tagged).  A matching node whose properties are not a JSON
     object is left alone (tagging would overwrite them) and reported in the notes.  Empty markers are
-    ignored.  Per scope: each scope's window, counters and notes (a shard runs all of them at once).
+    ignored.
+
+    Per scope (a :class:`~deep_sleep.core.shard.Shard` or a single-scope snapshot): "recent" is each
+    scope's own window (from its previous run), and each scope's note lists its own untaggable nodes.
     """
     markers = sorted({m for m in config.markers if m})
     if not markers:
@@ -60,12 +65,16 @@ def tag_risk(snapshot: Snapshot, config: TagRiskConfig, as_of: datetime, lookbac
     # The text tests are computed in the query that reads the window (not in eager passes over its result).
     # Only nodes whose raw JSON holds a marker (or an escape that might spell one) need their
     # values looked at one by one; most nodes have none.
+    paths = scope_paths(snapshot)
+    single = len(paths) == 1
+    scoped = [] if single else ["scope_path"]  # one scope: every row is of it
     recent = (
-        with_window(snapshot.table("memory_nodes").lazy(), snapshot, as_of, lookback_hours)
-        .filter((pl.col("layer") == "semantic") & in_scope_window("updated_at", as_of))
+        snapshot.table("memory_nodes")
+        .lazy()
+        .filter((pl.col("layer") == "semantic") & in_own_window(snapshot, "updated_at", as_of, lookback_hours))
         .select(
+            *scoped,
             "id",
-            "scope_path",
             "version",
             "label",
             "properties",
@@ -84,20 +93,40 @@ def tag_risk(snapshot: Snapshot, config: TagRiskConfig, as_of: datetime, lookbac
     maybe = recent.filter(todo & ~pl.col("_label_hit") & pl.col("_object") & pl.col("_maybe"))
     value_hits = _value_hits(maybe, pattern) if maybe.height else pl.Series("_row", [], pl.UInt32)
     hits = recent.filter(todo & (pl.col("_label_hit") | pl.col("_row").is_in(value_hits.implode())))
-    notes = {}
-    untaggable = hits.filter(~pl.col("_object")).select("scope_path", "id")
-    for (scope,), ids in untaggable.partition_by("scope_path", as_dict=True).items() if untaggable.height else ():
-        ids = ids.get_column("id").sort()
-        shown = ", ".join(ids.head(10).to_list()) + (" …" if ids.len() > 10 else "")
-        notes[scope] = (f"{ids.len()} risk node(s) not tagged: properties are not a JSON object ({shown})",)
-    tagged = hits.filter(pl.col("_object")).select("id", "scope_path", "version", "properties").sort("id")
+    untaggable = hits.filter(~pl.col("_object"))
+    notes = _untaggable_notes(untaggable.with_columns(pl.lit(paths[0]).alias("scope_path")) if single else untaggable)
+    tagged = hits.filter(pl.col("_object")).select(*scoped, "id", "version", "properties").sort("id")
     if not tagged.height:
-        return scoped_result(Diff.empty(), None, COUNTERS, scope_notes=notes)
+        return _with_notes(scoped_result(Diff.empty(), None, COUNTERS, scope_notes=notes), single)
     patch = json.dumps({"risk_node": True, "risk_tagged_at": iso(as_of)}, separators=(",", ":"))
     updates = merge_json(tagged, pl.lit(patch))
-    counts = updates.group_by("scope_path").len("risk_nodes_tagged")
-    return scoped_result(Diff.of("memory_nodes", "tag_risk", updates=updates.drop("scope_path")), counts, COUNTERS,
-                         scope_notes=notes)
+    counts = (pl.DataFrame({"scope_path": [paths[0]], "risk_nodes_tagged": [updates.height]}) if single
+              else updates.group_by("scope_path").len("risk_nodes_tagged"))
+    # The shard's diff names its rows' scope as well (Diff.by_scope); a scope's, by id alone.
+    return _with_notes(scoped_result(Diff.of("memory_nodes", "tag_risk", updates=updates), counts, COUNTERS,
+                                     scope_notes=notes), single)
+
+
+def _with_notes(result: PhaseResult, single: bool) -> PhaseResult:
+    """A single-scope run reports its scope's notes as the result's ``notes`` too."""
+    return replace(result, notes=next(iter(result.scope_notes.values()))) if single and result.scope_notes else result
+
+
+def _untaggable_notes(untaggable: pl.DataFrame) -> dict[str, tuple[str, ...]]:
+    """Each scope's note on its matching nodes whose properties are not a JSON object: their count
+    and their first 10 ids in id order (`` …`` when there are more)."""
+    if not untaggable.height:
+        return {}
+    shown = (
+        untaggable.group_by("scope_path")
+        .agg(pl.len().alias("n"), pl.col("id").sort().head(10).str.join(", ").alias("ids"))
+        .select(
+            "scope_path",
+            pl.format("{} risk node(s) not tagged: properties are not a JSON object ({}{})", "n", "ids",
+                      pl.when(pl.col("n") > 10).then(pl.lit(" …")).otherwise(pl.lit(""))).alias("note"),
+        )
+    )
+    return {s: (note,) for s, note in shown.iter_rows()}
 
 
 def _tagged(nodes: pl.DataFrame) -> pl.Series:
