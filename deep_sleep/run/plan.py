@@ -51,7 +51,7 @@ def _arguments(phase: Phase, snapshot: Snapshot, config: ConsolidationConfig, as
         "config": config.phase(phase.name),
         "as_of": as_of,
         "lookback_hours": config.lookback_hours,
-        "scope_path": snapshot.scope_path,
+        "scope_path": getattr(snapshot, "scope_path", None),  # a Shard has none (see below)
         "settings": config,  # the whole configuration, for a phase that must keep another phase's invariant
         "extracted": extracted,  # the snapshot before any phase (for evidence an earlier phase archived)
         "summarizer": summarizer,  # phases 4 and 10 (SPEC §7); None: the deterministic text
@@ -60,6 +60,8 @@ def _arguments(phase: Phase, snapshot: Snapshot, config: ConsolidationConfig, as
         from deep_sleep.core.embedding import default_embedder
 
         offered["embedder"] = default_embedder()
+    if "scope_path" in wanted and isinstance(snapshot, Shard):
+        raise PhaseError(f"phase {phase.name} is shard_native but asks for scope_path; it must read each row's scope_path")
     missing = [name for name in wanted if name not in offered]
     if missing:
         raise PhaseError(f"phase {phase.name} asks for {missing}; phases may ask for {sorted(offered)}")
