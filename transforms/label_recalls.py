@@ -76,22 +76,29 @@ def _words(text: pl.Expr) -> pl.Expr:
     return text.str.to_lowercase().str.extract_all(WORD)
 
 
-def _evidence(snapshot: Snapshot | Shard, words: pl.Series, after: datetime, until: datetime) -> pl.DataFrame:
+def _evidence(snapshot: Snapshot | Shard, words: pl.Series, spans: pl.DataFrame) -> pl.DataFrame:
     """(scope_path, word, at), sorted by ``at``: the words of ``words`` found in a working-memory node
-    or episodic event (of that scope) created in ``(after, until]``.
+    or episodic event of a scope of ``spans`` (``scope_path``, ``after``, ``until``) created in that
+    scope's ``(after, until]``.
 
     Only texts in that span can be the first evidence of a recall that counts, and only the queries'
-    words can match, so nothing else is tokenized or kept (the queries' words already exclude stop words).
-    On a shard the span and the words are the whole shard's: a wider span or more words only add
-    evidence no recall can count (it lies before every recall of its scope, or after every recall's
-    window closes, or has a word no recall of its scope asked for, and the as-of join is by scope).
+    words can match, so nothing else is tokenized or kept (the queries' words already exclude stop words;
+    on a shard they are all scopes' words: one a scope did not ask for is never joined to its recalls).
     """
-    span = (pl.col("created_at") > after) & (pl.col("created_at") <= until)
-    nodes = snapshot.table("memory_nodes").lazy().filter((pl.col("layer") == "working") & span)
+    nodes = snapshot.table("memory_nodes").lazy().filter(pl.col("layer") == "working")
+    events = snapshot.table("episodic_events").lazy()
+    if spans.height == 1:  # one scope: literals, no join
+        scope, after, until = spans.row(0)
+        span = (pl.col("created_at") > after) & (pl.col("created_at") <= until)
+        if len(scope_paths(snapshot)) > 1:
+            span = span & (pl.col("scope_path") == scope)
+        nodes, events = nodes.filter(span), events.filter(span)
+    else:
+        span = (pl.col("created_at") > pl.col("after")) & (pl.col("created_at") <= pl.col("until"))
+        nodes, events = (f.join(spans.lazy(), on="scope_path").filter(span) for f in (nodes, events))
     node_text = pl.concat_str(
         [pl.col("label").fill_null(""), pl.col("properties").fill_null("").str.replace_all(JSON_KEY, " ")], separator=" "
     )
-    events = snapshot.table("episodic_events").lazy().filter(span)
     docs = pl.concat(
         [
             nodes.select("scope_path", _words(node_text).alias("word"), pl.col("created_at").alias("at")),
@@ -146,10 +153,18 @@ def label_recalls(snapshot: Snapshot | Shard, config: LabelRecallsConfig, as_of:
     if not asks.height:
         evidence = pl.DataFrame(schema={"scope_path": pl.String, "word": pl.String, "at": recalls.schema["created_at"]})
     else:
-        # The first evidence after a recall at t counts only if it lies in (t, min(t + horizon, as_of)].
-        first, last = asks.get_column("created_at").min(), asks.get_column("created_at").max()
-        until = last + horizon if horizon < as_of - last else as_of  # min(), without overflowing a huge horizon
-        evidence = _evidence(snapshot, asks.get_column("word").unique(), first, until)
+        # The first evidence after a recall at t counts only if it lies in (t, min(t + horizon, as_of)]:
+        # per scope, only texts after its first recall and up to its last recall's window end matter.
+        if len(scope_paths(snapshot)) == 1:
+            first, last = asks.get_column("created_at").min(), asks.get_column("created_at").max()
+            until = last + horizon if horizon < as_of - last else as_of  # min(), without overflowing a huge horizon
+            spans = pl.DataFrame({"scope_path": asks.get_column("scope_path").head(1), "after": [first], "until": [until]})
+        else:
+            spans = asks.group_by("scope_path").agg(
+                pl.col("created_at").min().alias("after"),
+                pl.min_horizontal(pl.col("created_at").max() + horizon, pl.lit(as_of)).alias("until"),
+            )
+        evidence = _evidence(snapshot, asks.get_column("word").unique(), spans)
     used = (
         asks.join_asof(evidence, left_on="after", right_on="at", by=["scope_path", "word"], strategy="forward",
                        check_sortedness=False)
