@@ -33,6 +33,7 @@ def _fixture():
         {"id": uid(1, 50), "scope_path": AC, "key": "trait:warmth", "value": "0.5000"},
         {"id": uid(1, 49), "scope_path": AC, "key": "trait:warmth", "value": "0.9000"},  # the smaller id is the row
         {"id": uid(2, 50), "scope_path": ACME, "key": "trait:caution", "value": "high"},
+        {"id": uid(2, 10), "scope_path": ACME, "key": "trait:warmth", "value": "0.2000"},  # a smaller id than AC's
         {"id": uid(2, 51), "scope_path": ACME, "key": "trait:curiosity", "value": "0.0000"},  # stays where it is
     ]
     return shard_of({"memory_nodes": nodes, "soul_profiles": traits}, (AC, ACME, NESTED, ZED),
@@ -41,7 +42,7 @@ def _fixture():
 
 def _values(result, scope: str) -> dict[str, str]:
     d = result.diff.tables["soul_profiles"]
-    ids = {uid(1, 49): "trait:warmth", uid(2, 50): "trait:caution", uid(2, 51): "trait:curiosity"}
+    ids = {uid(1, 49): "trait:warmth", uid(2, 50): "trait:caution", uid(2, 51): "trait:curiosity", uid(2, 10): "trait:warmth"}
     got = {ids[i]: v for i, v in d.updates.filter(pl.col("id").str.ends_with(f"{ {AC: 1, ACME: 2}[scope]:012x}"))
            .select("id", "value").iter_rows()}
     return {**got, **dict(of_scope(d.inserts, scope).select("key", "value").iter_rows())}
@@ -54,7 +55,7 @@ def test_each_scope_drifts_towards_its_own_notes():
     assert _values(result, AC) == {"trait:warmth": "0.8800", "trait:caution": "0.4750", "trait:curiosity": "0.4750",
                                    "trait:directness": "0.4750", "trait:formality": "0.4750"}
     # ACME: one note in its window (caution and formality); "high" restarts from 0.5; curiosity is unchanged
-    assert _values(result, ACME) == {"trait:caution": "0.5250", "trait:formality": "0.5250", "trait:warmth": "0.4750",
+    assert _values(result, ACME) == {"trait:caution": "0.5250", "trait:formality": "0.5250", "trait:warmth": "0.1900",
                                      "trait:directness": "0.4750"}
     assert dict(result.scope_notes) == {ACME: ("trait 'trait:caution' held 'high', not a number in [0, 1]; restarted from 0.5",)}
     assert result.skipped_scopes == {NESTED: "missing input: no working memory",
