@@ -18,11 +18,12 @@ import re
 from datetime import datetime, timedelta
 
 import polars as pl
-from deep_sleep.transforms._common import PhaseResult, skip
+from deep_sleep.transforms._common import PhaseResult, scope_paths, scoped_result, scopes_without, shard_native, skip
 from pydantic import Field
 
 from deep_sleep.core.config import PhaseConfig
 from deep_sleep.core.diff import Diff
+from deep_sleep.core.shard import Shard
 from deep_sleep.core.snapshot import Snapshot
 
 
@@ -35,6 +36,7 @@ COUNTERS: tuple[str, ...] = ("recalls_labelled",)
 
 
 PHASE = "label_recalls"
+NO_RECALLS = "missing input: no recall events"
 IMPLICIT = "implicit"
 EXPLICIT = "explicit"
 MIN_WORD = 3
@@ -74,23 +76,33 @@ def _words(text: pl.Expr) -> pl.Expr:
     return text.str.to_lowercase().str.extract_all(WORD)
 
 
-def _evidence(snapshot: Snapshot, words: pl.Series, after: datetime, until: datetime) -> pl.DataFrame:
-    """(word, at), sorted by ``at``: the words of ``words`` found in a working-memory node or episodic
-    event created in ``(after, until]``.
+def _evidence(snapshot: Snapshot | Shard, words: pl.Series, spans: pl.DataFrame) -> pl.DataFrame:
+    """(scope_path, word, at), sorted by ``at``: the words of ``words`` found in a working-memory node
+    or episodic event of a scope of ``spans`` (``scope_path``, ``after``, ``until``) created in that
+    scope's ``(after, until]``.
 
     Only texts in that span can be the first evidence of a recall that counts, and only the queries'
-    words can match, so nothing else is tokenized or kept (the queries' words already exclude stop words).
+    words can match, so nothing else is tokenized or kept (the queries' words already exclude stop words;
+    on a shard they are all scopes' words: one a scope did not ask for is never joined to its recalls).
     """
-    span = (pl.col("created_at") > after) & (pl.col("created_at") <= until)
-    nodes = snapshot.table("memory_nodes").lazy().filter((pl.col("layer") == "working") & span)
+    nodes = snapshot.table("memory_nodes").lazy().filter(pl.col("layer") == "working")
+    events = snapshot.table("episodic_events").lazy()
+    if spans.height == 1:  # one scope: literals, no join
+        scope, after, until = spans.row(0)
+        span = (pl.col("created_at") > after) & (pl.col("created_at") <= until)
+        if len(scope_paths(snapshot)) > 1:
+            span = span & (pl.col("scope_path") == scope)
+        nodes, events = nodes.filter(span), events.filter(span)
+    else:
+        span = (pl.col("created_at") > pl.col("after")) & (pl.col("created_at") <= pl.col("until"))
+        nodes, events = (f.join(spans.lazy(), on="scope_path").filter(span) for f in (nodes, events))
     node_text = pl.concat_str(
         [pl.col("label").fill_null(""), pl.col("properties").fill_null("").str.replace_all(JSON_KEY, " ")], separator=" "
     )
-    events = snapshot.table("episodic_events").lazy().filter(span)
     docs = pl.concat(
         [
-            nodes.select(_words(node_text).alias("word"), pl.col("created_at").alias("at")),
-            events.select(_words(pl.col("content").fill_null("")).alias("word"), pl.col("created_at").alias("at")),
+            nodes.select("scope_path", _words(node_text).alias("word"), pl.col("created_at").alias("at")),
+            events.select("scope_path", _words(pl.col("content").fill_null("")).alias("word"), pl.col("created_at").alias("at")),
         ]
     )
     return (
@@ -101,7 +113,8 @@ def _evidence(snapshot: Snapshot, words: pl.Series, after: datetime, until: date
     )
 
 
-def label_recalls(snapshot: Snapshot, config: LabelRecallsConfig, as_of: datetime, lookback_hours: float) -> PhaseResult:
+@shard_native
+def label_recalls(snapshot: Snapshot | Shard, config: LabelRecallsConfig, as_of: datetime, lookback_hours: float) -> PhaseResult:
     """Label every unlabelled recall created at or before ``as_of``.
 
     Used — a word of its query appears in a working-memory node or episodic event created in
@@ -114,18 +127,22 @@ def label_recalls(snapshot: Snapshot, config: LabelRecallsConfig, as_of: datetim
     then: a recall a few minutes before ``as_of`` has had little time to come back and is more
     likely labelled unused.  Waiting for its window to close would lose more: working memory
     expires (phase 8 runs first) and old events are summarised away (phase 10).
+
+    On a shard every scope is labelled with its own evidence only (the as-of join is by
+    ``scope_path`` and word); a scope without recall events is skipped for "missing input".
     """
     recalls = snapshot.table("recall_events")
     if not recalls.height:
-        return skip("missing input: no recall events")
+        return skip(NO_RECALLS)
+    missing = scopes_without(snapshot, "recall_events", NO_RECALLS) if len(scope_paths(snapshot)) > 1 else {}
     # A recall without a finite similarity has no label to give (quarantine sets NaN/inf ones aside
     # with a reason; a null one from a hand-written snapshot is left alone, so a rerun changes nothing).
     todo = recalls.filter(pl.col("label").is_null() & (pl.col("created_at") <= as_of) & pl.col("similarity").is_finite())
     if not todo.height:
-        return PhaseResult(counters={"recalls_labelled": 0})
+        return scoped_result(Diff.empty(), None, COUNTERS, skipped_scopes=missing)
     horizon = timedelta(hours=lookback_hours)
     asks = (
-        todo.select("id", _words(pl.col("query").fill_null("")).alias("word"), "created_at")
+        todo.select("id", "scope_path", _words(pl.col("query").fill_null("")).alias("word"), "created_at")
         .explode("word")
         .drop_nulls("word")
         .filter(~pl.col("word").is_in(list(STOP_WORDS)))
@@ -134,14 +151,23 @@ def label_recalls(snapshot: Snapshot, config: LabelRecallsConfig, as_of: datetim
         .sort("after")
     )
     if not asks.height:
-        evidence = pl.DataFrame(schema={"word": pl.String, "at": recalls.schema["created_at"]})
+        evidence = pl.DataFrame(schema={"scope_path": pl.String, "word": pl.String, "at": recalls.schema["created_at"]})
     else:
-        # The first evidence after a recall at t counts only if it lies in (t, min(t + horizon, as_of)].
-        first, last = asks.get_column("created_at").min(), asks.get_column("created_at").max()
-        until = last + horizon if horizon < as_of - last else as_of  # min(), without overflowing a huge horizon
-        evidence = _evidence(snapshot, asks.get_column("word").unique(), first, until)
+        # The first evidence after a recall at t counts only if it lies in (t, min(t + horizon, as_of)]:
+        # per scope, only texts after its first recall and up to its last recall's window end matter.
+        if len(scope_paths(snapshot)) == 1:
+            first, last = asks.get_column("created_at").min(), asks.get_column("created_at").max()
+            until = last + horizon if horizon < as_of - last else as_of  # min(), without overflowing a huge horizon
+            spans = pl.DataFrame({"scope_path": asks.get_column("scope_path").head(1), "after": [first], "until": [until]})
+        else:
+            spans = asks.group_by("scope_path").agg(
+                pl.col("created_at").min().alias("after"),
+                pl.min_horizontal(pl.col("created_at").max() + horizon, pl.lit(as_of)).alias("until"),
+            )
+        evidence = _evidence(snapshot, asks.get_column("word").unique(), spans)
     used = (
-        asks.join_asof(evidence, left_on="after", right_on="at", by="word", strategy="forward", check_sortedness=False)
+        asks.join_asof(evidence, left_on="after", right_on="at", by=["scope_path", "word"], strategy="forward",
+                       check_sortedness=False)
         .filter(pl.col("at").is_not_null() & (pl.col("at") <= pl.min_horizontal(pl.col("created_at") + horizon, pl.lit(as_of))))
         .select("id")
         .unique()
@@ -154,10 +180,10 @@ def label_recalls(snapshot: Snapshot, config: LabelRecallsConfig, as_of: datetim
             "version",
             pl.when(pl.col("_used")).then(pl.max_horizontal(sim, pl.lit(config.min_label))).otherwise(sim / 2).alias("label"),
             pl.lit(IMPLICIT).alias("label_source"),
+            "scope_path",
         )
         .sort("id")
     )
-    return PhaseResult(
-        diff=Diff.of("recall_events", PHASE, updates=labelled),
-        counters={"recalls_labelled": labelled.height},
-    )
+    counts = labelled.group_by("scope_path").agg(pl.len().alias("recalls_labelled"))
+    return scoped_result(Diff.of("recall_events", PHASE, updates=labelled.drop("scope_path")), counts, COUNTERS,
+                         skipped_scopes=missing)

@@ -1,0 +1,66 @@
+"""Hand-built shards for the per-scope tests of the late shard-native phases (12, D2, D3, D4): rows of
+several scopes (the string-prefix siblings ``org/ac`` and ``org/acme``, and a scope nested under
+``org/acme``) interleaved in one frame per table — not grouped by scope, as a shard's frames are after
+earlier phases' folds — and the check that a shard run gives each scope what a run of it alone gives."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import polars as pl
+
+from deep_sleep.core import tables
+from deep_sleep.core.shard import Shard
+from deep_sleep.core.snapshot import Snapshot
+from deep_sleep.run.plan import plan, plan_shard
+from deep_sleep.transforms.config import ConsolidationConfig
+
+AS_OF = datetime(2026, 11, 30, 3, 0, tzinfo=UTC)
+AC = "org\x1fac"
+ACME = "org\x1facme"
+NESTED = "org\x1facme\x1fagent\x1fa1"
+DEFAULTS = {"properties": "{}", "metadata": "{}", "importance": 5.0, "layer": "semantic", "version": 1, "weight": 1.0,
+            "access_count": 0, "created_at": AS_OF - timedelta(days=1), "updated_at": AS_OF - timedelta(days=1)}
+SAME = ("counters", "counters_by_phase", "phases_run", "phases_skipped", "rows_changed", "notes", "diff_hash")
+
+
+def uid(scope: int, n: int) -> str:
+    """A uuid text, distinct per (scope, n) and ordered by n first."""
+    return f"00000000-0000-0000-{n:04x}-{scope:012x}"
+
+
+def frame(table: str, rows: list[dict]) -> pl.DataFrame:
+    """Rows of ``table`` (missing columns from DEFAULTS, else null; ``tenant_id`` from ``scope_path``)."""
+    cols = tables.columns(table)
+    filled = [{c: {**row, "tenant_id": row["scope_path"].split("\x1f")[1]}.get(c, DEFAULTS.get(c)) for c in cols} for row in rows]
+    return tables.conform(table, pl.DataFrame(filled, schema={c: cols[c].dtype for c in cols}))
+
+
+def shard_of(rows: dict[str, list[dict]], scopes: tuple[str, ...],
+             previous: dict[str, datetime] | None = None) -> tuple[Shard, list[Snapshot]]:
+    """The shard of ``rows`` with its frames in the order given (scopes interleaved), and each scope's snapshot."""
+    frames = {t: frame(t, r) for t, r in rows.items()}
+    previous = previous or {}
+    shard = Shard.from_frames({s: previous.get(s) for s in scopes}, AS_OF, frames).with_frames(frames)
+    snaps = [Snapshot(s, AS_OF, previous.get(s), {t: f.filter(pl.col("scope_path") == s) for t, f in frames.items()})
+             for s in scopes]
+    return shard, snaps
+
+
+def assert_each_scope_alone(shard: Shard, snaps: list[Snapshot], phases: tuple[str, ...],
+                            config: ConsolidationConfig | None = None) -> dict:
+    """plan_shard of ``phases`` gives every scope the report and diff of its own plan; the reports."""
+    config = config or ConsolidationConfig()
+    got = plan_shard(shard, config, AS_OF, phases=phases, check_rows=False)
+    diffs = got.scope_diffs()
+    for snap in snaps:
+        alone = plan(snap, config, AS_OF, phases=phases, check_rows=False)
+        for field in SAME:
+            assert getattr(got.reports[snap.scope_path], field) == getattr(alone.report, field), (snap.scope_path, field)
+        assert diffs[snap.scope_path].content_hash() == alone.diff.content_hash(), snap.scope_path
+    return got.reports
+
+
+def of_scope(frame: pl.DataFrame, scope: str) -> pl.DataFrame:
+    """The rows of one scope of a diff frame that carries ``scope_path``."""
+    return frame.filter(pl.col("scope_path") == scope)
