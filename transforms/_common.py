@@ -296,17 +296,6 @@ def merge_json(frame: pl.DataFrame, patch: pl.Expr, column: str = "properties") 
     return work.drop(column, "_ds_patch").join(merged, on="_ds_row", how="left").sort("_ds_row").drop("_ds_row").select(frame.columns)
 
 
-def resolve_scoped_labels(nodes: pl.DataFrame) -> pl.DataFrame:
-    """(scope_path, label) → id: :func:`resolve_labels` within each scope (``nodes`` has ``scope_path``)."""
-    return (
-        semantic(nodes)
-        .sort(["scope_path", "label", "importance", "updated_at", "id"], descending=[False, False, True, True, False],
-              nulls_last=True)
-        .group_by("scope_path", "label", maintain_order=True)
-        .agg(pl.col("id").first())
-    )
-
-
 def resolve_labels(nodes: pl.DataFrame) -> pl.DataFrame:
     """label → id of the node it resolves to: among semantic nodes with that exact label, the highest
     importance, then the latest ``updated_at``, then the smallest id (SPEC §3, phase 2.5)."""

@@ -35,7 +35,6 @@ def _paused_run(run_id: str, deadline_seconds: float = 240.0):
 
 def _decide_through_the_form(store, run_id: str, run_input: dict) -> dict:
     from prefect.flow_runs import resume_flow_run
-    from prefect.input.run_input import keyset_from_base_key
     from prefect.client.orchestration import get_client
 
     from deep_sleep.flows.approval import ApprovalParameters, deep_sleep_approval
