@@ -18,6 +18,7 @@ import psycopg
 import pytest
 from deep_sleep.transforms.config import ConsolidationConfig
 
+from deep_sleep.core.holds_config import HoldsConfig
 from deep_sleep.core.scope import Scope
 from deep_sleep.run.stages import (
     apply_stage,
@@ -149,7 +150,8 @@ def test_live_writers_during_a_large_apply_lose_nothing(store, scope, tmp_path):
         w.start()
     time.sleep(0.5)  # live turns land between the snapshot and the apply ...
     apply_began = time.time()
-    report = apply_stage(store, diff_dir)  # ... and during it
+    # ... and during it (no holds: every planned delete and decay is to land, for the checks below)
+    report = apply_stage(store, diff_dir, holds=HoldsConfig(enabled=False))
     apply_ended = time.time()
     time.sleep(0.2)
     stop.set()
