@@ -58,8 +58,9 @@ def transform_task(extracted: pipeline.Extracted, config: ConsolidationConfig, a
 
 
 @task(name="validate", cache_policy=NO_CACHE)
-def validate_task(planned: pipeline.Planned, config: ConsolidationConfig) -> pipeline.Validated:
-    return pipeline.validate(planned, config)
+def validate_task(planned: pipeline.Planned, config: ConsolidationConfig, store: Store | None = None) -> pipeline.Validated:
+    validated = pipeline.validate(planned, config)
+    return pipeline.gate(store, validated, config) if store is not None else validated  # the recall-quality gate
 
 
 @task(name="apply", tags=["deep-sleep-apply"], cache_policy=NO_CACHE)
@@ -88,7 +89,7 @@ def deep_sleep(params: DeepSleepParameters) -> dict[str, Any]:
 
     extracted = extract_task(store, scope.path, as_of, config, str(base / "snapshot"))
     planned = transform_task(extracted, config, as_of, str(base / "diff"), run_id, params.phases, store)
-    validated = validate_task(planned, config)
+    validated = validate_task(planned, config, store)
     report = apply_task(store, validated, started, config.holds)
     diff_dir = base / "diff"
     report_task(report)

@@ -111,6 +111,8 @@ def _row(report: ConsolidationReport, worker_pid: int) -> dict:
         "conflicts": report.conflicts,
         "quarantined": sum(n for reasons in report.quarantined.values() for n in reasons.values()),
         "run_id": report.run_id, "worker_pid": worker_pid, "diff_uri": report.diff_uri,
+        "gate": report.gate or None,
+        "held": sum(sum(k.values()) for k in (report.held or {}).get("rows", {}).values()) if report.held else 0,
     }
 
 
@@ -130,7 +132,7 @@ def shard_task(dsn: str, scopes: list[str], as_of: datetime, config: Consolidati
         extracted = pipeline.extract(store, scopes, as_of, config, base / "snapshot")
         planned = pipeline.transform(extracted, config, as_of, base / "diff", location=location if remote else None,
                                      summarizer=summarizer_for(config, store))  # None unless the model is enabled
-        validated = pipeline.validate(planned, config)
+        validated = pipeline.gate(store, pipeline.validate(planned, config), config)  # recall-quality gate
         if remote:  # before the apply: the ledger rows it writes name these files
             pipeline.publish(planned, location)
         if plan_only:
@@ -214,6 +216,27 @@ def _artifact_rows(rows: list[dict]) -> list[dict]:
     keys = ("scope", "status", "reason", "changes", "conflicts", "counters")
     ordered = sorted(rows, key=lambda r: r["status"] != "failed")[:ARTIFACT_ROWS]
     return [{k: r.get(k, "") for k in keys} for r in ordered]
+
+
+def gate_distribution(results: list[dict]) -> dict[str, Any] | None:
+    """The night's recall-quality gate across the fleet: how many scopes it measured and failed, and
+    the distribution (min, median, p90, max) of recall@k before and after and of the drop (pp)."""
+    import statistics
+
+    measured = [r["gate"] for r in results if r.get("gate") and r["gate"].get("queries")]
+    if not measured:
+        return None
+
+    def spread(key: str) -> dict[str, float]:
+        values = sorted(float(g[key]) for g in measured if g.get(key) is not None)
+        if not values:
+            return {}
+        p90 = values[min(len(values) - 1, int(0.9 * len(values)))]
+        return {"min": round(values[0], 4), "median": round(statistics.median(values), 4), "p90": round(p90, 4),
+                "max": round(values[-1], 4)}
+
+    return {"scopes": len(measured), "failed": sum(bool(g.get("failed")) for g in measured),
+            "recall_before": spread("recall_before"), "recall_after": spread("recall_after"), "drop_pp": spread("drop_pp")}
 
 
 def _night_plan(as_of: datetime, night_id: str, gates: list, due: list, rows: list[dict], results: list[dict]) -> dict:
@@ -312,7 +335,8 @@ def deep_sleep_nightly(params: NightlyParameters) -> dict[str, Any]:
 
     counts = {s: sum(r["status"] == s for r in rows) for s in ("applied", "failed", "skipped")}
     summary = {"night_id": night_id, "as_of": as_of.isoformat(), "scopes": len(gates), "due": len(due),
-               "shards": len(shards), **counts,
+               "shards": len(shards), **counts, "gate": gate_distribution(list(results.values())),
+               "held_rows": sum(r.get("held") or 0 for r in results.values()),
                "data_quality": quality, "health": alerts, "retention": removed, "rows": rows}
     create_table_artifact(
         key="deep-sleep-nightly",
