@@ -122,21 +122,23 @@ def per_scope_path(store, scopes: list[str], as_of: datetime, work: Path) -> dic
     }
 
 
-def shard_night(dsn: str, as_of: datetime, work: str, shard_rows: int, shard_scopes: int, queue) -> None:
-    """One night over every due scope, shard by shard, in this (child) process; puts its figures on ``queue``."""
+def shard_night(dsn: str, as_of: datetime, work: str, shard_rows: int, shard_scopes: int, queue,
+                safety: bool = False) -> None:
+    """One night over every due scope, shard by shard, in this (child) process; puts its figures on
+    ``queue``.  ``safety``: with the recall-quality gate and the holds policy (SPEC §9) on."""
     from deep_sleep.jobs.gating import due_scopes, shards_of
     from deep_sleep.run import pipeline
     from deep_sleep.store.db import Store
     from deep_sleep.transforms.config import ConsolidationConfig
 
     store, config = Store(dsn), ConsolidationConfig()
-    seconds = dict.fromkeys(("gate", "extract", "transform", "validate", "apply"), 0.0)
+    seconds = dict.fromkeys(("gating", "extract", "transform", "validate", "recall_gate", "apply"), 0.0)
     t0 = time.perf_counter()
     due = [g for g in due_scopes(store, as_of, config.gating) if g.due]
     shards = shards_of([(g.scope_path, g.rows) for g in due], shard_rows, shard_scopes)
-    seconds["gate"] = time.perf_counter() - t0
+    seconds["gating"] = time.perf_counter() - t0
     statuses: dict[str, int] = {}
-    conflicts = changes = 0
+    conflicts = changes = held_scopes = gate_failed = 0
     started = datetime.now(UTC)
     for i, scopes in enumerate(shards):
         base = Path(work) / "night" / f"shard-{i:05d}"
@@ -149,11 +151,18 @@ def shard_night(dsn: str, as_of: datetime, work: str, shard_rows: int, shard_sco
         t = time.perf_counter()
         validated = pipeline.validate(planned, config)
         seconds["validate"] += time.perf_counter() - t
+        if safety:
+            t = time.perf_counter()
+            validated = pipeline.gate(store, validated, config)
+            seconds["recall_gate"] += time.perf_counter() - t
         t = time.perf_counter()
-        applied = pipeline.apply(store, validated, started_at=started)
+        applied = pipeline.apply(store, validated, started_at=started, holds=config.holds if safety else None,
+                                 gate_failed=None if safety else {})
         seconds["apply"] += time.perf_counter() - t
         for r in applied.reports.values():
             statuses[r.status] = statuses.get(r.status, 0) + 1
+            held_scopes += bool(r.held)
+            gate_failed += bool(r.gate and r.gate.get("failed"))
             conflicts += r.conflicts
             changes += sum(sum(k.values()) for k in r.rows_changed.values())
         done = sum(statuses.values())
@@ -163,7 +172,8 @@ def shard_night(dsn: str, as_of: datetime, work: str, shard_rows: int, shard_sco
                "scopes_per_second": round(len(due) / total, 1) if total else None,
                "ms_per_scope": round(total / max(1, len(due)) * 1000, 3),
                "stages_seconds": {k: round(v, 2) for k, v in seconds.items()},
-               "statuses": statuses, "conflicts": conflicts, "rows_changed": changes,
+               "statuses": statuses, "conflicts": conflicts, "rows_changed": changes, "safety": safety,
+               "scopes_with_holds": held_scopes, "gate_failed": gate_failed,
                "peak_rss_mb": _peak_rss_mb()})
 
 
@@ -178,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", default="bench-data/fleet")
     ap.add_argument("--shard-rows", type=int, default=500_000)
     ap.add_argument("--shard-scopes", type=int, default=5_000)
+    ap.add_argument("--safety", action="store_true", help="also run the night with the recall gate and holds on (a second clone)")
     args = ap.parse_args(argv)
 
     from deep_sleep.dev.fleet import FleetSpec, fleet_scope
@@ -203,19 +214,30 @@ def main(argv: list[str] | None = None) -> int:
 
     import multiprocessing
 
-    _p(f"shard night over every due scope (shards of ≤ {args.shard_rows:,} rows, ≤ {args.shard_scopes:,} scopes)")
-    ctx = multiprocessing.get_context("spawn")
-    queue = ctx.Queue()
-    child = ctx.Process(target=shard_night, args=(store.dsn, as_of, args.work, args.shard_rows, args.shard_scopes, queue))
-    child.start()
-    night = queue.get()
-    child.join()
-    night["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, 1)
-    night["ratio_to_copy"] = round(night["seconds"] / copy["copy_total"], 2) if copy["copy_total"] else None
-    night["speedup_per_scope"] = round(old["ms_per_scope"] / night["ms_per_scope"], 1) if night["ms_per_scope"] else None
-    _p(f"  night {night['seconds']}s for {night['scopes']:,} scopes in {night['shards']} shards "
-       f"({night['scopes_per_second']} scopes/s, {night['stages_seconds']}); ratio to COPY {night['ratio_to_copy']}, "
-       f"{night['speedup_per_scope']}× faster per scope than the per-scope path; peak RSS {night['peak_rss_mb']} MB")
+    from deep_sleep.store.db import create_database
+
+    nights = {}
+    for safety in (False, True) if args.safety else (False,):
+        # Each night on its own clone of the fleet as seeded (and as the sample left it), so both
+        # nights consolidate the same rows.
+        clone = create_database(admin, f"deep_sleep_fleet_{'safe' if safety else 'plain'}", template="deep_sleep_fleet")
+        label = "with the recall gate and holds" if safety else "without the gate and holds"
+        _p(f"shard night {label} (shards of ≤ {args.shard_rows:,} rows, ≤ {args.shard_scopes:,} scopes)")
+        ctx = multiprocessing.get_context("spawn")
+        queue = ctx.Queue()
+        child = ctx.Process(target=shard_night, args=(clone.dsn, as_of, f"{args.work}/{'safe' if safety else 'plain'}",
+                                                      args.shard_rows, args.shard_scopes, queue, safety))
+        child.start()
+        night = queue.get()
+        child.join()
+        night["ratio_to_copy"] = round(night["seconds"] / copy["copy_total"], 2) if copy["copy_total"] else None
+        night["speedup_per_scope"] = round(old["ms_per_scope"] / night["ms_per_scope"], 1) if night["ms_per_scope"] else None
+        _p(f"  night {night['seconds']}s for {night['scopes']:,} scopes in {night['shards']} shards "
+           f"({night['scopes_per_second']} scopes/s, {night['stages_seconds']}); ratio to COPY {night['ratio_to_copy']}, "
+           f"{night['speedup_per_scope']}× faster per scope than the per-scope path; peak RSS {night['peak_rss_mb']} MB "
+           f"(the child's own)")
+        nights["safe" if safety else "plain"] = night
+    night = nights["plain"]
 
     result = {
         "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -224,6 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         "copy_seconds": {k: v for k, v in copy.items() if k != "rows"},
         "per_scope_path": old,
         "shard_night": night,
+        "shard_night_with_gate_and_holds": nights.get("safe"),
         "peak_rss_mb": _peak_rss_mb(),
     }
     out = Path(args.out)
