@@ -264,16 +264,33 @@ def apply(store: Store, validated: Validated, mode: str = "nightly", started_at:
     reports = {}
     todo = dict(validated.reports)
     if planned.single is None and len(todo) > 1:
-        # Many scopes: every scope no hold rule can touch goes through one set-based apply per batch
-        # of scopes (apply_shard: atomic per scope, a failed batch retried scope by scope); the others
-        # (a hold rule may fire, or the gate failed) are split and applied one by one below.
+        # Many scopes: the scopes a hold rule may touch (found for the whole shard at once) are split
+        # one by one (their held rows written under held/<scope>/); then every scope's part to apply
+        # goes through one set-based apply per batch of scopes (apply_shard: atomic per scope, a
+        # failed batch retried scope by scope).
         slow = set(held_rows.hold_candidates(planned.plan.diff, planned.plan.shard, holds)) if holds is not None else set()
         if holds is not None:
             slow |= {s for s, failed in (gate_failed or {}).items() if failed}
-        fast = {s: r for s, r in todo.items() if s not in slow}
-        if fast:
-            reports.update(_apply_many(store, planned, fast, mode, started_at))
-        todo = {s: r for s, r in todo.items() if s in slow}
+        split: dict[str, Diff] = {}
+        for s in sorted(slow):
+            report = todo[s]
+            diff = planned.scope_diff(s)
+            if report.status == "failed" or not diff.has_changes:
+                continue
+            out = held_rows.held_dir(planned.diff_dir, s, shard=True) if planned.diff_dir is not None else None
+            if out is None:
+                raise InputError("holds keep the held rows beside the diff: run the pipeline with a diff directory, "
+                                 "or without a holds policy")
+            kept, todo[s] = held_rows.hold(diff, planned.scope_snapshot(s), report, holds, out, bool((gate_failed or {}).get(s)))
+            if todo[s].held:
+                split[s] = _with_scope(kept, Shard.of(planned.scope_snapshot(s)))
+        reports.update(_apply_many(store, planned, todo, mode, started_at, split))
+        for s, r in reports.items():
+            if r.held and r.status == "applied":
+                held_rows.record_holds(store, r.run_id, r.held)
+        if planned.diff_dir is not None:
+            _write_reports(planned.diff_dir, reports, single=False)
+        return Applied(validated, reports)
     for s, report in todo.items():
         if report.status == "failed":
             record_run(store, report, mode, started_at, "failed")
@@ -311,17 +328,24 @@ def apply(store: Store, validated: Validated, mode: str = "nightly", started_at:
 
 
 def _apply_many(store: Store, planned: Planned, reports: dict[str, ConsolidationReport], mode: str,
-                started_at: datetime) -> dict[str, ConsolidationReport]:
-    """:func:`~deep_sleep.run.apply.apply_shard` of ``reports``' scopes of the shard's diff."""
+                started_at: datetime, split: dict[str, Diff] | None = None) -> dict[str, ConsolidationReport]:
+    """:func:`~deep_sleep.run.apply.apply_shard` of ``reports``' scopes of the shard's diff; the scopes
+    of ``split`` apply their part there (what their holds left) instead of their whole diff."""
     t0 = time.perf_counter()
-    wanted = pl.Series(sorted(reports), dtype=pl.String).implode()
+    split = split or {}
+    whole = [s for s in reports if s not in split]
+    wanted = pl.Series(sorted(whole), dtype=pl.String).implode()
     diff = planned.plan.diff
-    if len(reports) < len(planned.plan.shard.scope_paths):
+    if split:
+        diff = Diff.combine([Diff({name: TableDiff(**{k: f.filter(pl.col("scope_path").is_in(wanted)) if f.height else f
+                                                     for k, f in td.frames().items()})
+                                   for name, td in diff.tables.items()}), *split.values()])
+    elif len(reports) < len(planned.plan.shard.scope_paths):
         diff = Diff({name: TableDiff(**{k: f.filter(pl.col("scope_path").is_in(wanted)) if f.height else f
                                         for k, f in td.frames().items()})
                      for name, td in diff.tables.items()})
     q = planned.plan.quarantined
-    q = q.filter(pl.col("scope_path").is_in(wanted)) if q.height else None
+    q = q.filter(pl.col("scope_path").is_in(pl.Series(sorted(reports), dtype=pl.String).implode())) if q.height else None
     results = apply_shard(store, diff, reports, mode=mode, started_at=started_at, quarantined=q if q is not None and q.height else None)
     seconds = round(time.perf_counter() - t0, 6)
     out = {}
