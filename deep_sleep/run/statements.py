@@ -106,7 +106,7 @@ class Rows:
 class Statement:
     """One statement of an apply, in execution order.
 
-    step: ``discard_temp`` | ``work_mem`` | ``lock`` | ``stage`` | ``delete`` | ``update`` |
+    step: ``discard_temp`` | ``work_mem`` | ``lock`` | ``stage`` | ``analyze`` | ``delete`` | ``update`` |
         ``insert`` | ``quarantine`` | ``ledger``.
     sql: the SQL text, or None for an ADBC ingest of ``params[0]`` into the temporary table ``staged``.
     params: positional parameters ``$1, $2, …``: strings, and :class:`Rows` (sent as one JSON text
@@ -548,6 +548,9 @@ def shard_statements(
     out.append(Statement("lock", SHARD_LOCK_SQL, (json.dumps(list(scopes)),)))
     for (table, kind), body in bodies.items():
         out.append(stage_statement(shard_stage_name(table, kind), body, small_rows, table, kind))
+        # A temporary table has no statistics: without them the planner guesses its size and may
+        # hash-join it against a whole store table instead of probing the table's id index.
+        out.append(Statement("analyze", f"ANALYZE {shard_stage_name(table, kind)}"))
     order = sorted(bodies, key=lambda tk: (("deletes", "updates", "inserts").index(tk[1]), tk[0] != "memory_nodes", tk[0]))
     nodes_deleted = ("memory_nodes", "deletes") in bodies
     fed = []
