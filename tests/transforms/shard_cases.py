@@ -39,25 +39,41 @@ def frame(table: str, rows: list[dict]) -> pl.DataFrame:
 
 
 def shard_of(rows: dict[str, list[dict]], scopes: tuple[str, ...],
-             previous: dict[str, datetime] | None = None) -> tuple[Shard, list[Snapshot]]:
-    """The shard of ``rows`` (scopes' rows interleaved, in the order given) and each scope's snapshot."""
+             previous: dict[str, datetime] | None = None, *, interleaved: bool = False) -> tuple[Shard, list[Snapshot]]:
+    """The shard of ``rows`` (scopes' rows interleaved, in the order given) and each scope's snapshot.
+    ``interleaved``: the shard's frames keep that order — not grouped by scope, as a shard's frames
+    are after earlier phases' folds."""
     frames = {t: frame(t, r) for t, r in rows.items()}
     previous = previous or {}
     shard = Shard.from_frames({s: previous.get(s) for s in scopes}, AS_OF, frames)
+    if interleaved:
+        shard = shard.with_frames(frames)
     snaps = [Snapshot(s, AS_OF, previous.get(s), {t: f.filter(pl.col("scope_path") == s) for t, f in frames.items()})
              for s in scopes]
     return shard, snaps
 
 
-def assert_each_scope_alone(shard: Shard, snaps: list[Snapshot], phase: str,
+def assert_each_scope_alone(shard: Shard, snaps: list[Snapshot], phase: str | tuple[str, ...],
                             config: ConsolidationConfig | None = None, **kw) -> dict:
-    """plan_shard of ``phase`` gives every scope the report and diff of its own plan; the reports."""
+    """plan_shard of ``phase`` (or phases) gives every scope the report and diff of its own plan; the reports."""
     config = config or ConsolidationConfig()
-    got = plan_shard(shard, config, AS_OF, phases=(phase,), check_rows=False, **kw)
+    phases = (phase,) if isinstance(phase, str) else tuple(phase)
+    got = plan_shard(shard, config, AS_OF, phases=phases, check_rows=False, **kw)
     diffs = got.scope_diffs()
     for snap in snaps:
-        alone = plan(snap, config, AS_OF, phases=(phase,), check_rows=False, **kw)
+        alone = plan(snap, config, AS_OF, phases=phases, check_rows=False, **kw)
         for field in SAME:
             assert getattr(got.reports[snap.scope_path], field) == getattr(alone.report, field), (snap.scope_path, field)
-        assert diffs[snap.scope_path].content_hash() == alone.diff.content_hash()
+        assert diffs[snap.scope_path].content_hash() == alone.diff.content_hash(), snap.scope_path
     return got.reports
+
+
+def interleaved_shard(rows: dict[str, list[dict]], scopes: tuple[str, ...],
+                      previous: dict[str, datetime] | None = None) -> tuple[Shard, list[Snapshot]]:
+    """:func:`shard_of` with the frames left interleaved."""
+    return shard_of(rows, scopes, previous, interleaved=True)
+
+
+def of_scope(frame: pl.DataFrame, scope: str) -> pl.DataFrame:
+    """The rows of one scope of a diff frame that carries ``scope_path``."""
+    return frame.filter(pl.col("scope_path") == scope)

@@ -10,7 +10,7 @@ import polars as pl
 from deep_sleep.transforms._common import created_id
 from deep_sleep.transforms.config import ConsolidationConfig
 from deep_sleep.transforms.drift import _fixed, _numbers, drift
-from tests.transforms.late_phase_shards import AC, ACME, AS_OF, NESTED, assert_each_scope_alone, of_scope, shard_of, uid
+from tests.transforms.shard_cases import AC, ACME, AS_OF, NESTED, assert_each_scope_alone, of_scope, interleaved_shard as shard_of, uid
 
 ZED = "org\x1fzed"
 RECENT = AS_OF - timedelta(hours=2)

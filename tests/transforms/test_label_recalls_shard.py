@@ -6,7 +6,7 @@ from datetime import timedelta
 
 from deep_sleep.transforms.config import ConsolidationConfig
 from deep_sleep.transforms.label_recalls import label_recalls
-from tests.transforms.late_phase_shards import AC, ACME, AS_OF, NESTED, assert_each_scope_alone, shard_of, uid
+from tests.transforms.shard_cases import AC, ACME, AS_OF, NESTED, assert_each_scope_alone, interleaved_shard as shard_of, uid
 
 T0 = AS_OF - timedelta(hours=6)
 

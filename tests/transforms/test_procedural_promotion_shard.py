@@ -11,7 +11,7 @@ import pytest
 from deep_sleep.core.embedding import default_embedder
 from deep_sleep.transforms.config import ConsolidationConfig, load_config
 from deep_sleep.transforms.procedural_promotion import _greedy_by_scope, _greedy_distinct, procedural_promotion
-from tests.transforms.late_phase_shards import AC, ACME, AS_OF, NESTED, assert_each_scope_alone, of_scope, shard_of, uid
+from tests.transforms.shard_cases import AC, ACME, AS_OF, NESTED, assert_each_scope_alone, of_scope, interleaved_shard as shard_of, uid
 
 ZED = "org\x1fzed"
 RECENT = AS_OF - timedelta(days=2)

@@ -9,7 +9,7 @@ import numpy as np
 from deep_sleep.transforms._common import created_id
 from deep_sleep.transforms.config import ConsolidationConfig
 from deep_sleep.transforms.train_reranker import N_FEATURES, gradient_step, train_reranker
-from tests.transforms.late_phase_shards import AC, ACME, AS_OF, NESTED, assert_each_scope_alone, of_scope, shard_of, uid
+from tests.transforms.shard_cases import AC, ACME, AS_OF, NESTED, assert_each_scope_alone, of_scope, interleaved_shard as shard_of, uid
 
 ZED = "org\x1fzed"
 T0 = AS_OF - timedelta(hours=6)
