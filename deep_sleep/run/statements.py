@@ -179,17 +179,24 @@ def delete_sql(table: str, nodes_deleted: bool = False, source: str | None = Non
 VERSION_GUARD = "(s.expected_version IS NULL OR t.version = s.expected_version)"
 
 
+def _update_parts(table: str, changed: list[str]) -> tuple[str, str]:
+    """The SET list (a null leaves the stored value) and the row match of a guarded update:
+    ``soul_profiles`` rows that carry ``key`` match by it, other rows by id."""
+    cols = tables.columns(table)
+    by_key = table == "soul_profiles" and "key" in changed
+    changed = [c for c in changed if not (by_key and c == "key")]
+    sets = ", ".join(f"{c} = COALESCE({cols[c].cast_sql('s.' + c)}, t.{c})" for c in changed)
+    match = "(CASE WHEN s.key IS NOT NULL THEN t.key = s.key ELSE t.id = s.id::uuid END)" if by_key else "t.id = s.id::uuid"
+    return sets, match
+
+
 def update_sql(table: str, changed: list[str], source: str | None = None) -> str:
     """Guarded update of the changed columns; parameters $1 scope_path.  Returns one count.
 
     ``soul_profiles`` is identified by (scope_path, key) (SPEC §1): rows that carry ``key`` are
     matched by it (the id of a hand-written snapshot's profile may be a stand-in), others by id.
     """
-    cols = tables.columns(table)
-    by_key = table == "soul_profiles" and "key" in changed
-    changed = [c for c in changed if not (by_key and c == "key")]
-    sets = ", ".join(f"{c} = COALESCE({cols[c].cast_sql('s.' + c)}, t.{c})" for c in changed)
-    match = "(CASE WHEN s.key IS NOT NULL THEN t.key = s.key ELSE t.id = s.id::uuid END)" if by_key else "t.id = s.id::uuid"
+    sets, match = _update_parts(table, changed)
     return (
         f"WITH done AS (UPDATE {table} t SET {sets} FROM {source or stage_name(table, 'updates')} s"
         f" WHERE {match} AND t.scope_path = $1 AND {VERSION_GUARD} RETURNING 1)"
@@ -429,11 +436,7 @@ def shard_update_sql(table: str, changed: list[str]) -> str:
     """:func:`update_sql` for a batch of scopes (match on id — or a profile's key — AND scope_path).
     A null in a changed column leaves the stored value (as the single-scope write, where a column no
     row of the scope changes is not set at all).  Returns ``(scope_path, n)`` rows.  No parameters."""
-    cols = tables.columns(table)
-    by_key = table == "soul_profiles" and "key" in changed
-    changed = [c for c in changed if not (by_key and c == "key")]
-    sets = ", ".join(f"{c} = COALESCE({cols[c].cast_sql('s.' + c)}, t.{c})" for c in changed)
-    match = "(CASE WHEN s.key IS NOT NULL THEN t.key = s.key ELSE t.id = s.id::uuid END)" if by_key else "t.id = s.id::uuid"
+    sets, match = _update_parts(table, changed)
     return (
         f"WITH done AS (UPDATE {table} t SET {sets} FROM {shard_stage_name(table, 'updates')} s"
         f" WHERE {match} AND t.scope_path = s.scope_path AND {VERSION_GUARD} RETURNING t.scope_path)"
