@@ -48,12 +48,14 @@ def _peak_rss_mb() -> float:
 
 def seed(admin_dsn: str, spec, reuse: bool):
     """The fleet's store: reused when ``reuse`` and its recorded spec matches, else freshly seeded."""
-    from deep_sleep.dev.fleet import generate_fleet
+    from deep_sleep.dev.fleet import iter_fleet_tables
     from deep_sleep.dev.seed import load
     from deep_sleep.store.db import create_database
 
     name = "deep_sleep_fleet"
-    tag = json.dumps({"scopes": spec.scopes, "nodes": spec.nodes, "templates": spec.templates, "seed": spec.seed})
+    tag = json.dumps({"scopes": spec.scopes, "nodes": spec.nodes, "templates": spec.templates, "seed": spec.seed,
+                      "recalls": spec.recalls, "recall_queries": spec.recall_queries,
+                      "feedback_share": spec.feedback_share})
     if reuse:
         store = create_database(admin_dsn, name, replace=False)  # migrated, rows kept
         with store.pg() as con:
@@ -65,11 +67,12 @@ def seed(admin_dsn: str, spec, reuse: bool):
     store = create_database(admin_dsn, name)
     t = time.perf_counter()
     counts: dict[str, int] = {}
-    from deep_sleep.core.tables import TABLES
-
-    for table in TABLES:  # one table at a time: bounded memory, one bulk load (index rebuild) per table
+    tables = iter_fleet_tables(spec)  # one table at a time: bounded memory, one bulk load (index rebuild) per table
+    while True:
         t1 = time.perf_counter()
-        frame = generate_fleet(spec, tables=(table,))[table]
+        table, frame = next(tables, (None, None))
+        if table is None:
+            break
         t2 = time.perf_counter()
         counts.update(load(store, {table: frame}))
         _p(f"  {table}: {frame.height:,} rows, generated {t2 - t1:.1f}s, loaded {time.perf_counter() - t2:.1f}s")
@@ -138,7 +141,7 @@ def shard_night(dsn: str, as_of: datetime, work: str, shard_rows: int, shard_sco
     shards = shards_of([(g.scope_path, g.rows) for g in due], shard_rows, shard_scopes)
     seconds["gating"] = time.perf_counter() - t0
     statuses: dict[str, int] = {}
-    conflicts = changes = held_scopes = gate_failed = 0
+    conflicts = changes = held_scopes = gate_failed = gated = queries = 0
     started = datetime.now(UTC)
     for i, scopes in enumerate(shards):
         base = Path(work) / "night" / f"shard-{i:05d}"
@@ -163,6 +166,8 @@ def shard_night(dsn: str, as_of: datetime, work: str, shard_rows: int, shard_sco
             statuses[r.status] = statuses.get(r.status, 0) + 1
             held_scopes += bool(r.held)
             gate_failed += bool(r.gate and r.gate.get("failed"))
+            gated += bool(r.gate)
+            queries += (r.gate or {}).get("queries", 0)
             conflicts += r.conflicts
             changes += sum(sum(k.values()) for k in r.rows_changed.values())
         done = sum(statuses.values())
@@ -173,7 +178,8 @@ def shard_night(dsn: str, as_of: datetime, work: str, shard_rows: int, shard_sco
                "ms_per_scope": round(total / max(1, len(due)) * 1000, 3),
                "stages_seconds": {k: round(v, 2) for k, v in seconds.items()},
                "statuses": statuses, "conflicts": conflicts, "rows_changed": changes, "safety": safety,
-               "scopes_with_holds": held_scopes, "gate_failed": gate_failed,
+               "scopes_with_holds": held_scopes, "gate_queries": queries, "gate_scopes": gated,
+               "gate_failed": gate_failed,
                "peak_rss_mb": _peak_rss_mb()})
 
 
@@ -189,14 +195,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shard-rows", type=int, default=500_000)
     ap.add_argument("--shard-scopes", type=int, default=5_000)
     ap.add_argument("--safety", action="store_true", help="also run the night with the recall gate and holds on (a second clone)")
+    ap.add_argument("--recalls", action=argparse.BooleanOptionalAction, default=None,
+                    help="seed node embeddings and recall events with feedback (FleetSpec.recalls; default: with --safety)")
     args = ap.parse_args(argv)
+    recalls = args.safety if args.recalls is None else args.recalls
 
     from deep_sleep.dev.fleet import FleetSpec, fleet_scope
     from deep_sleep.store.db import embedded_dsn
 
     admin = os.environ.get("DEEP_SLEEP_BENCH_DSN") or embedded_dsn(
         data_dir=os.path.join(".deep_sleep", "bench-pgdata"), database="postgres")
-    spec = FleetSpec(scopes=args.scopes, nodes=args.nodes, templates=args.templates)
+    spec = FleetSpec(scopes=args.scopes, nodes=args.nodes, templates=args.templates, recalls=recalls)
     store, now = seed(admin, spec, args.reuse)
     as_of = datetime.fromisoformat(now)
 
@@ -235,13 +244,14 @@ def main(argv: list[str] | None = None) -> int:
         _p(f"  night {night['seconds']}s for {night['scopes']:,} scopes in {night['shards']} shards "
            f"({night['scopes_per_second']} scopes/s, {night['stages_seconds']}); ratio to COPY {night['ratio_to_copy']}, "
            f"{night['speedup_per_scope']}× faster per scope than the per-scope path; peak RSS {night['peak_rss_mb']} MB "
-           f"(the child's own)")
+           f"(the child's own)" + (f"; gate: {night['gate_queries']:,} queries replayed in {night['gate_scopes']:,} scopes, "
+                                   f"{night['gate_failed']:,} failed" if safety else ""))
         nights["safe" if safety else "plain"] = night
     night = nights["plain"]
 
     result = {
         "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "scopes": args.scopes, "nodes_per_scope": args.nodes, "templates": args.templates,
+        "scopes": args.scopes, "nodes_per_scope": args.nodes, "templates": args.templates, "recalls": recalls,
         "rows": copy["rows"],
         "copy_seconds": {k: v for k, v in copy.items() if k != "rows"},
         "per_scope_path": old,

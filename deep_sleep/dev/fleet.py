@@ -16,20 +16,26 @@ id), and foreign keys (edge ends, access-log and recall node ids) remapped to th
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import numpy as np
 import polars as pl
 
+from deep_sleep.core.config import GateConfig
+from deep_sleep.core.embedding import default_embedder
 from deep_sleep.core.scope import Scope
-from deep_sleep.core.tables import TABLES
-from deep_sleep.dev.arrays import _h64, _mix64, _uuid_text
+from deep_sleep.core.snapshot import Snapshot
+from deep_sleep.core.tables import EMBEDDING_DIM, TABLES, conform
+from deep_sleep.dev.arrays import _HOUR, _h64, _mix64, _rng, _uuid_text
 from deep_sleep.dev.errors import SeedError
 from deep_sleep.dev.seed import SeedSpec, generate, load
+from deep_sleep.online.turn import _node_text
+from deep_sleep.run.gate import ranked_hits
 
 log = logging.getLogger(__name__)
 
@@ -37,24 +43,36 @@ log = logging.getLogger(__name__)
 _NODE_REFS = {"memory_edges": ("source_id", "target_id"), "memory_access_log": ("node_id",),
               "recall_events": ("node_id",)}
 SCOPES_PER_TENANT = 20
+RECALL_K = 5  # the live recall's default k: hits logged per query
+_PROTECTED = ("SOUL:", "AGENT_IDENTITY:", "META:")
 
 
 @dataclass(frozen=True)
 class FleetSpec:
-    """What fleet to build.  ``now`` None: the wall clock truncated to the second, read once."""
+    """What fleet to build.  ``now`` None: the wall clock truncated to the second, read once.
+
+    recalls: node embeddings and realistic recall events with explicit feedback (module docstring);
+        off, nodes have no embedding and the recall events are the seed generator's.
+    recall_queries: queries per scope (with ``recalls``); ``feedback_share``: the probability that
+        a (scope, query) has explicit feedback."""
 
     scopes: int = 1000
     nodes: int = 100
     templates: int = 16
     seed: int = 11
     now: datetime | None = None
+    recalls: bool = False
+    recall_queries: int = 4
+    feedback_share: float = 0.5
 
     def __post_init__(self) -> None:
         if self.now is None:
             object.__setattr__(self, "now", datetime.now(UTC).replace(microsecond=0))
-        for name in ("scopes", "nodes", "templates"):
+        for name in ("scopes", "nodes", "templates", "recall_queries"):
             if getattr(self, name) < 1:
                 raise SeedError(f"FleetSpec.{name} must be >= 1, got {getattr(self, name)}")
+        if not 0.0 <= self.feedback_share <= 1.0:
+            raise SeedError(f"FleetSpec.feedback_share must be within [0, 1], got {self.feedback_share}")
 
 
 def fleet_scope(index: int) -> Scope:
@@ -88,8 +106,107 @@ def _uuids(seed: int, table: str, scope: np.ndarray, row: np.ndarray) -> pl.Seri
 
 
 def _templates(spec: FleetSpec) -> list[dict[str, pl.DataFrame]]:
-    return [generate(SeedSpec(tenants=1, scopes_per_tenant=0, nodes_per_scope=spec.nodes,
-                              seed=spec.seed * 1000 + k, now=spec.now)) for k in range(spec.templates)]
+    out = [generate(SeedSpec(tenants=1, scopes_per_tenant=0, nodes_per_scope=spec.nodes,
+                             seed=spec.seed * 1000 + k, now=spec.now)) for k in range(spec.templates)]
+    return [_with_recalls(spec, k, frames) for k, frames in enumerate(out)] if spec.recalls else out
+
+
+def _node_embeddings(nodes: pl.DataFrame) -> np.ndarray:
+    """Each node's embedding as :func:`deep_sleep.online.turn.record_turn` writes it: the default
+    embedder's vector of its label and string property values."""
+    texts = [_node_text(label, json.loads(props) if props else {})
+             for label, props in nodes.select("label", "properties").iter_rows()]
+    return default_embedder().embed(texts)
+
+
+def _targets(spec: FleetSpec, k: int, nodes: pl.DataFrame, edges: pl.DataFrame) -> np.ndarray:
+    """Row indexes of the template's query targets, each drawn weak (phase 3 prunes it) with
+    probability 1/8, old (phase 9 decays it) 3/8, else any ordinary semantic node; distinct, never
+    protected or META (a kind with no node left: any of the others)."""
+    now = spec.now
+    degree = (pl.concat([edges.select(pl.col("source_id").alias("id")), edges.select(pl.col("target_id").alias("id"))])
+              .group_by("id").agg(pl.len().alias("_deg")))
+    info = nodes.select("id", "layer", "label", "importance", "updated_at").join(degree, on="id", how="left",
+                                                                                 maintain_order="left")
+    ordinary = ((pl.col("layer") == "semantic")
+                & ~pl.any_horizontal([pl.col("label").str.starts_with(p) for p in _PROTECTED]))
+    weak = ordinary & (pl.col("importance") < 4.0) & (pl.col("updated_at") < now - timedelta(days=8)) \
+        & (pl.col("_deg").fill_null(0) <= 1)
+    old = ordinary & ~weak & (pl.col("updated_at") < now - timedelta(days=31)) & (pl.col("importance") < 8.0)
+    pools = info.select(weak.alias("weak"), old.alias("old"), (ordinary & ~weak & ~old).alias("plain"))
+    pools = {name: np.flatnonzero(pools.get_column(name).to_numpy()) for name in pools.columns}
+    rng = _rng(spec.seed, "fleet-recalls", k)
+    taken: list[int] = []
+    for kind in rng.choice(("weak", "old", "plain"), size=spec.recall_queries, p=(0.125, 0.375, 0.5)):
+        free = np.setdiff1d(pools[kind], taken)
+        if not len(free):
+            free = np.setdiff1d(np.concatenate(list(pools.values())), taken)
+        if not len(free):
+            break
+        taken.append(int(rng.choice(free)))
+    return np.array(taken, dtype=np.int64)
+
+
+def _with_recalls(spec: FleetSpec, k: int, frames: dict[str, pl.DataFrame]) -> dict[str, pl.DataFrame]:
+    """Template ``k`` with node embeddings and the recall events of its queries (module docstring):
+    one row per hit, with ``_qi`` (the query's index) and ``_fb`` (the explicit label the hit gets
+    when its (scope, query) has feedback) for :func:`_feedback`."""
+    nodes = frames["memory_nodes"]
+    vec = _node_embeddings(nodes)
+    emb = pl.DataFrame({"id": nodes.get_column("id"), "embedding": vec},
+                       schema={"id": pl.String, "embedding": pl.Array(pl.Float32, EMBEDDING_DIM)})
+    nodes = nodes.with_columns(emb.get_column("embedding"))
+    targets = _targets(spec, k, nodes, frames["memory_edges"])
+    words = nodes.get_column("label").gather(targets).str.split(" ").list.slice(1, 2).list.join(" ")
+    wanted = (pl.DataFrame({"query": ("what about " + words).to_list(), "target": nodes.get_column("id").gather(targets)})
+              .unique("query", keep="first", maintain_order=True).with_row_index("_qi"))
+    rng = _rng(spec.seed, "fleet-recall-times", k)
+    asked = wanted.with_columns(pl.Series("created_at", [spec.now - timedelta(microseconds=int(u)) for u in
+                                                         rng.integers(_HOUR, 20 * _HOUR, wanted.height)],
+                                          dtype=pl.Datetime("us", "UTC")))
+    path, tenant = nodes.get_column("scope_path")[0], nodes.get_column("tenant_id")[0]
+    probe = asked.select(pl.lit(path).alias("scope_path"), "query", pl.col("target").alias("node_id"),
+                         pl.lit(1.0).alias("label"), pl.lit("explicit").alias("label_source"), "created_at")
+    tables = {n: conform(n, f.drop("tenant_id", strict=False)) for n, f in frames.items() if n != "recall_events"}
+    tables["memory_nodes"] = conform("memory_nodes", nodes.drop("tenant_id", "embedding"))
+    tables["recall_events"] = conform("recall_events", probe)
+    hits = ranked_hits(Snapshot(path, spec.now, None, tables), GateConfig(k=RECALL_K, max_queries=len(targets)),
+                       emb, now=spec.now, with_scores=True)
+    hits = hits.join(asked, on="query").sort("_qi", "rank")
+    # similarity as cosine (the live recall's 1 − distance), 0 for a node reached by spreading only
+    qvec = default_embedder().embed(hits.get_column("query").to_list())
+    row = dict(zip(nodes.get_column("id").to_list(), range(nodes.height)))
+    hit_rows = np.array([row[n] for n in hits.get_column("node_id").to_list()], dtype=np.int64)
+    sim = np.clip(np.einsum("ij,ij->i", qvec, vec[hit_rows]).astype(np.float64), 0.0, 1.0).round(4)
+    found = hits.group_by("_qi").agg((pl.col("node_id") == pl.col("target")).any().alias("_found"))
+    hits = hits.join(found, on="_qi", maintain_order="left")
+    used = pl.when(pl.col("_found")).then(pl.col("node_id") == pl.col("target")).otherwise(pl.col("rank") == 1)
+    m = hits.height
+    recalls = pl.DataFrame([
+        pl.Series("id", [None] * m, dtype=pl.String),  # replaced per copy
+        pl.Series("scope_path", [path] * m), pl.Series("tenant_id", [tenant] * m),
+        hits.get_column("query"), hits.get_column("node_id"), pl.Series("similarity", sim),
+        pl.Series("features", np.round(rng.random((m, 12)), 4)).cast(pl.List(pl.Float64)),
+        hits.get_column("score").round(6),
+        pl.Series("label", [None] * m, dtype=pl.Float64), pl.Series("label_source", [None] * m, dtype=pl.String),
+        pl.Series("trained_at", [None] * m, dtype=pl.Datetime("us", "UTC")),
+        hits.get_column("created_at"), pl.Series("version", [1] * m, dtype=pl.Int64),
+        hits.get_column("_qi").cast(pl.Int64), hits.select(used.cast(pl.Float64).alias("_fb")).to_series(),
+    ])
+    return {**frames, "memory_nodes": nodes, "recall_events": recalls}
+
+
+def _feedback(spec: FleetSpec, recalls: pl.DataFrame, owner: np.ndarray) -> pl.DataFrame:
+    """Explicit labels on the hits of the (scope, query) pairs that have feedback (a splitmix64 draw
+    of (seed, scope, query) below ``feedback_share``); the helper columns dropped."""
+    qi = recalls.get_column("_qi").to_numpy().astype(np.uint64)
+    with np.errstate(over="ignore"):
+        draw = _mix64((owner.astype(np.uint64) << np.uint64(16) | qi) ^ np.uint64(_h64(spec.seed, "fleet-feedback")))
+    give = (draw >> np.uint64(11)).astype(np.float64) / float(1 << 53) < spec.feedback_share
+    label = pl.when(pl.Series(give)).then(pl.col("_fb")).otherwise(None)
+    return recalls.with_columns(label.alias("label"),
+                                pl.when(pl.Series(give)).then(pl.lit("explicit")).otherwise(None).alias("label_source"),
+                                ).drop("_qi", "_fb")
 
 
 def _replicate(spec: FleetSpec, table: str, templates: list[dict[str, pl.DataFrame]],
@@ -116,9 +233,12 @@ def _replicate(spec: FleetSpec, table: str, templates: list[dict[str, pl.DataFra
                         if (local < 0).any() else ids.alias(ref))
         parts.append(copy.with_columns(cols))
     if not parts:
-        return templates[0][table].clear()
+        return templates[0][table].clear().drop("_qi", "_fb", strict=False)
     # in scope order (zero-padded paths: index order is path order), each scope's rows as its template's
-    return pl.concat(parts, how="vertical").sort("_owner", maintain_order=True).drop("_owner")
+    out = pl.concat(parts, how="vertical").sort("_owner", maintain_order=True)
+    if "_qi" in out.columns:
+        out = _feedback(spec, out, out.get_column("_owner").to_numpy())
+    return out.drop("_owner")
 
 
 def generate_fleet(spec: FleetSpec, scopes: range | None = None,
@@ -129,6 +249,16 @@ def generate_fleet(spec: FleetSpec, scopes: range | None = None,
     paths, tenants = _scope_columns(spec.scopes)
     templates = _templates(spec)
     return {table: _replicate(spec, table, templates, chosen, paths, tenants) for table in (tables or TABLES)}
+
+
+def iter_fleet_tables(spec: FleetSpec, tables: tuple[str, ...] | None = None) -> Iterator[tuple[str, pl.DataFrame]]:
+    """(table, rows of the whole fleet) one table at a time, the templates built once: what a bulk
+    seeding loads table by table in bounded memory; equal to :func:`generate_fleet`'s frames."""
+    chosen = np.arange(spec.scopes, dtype=np.int64)
+    paths, tenants = _scope_columns(spec.scopes)
+    templates = _templates(spec)
+    for table in tables or TABLES:
+        yield table, _replicate(spec, table, templates, chosen, paths, tenants)
 
 
 def iter_fleet(spec: FleetSpec, scopes_per_chunk: int = 10_000) -> Iterator[dict[str, pl.DataFrame]]:
@@ -150,4 +280,5 @@ def seed_fleet(store, spec: FleetSpec) -> dict[str, int]:
     return counts
 
 
-__all__ = ["FleetSpec", "fleet_scope", "fleet_scopes", "generate_fleet", "iter_fleet", "seed_fleet"]
+__all__ = ["FleetSpec", "fleet_scope", "fleet_scopes", "generate_fleet", "iter_fleet", "iter_fleet_tables",
+           "seed_fleet"]
