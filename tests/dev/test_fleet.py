@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 import polars as pl
 
-from deep_sleep.dev.fleet import FleetSpec, fleet_scope, generate_fleet, iter_fleet
+from deep_sleep.dev.fleet import FleetSpec, fleet_scope, generate_fleet, iter_fleet, iter_fleet_tables
 from deep_sleep.dev.seed import load
 
 NOW = datetime(2026, 11, 30, 3, 0, tzinfo=UTC)
@@ -55,3 +55,90 @@ def test_fleet_loads_into_the_store(store):
         n = con.execute("SELECT count(DISTINCT scope_path) FROM memory_nodes WHERE scope_path LIKE %s",
                         ("org\x1ff000000\x1fagent%",)).fetchone()[0]
     assert n >= 6
+
+
+# -- recalls: embeddings and recall events with feedback (the gate's inputs) -------------------
+
+RECALLS = FleetSpec(scopes=48, nodes=60, templates=4, now=NOW, recalls=True)
+
+
+def test_recalls_give_every_node_the_online_embedding_and_log_hits_with_feedback():
+    from deep_sleep.core.embedding import default_embedder
+    from deep_sleep.core.tables import EMBEDDING_DIM
+
+    frames = generate_fleet(RECALLS)
+    nodes, recalls = frames["memory_nodes"], frames["recall_events"]
+    assert nodes["embedding"].dtype == pl.Array(pl.Float32, EMBEDDING_DIM) and nodes["embedding"].null_count() == 0
+    plain = nodes.filter(pl.col("properties") == "{}").head(3)  # no strings in the properties: the label's vector
+    want = default_embedder().embed(plain["label"].to_list())
+    assert plain.height and (plain["embedding"].to_numpy() == want).all()
+    # one row per hit (the live default k = 5), every hit a node of its own scope, ids distinct
+    assert recalls["id"].n_unique() == recalls.height
+    per_query = recalls.group_by("scope_path", "query").agg(pl.len().alias("n"), (pl.col("label") == 1.0).sum().alias("used"),
+                                                          pl.col("label").is_null().all().alias("none"),
+                                                          pl.col("label").is_null().any().alias("some_null"))
+    assert per_query["n"].max() == 5 and per_query["scope_path"].n_unique() == 48
+    # a query has feedback on all its hits (exactly one used) or on none
+    assert ((per_query["used"] == 1) ^ per_query["none"]).all() and ((per_query["used"] == 0) | ~per_query["some_null"]).all()
+    labelled = recalls.filter(pl.col("label").is_not_null())
+    assert set(labelled["label"].unique()) == {0.0, 1.0} and (labelled["label_source"] == "explicit").all()
+    assert recalls.filter(pl.col("label").is_null())["label_source"].null_count() == recalls.height - labelled.height
+    # feedback is drawn per (scope, query): two copies of one template differ, and about half the queries have it
+    a, b = (recalls.filter(pl.col("scope_path") == fleet_scope(i).path)["label"] for i in (0, 4))
+    by_scope = [recalls.filter(pl.col("scope_path") == fleet_scope(i).path)["label"].to_list() for i in range(0, 48, 4)]
+    assert len({tuple(x) for x in by_scope}) > 1 and a.len() == b.len()
+    share = 1 - per_query["none"].mean()
+    assert 0.3 < share < 0.7
+
+
+def test_recalls_are_deterministic_and_chunks_add_up():
+    whole = generate_fleet(RECALLS)
+    again = generate_fleet(RECALLS)
+    chunks = list(iter_fleet(RECALLS, scopes_per_chunk=20))
+    tables = dict(iter_fleet_tables(RECALLS))
+    for table in whole:
+        assert whole[table].equals(again[table]), table
+        assert pl.concat([c[table] for c in chunks]).equals(whole[table]), table
+        assert tables[table].equals(whole[table]), table
+    off = generate_fleet(SPEC)
+    assert "embedding" not in off["memory_nodes"].columns
+
+
+def test_some_fleet_scopes_fail_the_gate_because_prune_takes_a_used_memory():
+    from deep_sleep.core import tables
+    from deep_sleep.core.shard import Shard
+    from deep_sleep.run.gate import recall_gate_shard
+    from deep_sleep.run.plan import plan_shard
+    from deep_sleep.transforms.config import ConsolidationConfig
+
+    frames = generate_fleet(FleetSpec(scopes=48, nodes=100, templates=16, now=NOW, recalls=True))
+    emb = frames["memory_nodes"].select("id", "embedding")
+    snap = {n: tables.conform(n, f.drop("tenant_id", "embedding", strict=False)) for n, f in frames.items()}
+    shard = Shard.from_frames({fleet_scope(i).path: None for i in range(48)}, NOW, snap)
+    planned = plan_shard(shard, ConsolidationConfig(), NOW)
+    gates = recall_gate_shard(planned.shard, planned.diff, ConsolidationConfig(), emb, now=NOW)
+    gated = [g for g in gates.values() if g.queries]
+    failed = [s for s, g in gates.items() if g.failed]
+    assert len(gated) > 36 and all(g.recall_before > 0.5 for g in gated)  # the used memories are found before
+    assert 0 < len(failed) < 16
+    deleted = set(planned.diff.tables["memory_nodes"].deletes["id"])
+    used = frames["recall_events"].filter(pl.col("label") == 1.0)
+    for s in failed:  # each failure is a used memory the diff deletes (or ranks out of the top k)
+        mine = used.filter(pl.col("scope_path") == s)
+        assert set(mine["node_id"]) & deleted or gates[s].drop_pp < 50, s
+
+
+def test_a_fleet_with_recalls_loads_its_embeddings(store):
+    from deep_sleep.store.vectors import node_embeddings
+
+    spec = FleetSpec(scopes=3, nodes=30, templates=2, now=NOW, seed=98, recalls=True)
+    # under a tenant of its own (the session's store may hold another test's fleet at the same paths)
+    frames = {n: f.with_columns(pl.col("scope_path").str.replace("f000000", "frecalls", literal=True),
+                                pl.lit("frecalls").alias("tenant_id"))
+              for n, f in generate_fleet(spec).items()}
+    counts = load(store, frames)
+    assert counts["recall_events"] == frames["recall_events"].height
+    got = node_embeddings(store, frames["memory_nodes"]["scope_path"].unique()).sort("id")
+    want = frames["memory_nodes"].select("id", "embedding").sort("id")
+    assert got["id"].equals(want["id"])
+    assert (got["embedding"].to_numpy() == want["embedding"].to_numpy()).all()

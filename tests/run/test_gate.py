@@ -285,3 +285,31 @@ def test_nodes_without_embeddings_are_never_seeds():
     only_a = emb.filter(pl.col("id") == _id(1))
     got = ranked_hits(snap, GateConfig(k=10), only_a, embedder=embedder).get_column("node_id").to_list()
     assert got == [_id(1), _id(4)]
+
+
+def test_the_shard_gate_on_a_fleet_with_prefix_sibling_scopes_is_each_scopes_gate():
+    """A fleet shard (the fleet generator's embeddings and used recalls; copies of one template share
+    labels and query texts) whose scopes include org/ac beside org/acme and org/acme's child: each
+    scope's figures are those of its gate alone, and some scopes fail."""
+    from deep_sleep.dev.fleet import FleetSpec, fleet_scope, generate_fleet
+
+    spec = FleetSpec(scopes=20, nodes=100, templates=16, now=AS_OF, recalls=True, feedback_share=1.0)
+    # scopes 3 and 19 copy template 3 (whose weak used memory phase 3 prunes), 4 another template
+    rename = {fleet_scope(3).path: "org\x1fac", fleet_scope(19).path: "org\x1facme",
+              fleet_scope(4).path: "org\x1facme\x1fagent\x1fa1"}
+    frames = generate_fleet(spec)
+    emb = frames["memory_nodes"].select("id", "embedding")
+    path = pl.col("scope_path").replace(rename)
+    snap = {n: tables.conform(n, f.drop("tenant_id", "embedding", strict=False).with_columns(path))
+            for n, f in frames.items()}
+    paths = sorted({rename.get(fleet_scope(i).path, fleet_scope(i).path) for i in range(20)}, key=str.encode)
+    shard = Shard.from_frames(dict.fromkeys(paths), AS_OF, snap)
+    planned = plan_shard(shard, ConsolidationConfig(), AS_OF)
+    together = recall_gate_shard(planned.shard, planned.diff, ConsolidationConfig(), emb, now=AS_OF)
+    diffs = planned.scope_diffs()
+    alone = {s: recall_gate(planned.shard.scope(s), diffs.get(s, Diff.empty()), ConsolidationConfig(), emb, now=AS_OF)
+             for s in paths}
+    assert together == alone
+    assert {"org\x1fac", "org\x1facme"} <= {s for s, g in together.items() if g.queries}
+    assert sum(g.queries for g in together.values()) > 40
+    assert together["org\x1fac"].failed and together["org\x1facme"].failed
