@@ -313,3 +313,22 @@ def test_the_shard_gate_on_a_fleet_with_prefix_sibling_scopes_is_each_scopes_gat
     assert {"org\x1fac", "org\x1facme"} <= {s for s, g in together.items() if g.queries}
     assert sum(g.queries for g in together.values()) > 40
     assert together["org\x1fac"].failed and together["org\x1facme"].failed
+
+
+def test_the_vectorized_reranker_adjustment_is_phase_d3s_scope_by_scope():
+    from deep_sleep.run.gate import _adjustments, _adjustments_by_scope
+
+    rng = np.random.default_rng(4)
+    paths = ["org\x1fac", "org\x1facme", "org\x1facme\x1fagent\x1fa1", "org\x1fnomodel"]
+    models = pl.DataFrame({"scope_path": paths[:3], "weights": [rng.normal(0, 0.3, 12).tolist() for _ in range(3)],
+                           "bias": [0.01, -0.2, 0.3]})
+    models = models.vstack(pl.DataFrame({"scope_path": ["org\x1fbad"], "weights": [[1.0] * 5], "bias": [9.0]}))
+    state = Shard(("org\x1fac",), AS_OF, {}, {"reranker_models": models})
+    cand = pl.Series("scope_path", [paths[i] for i in rng.integers(0, 4, 500)] + ["org\x1fbad"] * 3)
+    x = rng.random((cand.len(), 12)) * 3
+    fast, plain = _adjustments(state, cand, x), _adjustments_by_scope(state, cand, x)
+    assert fast == pytest.approx(plain, abs=1e-14, rel=0)
+    assert (fast[(cand == "org\x1fnomodel").to_numpy()] == 0).all() and (fast[-3:] == 0).all()  # no model / unreadable
+    assert (np.abs(fast) == 0.25).any() and (np.abs(fast) < 0.25).any()  # the cap bites on some rows only
+    # a row's value does not depend on the rows computed with it
+    assert (_adjustments(state, cand[:7], x[:7]) == fast[:7]).all()
