@@ -219,21 +219,26 @@ def _vectors(nodes: pl.DataFrame, embeddings: pl.DataFrame | None) -> pl.DataFra
         embeddings = nodes.select("id", "embedding")
     if "id" not in embeddings.columns or "embedding" not in embeddings.columns:
         raise InputError("recall_gate: embeddings must have the columns id and embedding")
-    emb = embeddings.select("id", "embedding").drop_nulls()
+    emb = embeddings.select("id", "embedding")
+    if emb.null_count().sum_horizontal().item():
+        emb = emb.drop_nulls()  # a copy of every vector: only when there is a null to drop
     if emb.get_column("id").n_unique() < emb.height:
         emb = emb.filter(pl.col("id").is_first_distinct())
     return emb
 
 
-def _matrix(emb: pl.DataFrame) -> np.ndarray:
-    """The embeddings as unit float32 rows (a zero row becomes NaN: its distance is NaN, as pgvector's)."""
-    if not emb.height:
+def _matrix(emb: pl.DataFrame, rows: np.ndarray | None = None) -> np.ndarray:
+    """The embeddings (of ``rows`` of ``emb``, in that order; None: all) as unit float32 rows (a zero
+    row becomes NaN: its distance is NaN, as pgvector's).  One copy of the vectors: the gather (or
+    the copy) of Polars' own buffer, normalised in place."""
+    n = emb.height if rows is None else len(rows)
+    if not n:
         return np.zeros((0, EMBEDDING_DIM), dtype=np.float32)
     col = emb.get_column("embedding")
     if not isinstance(col.dtype, pl.Array):
         col = col.cast(pl.List(pl.Float32)).list.to_array(len(col[0]))
-    mat = np.array(col.cast(pl.Array(pl.Float32, col.dtype.size)).to_numpy(), dtype=np.float32, copy=True)
-    mat = mat.reshape(emb.height, -1)
+    raw = col.cast(pl.Array(pl.Float32, col.dtype.size)).to_numpy().reshape(emb.height, -1)  # a view where it can be
+    mat = np.array(raw, dtype=np.float32, copy=True) if rows is None else raw[rows].astype(np.float32, copy=False)
     norms = np.sqrt(np.einsum("ij,ij->i", mat, mat))
     with np.errstate(invalid="ignore", divide="ignore"):
         mat /= norms[:, None]
@@ -344,7 +349,7 @@ class _Space:
         emb = nodes.select("scope_path", "id").join(index, on="id").sort("scope_path", "id")
         self.rows = emb.select("scope_path", "id").with_row_index("_e").with_columns(pl.col("_e").cast(pl.Int64))
         self.ids = emb.get_column("id").to_numpy()
-        mat = _matrix(vectors)[emb.get_column("_v").to_numpy()]
+        mat = _matrix(vectors, emb.get_column("_v").to_numpy())
         qnorm = np.linalg.norm(qvec, axis=1)
         qmat = np.divide(qvec, qnorm[:, None], out=np.zeros_like(qvec), where=qnorm[:, None] > 0).astype(np.float32)
         paths = emb.get_column("scope_path")
