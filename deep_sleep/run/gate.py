@@ -53,11 +53,15 @@ online and here (its recall@k is 0 before and after).
 **Cost** (50 queries, k = 10; measured 2026-12-01 on a 2-core machine at load average ~19, so
 wall time is ~7× the CPU time; CPU time is the fair figure): a scope of 100 nodes 93 ms wall / 99
 ms CPU; a scope of 100,000 nodes and 300,000 edges 7.3 s wall / 0.98 s CPU (one 50 × 100k float32
-product, shared by before and after); a shard of 2,000 scopes × 100 nodes (``generate_fleet``,
-2,125 used queries in 1,375 scopes) 28 s wall / 2.4 s CPU with :func:`recall_gate_shard`, against
-164 ms CPU a scope (≈ 330 s for the fleet) calling :func:`recall_gate` per scope.  What is not
-vectorized: the dense product and the seed partition, one numpy call per scope with queries (no
-Python per row), and the tokenizer of the live path, once per distinct query and candidate label.
+product, shared by before and after).  A shard of 1,800 fleet scopes × 100 nodes
+(``generate_fleet`` with ``recalls``: 4,108 used queries in 1,735 scopes, 222 failing; measured
+2026-12-01 at load average ~11) 4.2–5.1 CPU-s with :func:`recall_gate_shard` (of which the two
+rankings 3.4–4.0: their joins ~1.8, ``_degree`` 0.7, ``_fan`` 0.6, seeds 0.2, order 0.2; the
+distance space 0.4–0.6; the fold 0.2–0.4), where the reranker adjustment as a boolean mask per
+scope with a model had taken 19 CPU-s (quadratic in the scopes: 1,735 masks over ~100k
+candidates).  What is not vectorized: the dense product and the seed partition, one numpy call
+per scope with queries (no Python per row), and the tokenizer of the live path, once per distinct
+query and candidate label.
 
 A scope with no used query: ``queries = 0``, the figures None, not failed.  The gate switched off
 (``gate.enabled = false``): likewise, ``detail = "disabled"``.
