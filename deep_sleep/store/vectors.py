@@ -6,12 +6,19 @@ statement, ADBC → Arrow, pgvector's binary form decoded as the extract decodes
 nodes with an embedding are returned.  The read is its own transaction, after the extract: a node
 inserted since is not in the snapshot and so is never replayed; an embedding rewritten since by a
 live turn is read as it is now (the same text re-embedded, in practice).
+
+The decode takes a fast path when it can (:func:`decode_contiguous`): pgvector's binary values of
+one dimension lie back to back in the Arrow buffer, so they are one strided view, byte-swapped in
+one pass, where :func:`deep_sleep.store.extract.decode_vectors` (the fallback, and the reference
+the fast path is tested against) gathers through an index array of ``4 × dim`` offsets a row
+(~8 KB a row: 780 MB of indexes for 95k vectors).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
+import numpy as np
 import polars as pl
 import pyarrow as pa
 
@@ -20,7 +27,7 @@ from deep_sleep.core.tables import EMBEDDING_DIM
 from deep_sleep.store.db import Store
 from deep_sleep.store.extract import decode_vectors, pg_array
 
-__all__ = ["NODE_EMBEDDINGS_SQL", "node_embeddings"]
+__all__ = ["NODE_EMBEDDINGS_SQL", "decode_contiguous", "node_embeddings"]
 
 NODE_EMBEDDINGS_SQL = (
     "SELECT n.id::text AS id, n.embedding FROM memory_nodes n JOIN unnest($1::text[]) AS _s(_path)"
@@ -39,5 +46,28 @@ def node_embeddings(store: Store, scopes: Iterable[Scope | str]) -> pl.DataFrame
         finally:
             con.rollback()
             cur.close()
-    table = pa.table({"id": arrow.column("id"), "embedding": decode_vectors(arrow.column("embedding"), EMBEDDING_DIM)})
+    column = arrow.column("embedding")
+    vectors = decode_contiguous(column, EMBEDDING_DIM)
+    if vectors is None:
+        vectors = decode_vectors(column, EMBEDDING_DIM)
+    table = pa.table({"id": arrow.column("id"), "embedding": vectors})
     return pl.from_arrow(table, rechunk=True)
+
+
+def decode_contiguous(column: pa.ChunkedArray | pa.Array, dim: int = EMBEDDING_DIM) -> pa.Array | None:
+    """pgvector's binary values (int16 dim, int16 unused, ``dim`` big-endian float32s) →
+    fixed_size_list<float32>, when every value is non-null and exactly ``4 + 4 × dim`` bytes, back
+    to back (what a query with ``embedding IS NOT NULL`` returns); None otherwise (the caller falls
+    back to :func:`deep_sleep.store.extract.decode_vectors`, which also names a bad value)."""
+    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if isinstance(arr, pa.ExtensionArray):
+        arr = arr.storage
+    n, width = len(arr), 4 + 4 * dim
+    if n == 0 or arr.null_count or not pa.types.is_binary(arr.type) or arr.buffers()[2] is None:
+        return None
+    offsets = np.frombuffer(arr.buffers()[1], dtype=np.int32)[arr.offset : arr.offset + n + 1]
+    if not np.array_equal(np.diff(offsets), np.full(n, width, dtype=np.int32)):
+        return None
+    raw = np.frombuffer(arr.buffers()[2], dtype=np.uint8)[offsets[0] : offsets[0] + n * width].reshape(n, width)
+    values = raw[:, 4:].view(">f4").astype(np.float32)  # one pass: the byte swap into a new contiguous array
+    return pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1), type=pa.float32()), dim)
