@@ -48,8 +48,7 @@ def _peak_rss_mb() -> float:
 
 def seed(admin_dsn: str, spec, reuse: bool):
     """The fleet's store: reused when ``reuse`` and its recorded spec matches, else freshly seeded."""
-    from deep_sleep.dev.fleet import generate_fleet
-    from deep_sleep.dev.seed import load
+    from deep_sleep.dev.fleet import seed_fleet
     from deep_sleep.store.db import create_database
 
     name = "deep_sleep_fleet"
@@ -64,16 +63,7 @@ def seed(admin_dsn: str, spec, reuse: bool):
         _p("no fleet of this spec to reuse; seeding")
     store = create_database(admin_dsn, name)
     t = time.perf_counter()
-    counts: dict[str, int] = {}
-    from deep_sleep.core.tables import TABLES
-
-    for table in TABLES:  # one table at a time: bounded memory, one bulk load (index rebuild) per table
-        t1 = time.perf_counter()
-        frame = generate_fleet(spec, tables=(table,))[table]
-        t2 = time.perf_counter()
-        counts.update(load(store, {table: frame}))
-        _p(f"  {table}: {frame.height:,} rows, generated {t2 - t1:.1f}s, loaded {time.perf_counter() - t2:.1f}s")
-        del frame
+    counts = seed_fleet(store, spec, progress=lambda line: _p(f"  {line}"))
     with store.pg(autocommit=True) as con:
         con.execute("VACUUM ANALYZE")
         meta = json.dumps({"fleet": json.loads(tag), "now": spec.now.isoformat()})

@@ -65,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--nodes", type=int, default=200, help="nodes per scope")
     s.add_argument("--seed", type=int, default=7)
     s.add_argument("--now", default=None, help="ISO time the synthetic history ends at (default: now)")
+    s.add_argument("--fleet", type=int, default=None, metavar="SCOPES",
+                   help="instead: a fleet of SCOPES small scopes (org/tNNNNNN/agent/aNN, 20 to a tenant; --nodes each, "
+                        "e.g. --fleet 100000 --nodes 100), generated vectorized and bulk-loaded table by table")
     s.set_defaults(func=cmd_seed)
 
     r = sub.add_parser("run", help="run the deep_sleep flow for one scope")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -25,6 +26,8 @@ from deep_sleep.cli.common import (
 def cmd_seed(args: argparse.Namespace) -> int:
     from deep_sleep.dev.seed import SeedSpec, scopes_of, seed_store
 
+    if args.fleet is not None:
+        return _seed_fleet(args)
     spec = SeedSpec(tenants=args.tenants, scopes_per_tenant=args.scopes_per_tenant, nodes_per_scope=args.nodes,
                     seed=args.seed, now=_as_of(args.now) or datetime.now(UTC).replace(microsecond=0))
     store = _store(args.dsn)
@@ -32,6 +35,19 @@ def cmd_seed(args: argparse.Namespace) -> int:
     for table, n in counts.items():
         print(f"{table:24s} {n:>10,d}")
     print("scopes:", ", ".join(s.display() for s in scopes_of(spec)))
+    return 0
+
+
+def _seed_fleet(args: argparse.Namespace) -> int:
+    from deep_sleep.dev.fleet import FleetSpec, fleet_scope, seed_fleet
+
+    spec = FleetSpec(scopes=args.fleet, nodes=args.nodes, seed=args.seed,
+                     now=_as_of(args.now) or datetime.now(UTC).replace(microsecond=0))
+    store = _store(args.dsn)
+    t = time.perf_counter()
+    counts = seed_fleet(store, spec, progress=lambda line: print(f"  {line}", flush=True))
+    print(f"fleet of {spec.scopes:,} scopes ({fleet_scope(0).display()} … {fleet_scope(spec.scopes - 1).display()}): "
+          f"{sum(counts.values()):,} rows in {time.perf_counter() - t:.1f}s")
     return 0
 
 
