@@ -178,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", default="bench-data/fleet")
     ap.add_argument("--shard-rows", type=int, default=500_000)
     ap.add_argument("--shard-scopes", type=int, default=5_000)
+    ap.add_argument("--seed-only", action="store_true", help="seed (or check) the fleet and stop; then measure with --reuse")
     ap.add_argument("--safety", action="store_true", help="also run the night with the recall gate and holds on (a second clone)")
     args = ap.parse_args(argv)
 
@@ -189,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     spec = FleetSpec(scopes=args.scopes, nodes=args.nodes, templates=args.templates)
     store, now = seed(admin, spec, args.reuse)
     as_of = datetime.fromisoformat(now)
+    if args.seed_only:
+        return 0
 
     _p("COPY baseline (every row out and back in)")
     copy = copy_baseline(store)  # benchmarks.run's, over whole tables
