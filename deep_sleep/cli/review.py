@@ -209,8 +209,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def cmd_gc(args: argparse.Namespace) -> int:
     from deep_sleep.jobs.gc import gc, gc_markdown
-    from deep_sleep.run.stages import runs_dir
-    result = gc(_store(args.dsn), runs_dir(args.runs_dir), args.keep_days, force=args.force, dry_run=args.dry_run)
+    from deep_sleep.run.stages import runs_location
+    result = gc(_store(args.dsn), runs_location(args.runs_dir), args.keep_days, force=args.force, dry_run=args.dry_run)
     print(gc_markdown(result))
     return 0
 

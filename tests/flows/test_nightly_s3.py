@@ -156,7 +156,8 @@ def test_undo_of_an_s3_run_restores_the_store(store, s3_night, capsys):
 
 
 @pytest.mark.flow
-def test_gc_lists_keeps_and_removes_run_directories_on_s3(store, s3_night):
+def test_gc_lists_keeps_and_removes_run_directories_on_s3(store, s3_night, capsys):
+    from deep_sleep.cli import main
     from deep_sleep.core import files
     from deep_sleep.jobs.gc import gc, list_run_dirs
     from deep_sleep.jobs.ledger import get_run
@@ -170,6 +171,8 @@ def test_gc_lists_keeps_and_removes_run_directories_on_s3(store, s3_night):
     assert all(d.bytes > 0 for d in dirs.values())
     fs = fresh_s3()
 
+    assert main(["--dsn", store.dsn, "gc", "--keep-days", "100000", "--runs-dir", runs, "--dry-run"]) == 0
+    assert "would remove 0 directories" in capsys.readouterr().out
     later = datetime.now(UTC) + timedelta(days=60)
     dry = gc(store, runs, 30, dry_run=True, now=later)
     assert nightly[0] in {a.path for a in dry.removed} and fs.isdir(nightly[0])
