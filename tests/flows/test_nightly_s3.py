@@ -74,7 +74,7 @@ def test_a_night_on_s3_applies_every_scope_and_leaves_its_files_in_the_bucket_on
     assert {r["status"] for r in ledger.values()} == {"applied"} and len(ledger) == 4
     assert ledger[scopes[0].path]["hold_status"] == ledger[scopes[3].path]["hold_status"] == "pending"
     fs = fresh_s3()
-    for s, r in ledger.items():
+    for r in ledger.values():
         assert r["snapshot_uri"].startswith(runs + "/") and r["diff_uri"].startswith(runs + "/"), r
         assert fs.isfile(r["snapshot_uri"] + "/manifest.json"), r["snapshot_uri"]
     shard_dirs = {r["diff_uri"] for r in ledger.values()}
