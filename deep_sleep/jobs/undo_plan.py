@@ -115,9 +115,8 @@ def prepare(run: RunRecord) -> dict[str, Staged]:
             "the list of rows it inserted and updated lives only there. Nothing was changed. "
             "Restore the run directory from backup and retry."
         )
-    from deep_sleep.run.pipeline import read_scope_diff
-
     from deep_sleep.run.holds import read_held
+    from deep_sleep.run.pipeline import read_scope_diff
 
     # The rows the run held for approval never applied with it (an approval is a run of its own):
     # what this run changed is its diff minus its held rows.
