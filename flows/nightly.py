@@ -94,7 +94,7 @@ def _shard_base(runs_dir: str | None, scopes: list[str], as_of: datetime, shard_
     """A shard of one keeps the single-scope run directory; a shard of many gets ``_shards/<as_of>_<id>``
     (under a local runs directory or an object-store URL)."""
     stamp = f"{utc(as_of).strftime('%Y%m%dT%H%M%S.%fZ')}_{shard_id}"
-    base = runs_dir or str(stages.runs_dir(None))
+    base = stages.runs_location(runs_dir)
     if len(scopes) == 1:
         from urllib.parse import quote
 
@@ -150,17 +150,29 @@ def shard_task(dsn: str, scopes: list[str], as_of: datetime, config: Consolidati
 
 @task(name="data-quality", cache_policy=NO_CACHE)
 def data_quality_task(dsn: str, out_dir: str, night_id: str) -> dict:
+    """The data-quality suite over the store, its results under ``out_dir`` (a local path, or an
+    object-store URL: written to a local temp dir, published there, and the paths kept are the URLs)."""
     from deep_sleep.validation.store_suite import run_store_suite
 
-    result = run_store_suite(dsn, Path(out_dir), run_id=night_id)
+    remote = files.is_remote(out_dir)
+    local = Path(tempfile.mkdtemp(prefix="deep-sleep-quality-")) if remote else Path(out_dir)
+    try:
+        result = run_store_suite(dsn, local, run_id=night_id)
+        json_path, docs_path = result.json_path, result.data_docs_path
+        if remote:
+            files.publish_dir(local, out_dir)
+            json_path, docs_path = (files.published_name(p, local, out_dir) for p in (json_path, docs_path))
+    finally:
+        if remote:
+            shutil.rmtree(local, ignore_errors=True)
     with Store(dsn).pg() as con:
         con.execute(
             "INSERT INTO data_quality_runs (id, nightly_run_id, success, failures, results_path, data_docs_path)"
             " VALUES (%s, %s, %s, %s::jsonb, %s, %s)",
             (str(uuid.uuid4()), night_id, result.success,
-             json.dumps([r for r in result.results if not r["success"]], default=str), result.json_path, result.data_docs_path),
+             json.dumps([r for r in result.results if not r["success"]], default=str), json_path, docs_path),
         )
-    return {"success": result.success, "results_path": result.json_path, "data_docs_path": result.data_docs_path,
+    return {"success": result.success, "results_path": json_path, "data_docs_path": docs_path,
             "failed_checks": sorted({r["expectation"] for r in result.results if not r["success"]})}
 
 
@@ -326,8 +338,9 @@ def deep_sleep_nightly(params: NightlyParameters) -> dict[str, Any]:
 
     quality = None
     if params.data_quality and due:
-        out = stages.runs_dir(params.runs_dir) / "_nightly" / f"{as_of.strftime('%Y%m%dT%H%M%SZ')}_{night_id}" / "data_quality"
-        quality = data_quality_task(store.dsn, str(out), night_id)
+        out = files.join(stages.runs_location(params.runs_dir), "_nightly",
+                         f"{as_of.strftime('%Y%m%dT%H%M%SZ')}_{night_id}", "data_quality")
+        quality = data_quality_task(store.dsn, out, night_id)
 
     # Alerts about the scopes this night considered (all of the store's, or the listed ones).
     alerts = health_task(store.dsn, as_of, config, [g.scope_path for g in gates]) if config.health.enabled else []
@@ -379,7 +392,7 @@ class NightFailedHealth(DeepSleepError):
 @task(name="retention", cache_policy=NO_CACHE)
 def retention_task(dsn: str, runs_dir: str | None, config: ConsolidationConfig) -> dict[str, int]:
     """Old run directories and archive rows removed (``retention.keep_days``; see deep_sleep.jobs.gc)."""
-    result = gc(connect_store(dsn), stages.runs_dir(runs_dir), config.retention.keep_days, force=config.retention.force)
+    result = gc(connect_store(dsn), stages.runs_location(runs_dir), config.retention.keep_days, force=config.retention.force)
     return {"directories": len(result.removed), "bytes": result.bytes_freed, "archive_rows": result.archive_rows_removed,
             "marked_not_undoable": len(result.runs_marked_not_undoable)}
 

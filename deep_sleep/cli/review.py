@@ -23,9 +23,12 @@ def cmd_replay(args: argparse.Namespace) -> int:
         from deep_sleep.core.errors import InputError
 
         raise InputError("replay: --explain prints the statements of one diff; leave out --compare-config to use it")
+    from deep_sleep.core.files import fetch_dir
+
     config = load_config(args.config)
     as_of = _as_of(args.as_of)
     out = _out_dir(args.out)
+    args.snapshot_dir = str(fetch_dir(args.snapshot_dir))  # a run's snapshot on an object store: a local copy
     if args.scope is None and _is_shard(Path(args.snapshot_dir)) and not args.compare_config and not args.explain:
         return _replay_shard(Path(args.snapshot_dir), config, as_of, out)
     args.snapshot_dir = _one_scope(Path(args.snapshot_dir), args.scope, out)
@@ -206,8 +209,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def cmd_gc(args: argparse.Namespace) -> int:
     from deep_sleep.jobs.gc import gc, gc_markdown
-    from deep_sleep.run.stages import runs_dir
-    result = gc(_store(args.dsn), runs_dir(args.runs_dir), args.keep_days, force=args.force, dry_run=args.dry_run)
+    from deep_sleep.run.stages import runs_location
+    result = gc(_store(args.dsn), runs_location(args.runs_dir), args.keep_days, force=args.force, dry_run=args.dry_run)
     print(gc_markdown(result))
     return 0
 

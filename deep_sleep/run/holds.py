@@ -49,7 +49,9 @@ from urllib.parse import quote
 
 import polars as pl
 
+from deep_sleep.core import files
 from deep_sleep.core.diff import KINDS, Diff, TableDiff
+from deep_sleep.core.errors import InputError
 from deep_sleep.core.holds_config import HoldsConfig
 from deep_sleep.core.report import ConsolidationReport
 from deep_sleep.core.scope import Scope
@@ -252,9 +254,15 @@ def record_holds(store: Store, run_id: str | None, held: dict) -> None:
 def read_held(diff_dir: str | Path, scope_path: str | None = None) -> tuple[Diff, pl.DataFrame]:
     """The held rows of a run (``<diff_dir>/held/``, or a shard scope's folder under it) and their
     reasons; an empty diff when nothing is held."""
-    src = Path(diff_dir) / HELD_DIR
-    if scope_path is not None and held_dir(diff_dir, scope_path, shard=True).is_dir():
-        src = held_dir(diff_dir, scope_path, shard=True)
+    root = Path(diff_dir) / HELD_DIR
+    if files.is_remote(diff_dir):  # on an object store: a local copy of <diff_dir>/held/, when there is one
+        try:
+            root = files.fetch_dir(files.join(str(diff_dir), HELD_DIR))
+        except InputError:
+            return Diff.empty(), pl.DataFrame(schema=REASONS_SCHEMA)
+    src = root
+    if scope_path is not None and (root / quote(Scope.parse(scope_path).display(), safe="")).is_dir():
+        src = root / quote(Scope.parse(scope_path).display(), safe="")
     if not src.is_dir():
         return Diff.empty(), pl.DataFrame(schema=REASONS_SCHEMA)
     reasons = src / REASONS_FILE
