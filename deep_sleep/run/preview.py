@@ -371,7 +371,7 @@ def night_plan_markdown(title: str, scopes: list[dict], digest: PreviewDigest, *
         recs = digest.head.filter(pl.col("scope_path") == s).drop("scope_path")
         counts = digest.top.filter(pl.col("scope_path") == s).drop("scope_path")
         where = f"`{PREVIEW_FILE}` of `{r['diff_uri']}`"
-        lines += ["", preview_markdown(recs, per_phase, title=f"{_display(s)}: {r['records']} record(s)",
+        lines += ["", preview_markdown(recs, per_phase, title=_display(s),
                                        counts=counts, where=where)]
         if r.get("held"):
             lines += ["", held_markdown(recs, digest.why.get(s, ()), per_phase, counts=counts)]
