@@ -10,8 +10,9 @@ from polars.testing import assert_frame_equal
 
 from deep_sleep.cli import main
 from deep_sleep.core.diff import Diff
+from deep_sleep.core.scope import Scope
 from deep_sleep.core.snapshot import Snapshot
-from deep_sleep.run.preview import PREVIEW_FILE, preview, preview_markdown
+from deep_sleep.run.preview import PREVIEW_FILE, preview, preview_markdown, with_holds
 from deep_sleep.run.stages import consolidate_scope, plan_scope
 from tests.storeutil import dump, insert, node, small_graph
 
@@ -63,9 +64,10 @@ def test_plan_of_an_unknown_scope_names_the_nearest(store, scope, runs_dir, caps
 def fleet_plan():
     """A shard of 24 scopes of several sizes (nested, string-prefix siblings) planned in one pass, and
     each scope planned alone."""
+    from deep_sleep.transforms.config import ConsolidationConfig
+
     from deep_sleep.core.shard import Shard
     from deep_sleep.run.plan import plan, plan_shard
-    from deep_sleep.transforms.config import ConsolidationConfig
     from tests.run.test_plan_shard import AS_OF, fleet
 
     snaps = fleet(24, seed=5)
@@ -112,7 +114,12 @@ def test_would_hold_of_a_shard_is_each_scopes_own_split(fleet_plan):
 
 def test_the_head_of_the_records_renders_as_the_whole(fleet_plan):
     """A fleet's plan carries only head_records per scope, with the counts of the whole: the text is the same."""
-    from deep_sleep.run.preview import head_records, held_markdown, preview_shard, record_counts
+    from deep_sleep.run.preview import (
+        head_records,
+        held_markdown,
+        preview_shard,
+        record_counts,
+    )
 
     shard_plan, _ = fleet_plan
     records = preview_shard(shard_plan.shard, shard_plan.diff)
@@ -127,3 +134,44 @@ def test_the_head_of_the_records_renders_as_the_whole(fleet_plan):
             counts = record_counts(whole)
             assert preview_markdown(part, per_phase, counts=counts) == preview_markdown(whole, per_phase)
             assert held_markdown(part, ("why",), per_phase, counts=counts) == held_markdown(whole, ("why",), per_phase)
+
+
+def test_a_fleets_plan_is_bounded_and_its_shards_digests_merge(fleet_plan):
+    """The night's text shows the fleet's counts, then only the ``max_scopes`` scopes with most records
+    (each at most ``per_phase`` per phase), says how many were left out, and is the same whether the
+    scopes were planned in one shard or in two."""
+    from deep_sleep.core.holds_config import HoldsConfig
+    from deep_sleep.run.holds import would_hold
+    from deep_sleep.run.preview import (
+        PlanPreview,
+        PreviewDigest,
+        night_plan_markdown,
+        preview_shard,
+        record_counts,
+    )
+
+    shard_plan, _ = fleet_plan
+    records = preview_shard(shard_plan.shard, shard_plan.diff)
+    held, why = would_hold(shard_plan.diff, shard_plan.shard, HoldsConfig())
+    found = PlanPreview(with_holds(records, held), why)
+    per = found.per_scope()
+    scopes = [{"scope_path": s, "status": "planned", "records": per.get(s, (0, 0))[0], "held": per.get(s, (0, 0))[1],
+               "diff_uri": "/runs/x/diff", "reason": ""} for s in shard_plan.shard.scope_paths]
+    everyone = set(shard_plan.shard.scope_paths)
+    one = found.digest(everyone, max_scopes=3, per_phase=2)
+    halves = [PlanPreview(found.records.filter(pl.col("scope_path").is_in(sorted(part))), found.why)
+              .digest(set(part), max_scopes=3, per_phase=2)
+              for part in (shard_plan.shard.scope_paths[:10], shard_plan.shard.scope_paths[10:])]
+    kwargs = {"considered": 30, "skipped": 30 - len(scopes), "max_scopes": 3, "per_phase": 2}
+    text = night_plan_markdown("night", scopes, one, **kwargs)
+    assert text == night_plan_markdown("night", scopes, PreviewDigest.merge(halves), **kwargs)
+
+    assert_frame_equal(one.counts, record_counts(found.records).group_by("phase", "table", "kind")
+                       .agg(pl.col("rows").sum(), pl.col("held").sum()).sort("phase", "table", "kind"), check_dtypes=False)
+    top = sorted((r for r in scopes if r["records"]), key=lambda r: (-r["records"], r["scope_path"]))
+    shown = [r for r in top if f"### {Scope.parse(r['scope_path']).display()}\n" in text]
+    assert shown == top[:3]
+    assert f"{len(top) - 3} more scope(s) with changes are not shown" in text
+    assert f"{records.height} record(s) would change in {len(top)} scope(s)" in text
+    assert one.head.get_column("scope_path").n_unique() == 3
+    assert one.head.group_by("scope_path", "phase").len().get_column("len").max() <= 4  # 2 + 2 held at most
