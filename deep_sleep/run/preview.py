@@ -7,6 +7,12 @@ phase and kind, then the first records of each) and for a Prefect Markdown artif
 plan itself is the nightly pipeline without its apply stage (:func:`deep_sleep.run.stages.plan_scope`);
 nothing here reads a store.
 
+A shard (many scopes in one set of frames) is previewed in one pass by :func:`preview_shard`, each
+scope's rows exactly :func:`preview`'s of that scope alone.  :func:`plan_preview` adds what the apply
+would hold (:func:`deep_sleep.run.holds.would_hold`).  A fleet's plan (``nightly --plan``) hands each
+shard's :class:`PreviewDigest` — counts, and :func:`head_records` of its top scopes — to
+:func:`night_plan_markdown`, which renders the same sections as ``deep-sleep plan`` per scope.
+
     >>> preview(snapshot, diff).columns   # doctest: +SKIP
     ['phase', 'table', 'kind', 'id', 'label', 'change', 'reason']
 """
