@@ -164,6 +164,9 @@ def build_parser() -> argparse.ArgumentParser:
     ni.add_argument("--shard-rows", type=int, default=500_000, help="at most this many rows per shard")
     ni.add_argument("--shard-scopes", type=int, default=5_000, help="at most this many scopes per shard")
     ni.add_argument("--plan", action="store_true", help="plan only: what the night would change; apply nothing")
+    ni.add_argument("--plan-scopes", type=int, default=20,
+                    help="with --plan: scopes shown record by record, most records first (all are in preview.parquet)")
+    ni.add_argument("--per-phase", type=int, default=5, help="with --plan: records shown per phase of each scope")
     ni.add_argument("--apply-concurrency", type=int, default=2)
     ni.add_argument("--no-data-quality", action="store_true")
     ni.add_argument("--no-prefect-apply-limit", action="store_true",

@@ -180,11 +180,8 @@ def cmd_reject(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from deep_sleep.core.diff import Diff
     from deep_sleep.core.scope import Scope
-    from deep_sleep.core.snapshot import Snapshot
-    from deep_sleep.run.holds import split_holds
-    from deep_sleep.run.preview import PREVIEW_FILE, held_markdown, preview, preview_markdown, with_holds
+    from deep_sleep.run.preview import held_markdown, plan_preview, preview_markdown
     from deep_sleep.run.stages import plan_scope
     from deep_sleep.transforms.config import load_config
 
@@ -193,13 +190,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
     store = _store(args.dsn)
     scope = require_scope(store, args.scope)  # an unknown scope names the nearest ones
     planned = plan_scope(store, scope, config, as_of, args.runs_dir)
-    snap, diff = Snapshot.read(planned.snapshot_dir), Diff.read(planned.diff_dir)
-    split = split_holds(diff, snap, config.holds)  # what the apply stage would hold (the same function)
-    records = with_holds(preview(snap, diff), split.rows)
-    records.write_parquet(planned.diff_dir / PREVIEW_FILE)
+    # the records, and what the apply stage would hold of them (the same selection, split_holds)
+    found = plan_preview(planned.validated, config.holds)
+    found.write(planned.diff_dir, single=True)
+    records = found.scope(planned.report.scope_path)
     print(preview_markdown(records, per_phase=args.per_phase, title=f"Plan for {Scope.parse(planned.report.scope_path)} at {planned.report.as_of}"))
     print()
-    print(held_markdown(records, split.why, per_phase=args.per_phase))
+    print(held_markdown(records, found.why.get(planned.report.scope_path, ()), per_phase=args.per_phase))
     print(f"\nnothing was applied; snapshot {planned.snapshot_dir}, diff {planned.diff_dir}")
     if planned.report.status == "failed":
         print("validation FAILED — a run would apply nothing:\n" + "\n".join(planned.report.errors))

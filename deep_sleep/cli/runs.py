@@ -98,16 +98,15 @@ def cmd_nightly(args: argparse.Namespace) -> int:
         max_workers=args.max_workers, apply_concurrency=args.apply_concurrency, data_quality=not args.no_data_quality,
         task_runner=args.task_runner, dask_address=args.dask_address, prefect_apply_limit=not args.no_prefect_apply_limit,
         progress=True, shard_rows=args.shard_rows, shard_scopes=args.shard_scopes, plan=args.plan,
+        plan_scopes=args.plan_scopes, plan_per_phase=args.per_phase,
     ))
     from deep_sleep.run.console import markdown_table
 
-    if args.plan:
-        rows = [[r["scope"], r["status"], str(r.get("changes", "")), r.get("counters", "")[:80]]
-                for r in summary["rows"] if r["status"] != "skipped"]
-        print(markdown_table(["scope", "status", "changes", "counters"], rows))
+    if args.plan:  # the very text of the deep-sleep-night-plan artifact
+        print(summary["markdown"])
         print(f"\n{summary['scopes']} scopes: {summary['due']} due, {summary['planned']} planned, "
-              f"{summary['failed']} failed validation, {summary['skipped']} skipped; nothing was applied "
-              "(each scope's records: deep-sleep plan SCOPE, or the diff directories listed in the artifact)")
+              f"{summary['failed']} failed, {summary['skipped']} skipped; {summary['records']} record(s) would change, "
+              f"{summary['held_rows']} would be held; nothing was applied")
         return 1 if summary["failed"] else 0
 
     rows = [[r["scope"], r["status"], str(r.get("changes", "")), str(r.get("conflicts", "")), str(r.get("quarantined", "")),

@@ -316,3 +316,30 @@ def hold_candidates(diff: Diff, shard, policy: HoldsConfig) -> frozenset[str]:
                 hit = deletes.join(used, on="id", how="semi")
                 out |= set(hit.get_column("scope_path").unique().to_list())
     return frozenset(out)
+
+
+def would_hold(diff: Diff, shard, policy: HoldsConfig | None,
+               gate_failed: dict[str, bool] | None = None) -> tuple[pl.DataFrame, dict[str, tuple[str, ...]]]:
+    """What the apply stage would hold of a shard's ``diff`` (every frame with ``scope_path``), scope by
+    scope, without writing anything: the held rows (``scope_path`` + :data:`REASONS_SCHEMA`) and each
+    scope's ``why``.  The same selection as :func:`deep_sleep.run.pipeline.apply` — the scopes of
+    :func:`hold_candidates` and those whose recall-quality gate failed, each split by
+    :func:`split_holds` on its own snapshot — so a plan lists exactly the rows its apply would hold.
+    ``policy`` None: no holds (the quick nap's apply)."""
+    empty = pl.DataFrame(schema={"scope_path": pl.String(), **REASONS_SCHEMA})
+    if policy is None:
+        return empty, {}
+    gate_failed = gate_failed or {}
+    scopes = set(hold_candidates(diff, shard, policy)) | {s for s, failed in gate_failed.items() if failed}
+    scopes &= set(shard.scope_paths)
+    parts, why = [], {}
+    diffs = diff.by_scope(scopes) if scopes else {}
+    for s in sorted(scopes):
+        mine = diffs.get(s)
+        if mine is None or not mine.has_changes:
+            continue
+        split = split_holds(mine, shard.scope(s), policy, bool(gate_failed.get(s)))
+        if split.held.has_changes:
+            parts.append(split.rows.select(pl.lit(s).alias("scope_path"), pl.all()))
+            why[s] = split.why
+    return (pl.concat(parts) if parts else empty), why
