@@ -48,8 +48,7 @@ def _peak_rss_mb() -> float:
 
 def seed(admin_dsn: str, spec, reuse: bool):
     """The fleet's store: reused when ``reuse`` and its recorded spec matches, else freshly seeded."""
-    from deep_sleep.dev.fleet import iter_fleet_tables
-    from deep_sleep.dev.seed import load
+    from deep_sleep.dev.fleet import seed_fleet
     from deep_sleep.store.db import create_database
 
     name = "deep_sleep_fleet"
@@ -66,17 +65,7 @@ def seed(admin_dsn: str, spec, reuse: bool):
         _p("no fleet of this spec to reuse; seeding")
     store = create_database(admin_dsn, name)
     t = time.perf_counter()
-    counts: dict[str, int] = {}
-    tables = iter_fleet_tables(spec)  # one table at a time: bounded memory, one bulk load (index rebuild) per table
-    while True:
-        t1 = time.perf_counter()
-        table, frame = next(tables, (None, None))
-        if table is None:
-            break
-        t2 = time.perf_counter()
-        counts.update(load(store, {table: frame}))
-        _p(f"  {table}: {frame.height:,} rows, generated {t2 - t1:.1f}s, loaded {time.perf_counter() - t2:.1f}s")
-        del frame
+    counts = seed_fleet(store, spec, progress=lambda line: _p(f"  {line}"))
     with store.pg(autocommit=True) as con:
         con.execute("VACUUM ANALYZE")
         meta = json.dumps({"fleet": json.loads(tag), "now": spec.now.isoformat()})
@@ -194,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", default="bench-data/fleet")
     ap.add_argument("--shard-rows", type=int, default=500_000)
     ap.add_argument("--shard-scopes", type=int, default=5_000)
+    ap.add_argument("--seed-only", action="store_true", help="seed (or check) the fleet and stop; then measure with --reuse")
     ap.add_argument("--safety", action="store_true", help="also run the night with the recall gate and holds on (a second clone)")
     ap.add_argument("--recalls", action=argparse.BooleanOptionalAction, default=None,
                     help="seed node embeddings and recall events with feedback (FleetSpec.recalls; default: with --safety)")
@@ -208,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     spec = FleetSpec(scopes=args.scopes, nodes=args.nodes, templates=args.templates, recalls=recalls)
     store, now = seed(admin, spec, args.reuse)
     as_of = datetime.fromisoformat(now)
+    if args.seed_only:
+        return 0
 
     _p("COPY baseline (every row out and back in)")
     copy = copy_baseline(store)  # benchmarks.run's, over whole tables

@@ -10,8 +10,10 @@
    (:mod:`deep_sleep.run.pipeline`) and writing the shard's snapshot and diff directories.  A
    100k-scope night is tens to a few hundred task runs.  Only small per-scope rows cross the task
    boundary.  Transient database errors before the apply retry the shard; a scope that fails
-   validation or its apply fails alone.  With ``plan``, the shards stop before the apply and the
-   night's plan is the result (and a Markdown artifact).
+   validation or its apply fails alone.  With ``plan``, the shards stop before the apply: each
+   writes every record of its diff (and which rows its apply would hold) to ``<diff>/preview.parquet``,
+   and the night's plan — the fleet's counts, then the records of the scopes with the most changes,
+   by the renderer of ``deep-sleep plan`` — is the result and a Markdown artifact.
 3. The data-quality suite over the whole store, once for the night.
 4. A summary table artifact and a summary dict.
 
@@ -22,10 +24,10 @@ Dask cluster (``task_runner="dask"``, ``dask_address`` or a local cluster).
 from __future__ import annotations
 
 import contextlib
-import shutil
-import tempfile
 import json
 import os
+import shutil
+import tempfile
 import time
 import uuid
 from datetime import UTC, datetime
@@ -51,6 +53,7 @@ from deep_sleep.jobs.gc import gc
 from deep_sleep.jobs.health import Alert, health, health_markdown
 from deep_sleep.run import pipeline, stages
 from deep_sleep.run.llm import summarizer_for
+from deep_sleep.run.preview import PreviewDigest, night_plan_markdown, plan_preview
 from deep_sleep.store.db import Store, connect_store
 from deep_sleep.store.errors import is_transient
 
@@ -70,6 +73,9 @@ class NightlyParameters(BaseModel):
     shard_rows: int = Field(500_000, ge=1, description="at most this many rows (nodes + edges + events) per shard")
     shard_scopes: int = Field(5_000, ge=1, description="at most this many scopes per shard")
     plan: bool = Field(False, description="plan only: extract, transform and validate every due scope, apply nothing")
+    plan_scopes: int = Field(20, ge=0, description="with plan: the scopes (most records first) whose records the "
+                             "night's plan shows; every record is in each diff directory's preview.parquet")
+    plan_per_phase: int = Field(5, ge=1, description="with plan: records shown per phase of each scope shown")
     apply_concurrency: int = Field(2, ge=1, description="applies at once (apply slots held in the store)")
     prefect_apply_limit: bool = Field(True, description="also cap applies with the Prefect tag concurrency limit "
                                       "'deep-sleep-apply' (visible in the UI; costs slot-polling time per apply)")
@@ -94,7 +100,7 @@ def _shard_base(runs_dir: str | None, scopes: list[str], as_of: datetime, shard_
     """A shard of one keeps the single-scope run directory; a shard of many gets ``_shards/<as_of>_<id>``
     (under a local runs directory or an object-store URL)."""
     stamp = f"{utc(as_of).strftime('%Y%m%dT%H%M%S.%fZ')}_{shard_id}"
-    base = runs_dir or str(stages.runs_dir(None))
+    base = stages.runs_location(runs_dir)
     if len(scopes) == 1:
         from urllib.parse import quote
 
@@ -110,7 +116,7 @@ def _row(report: ConsolidationReport, worker_pid: int) -> dict:
         "changes": sum(sum(k.values()) for k in report.rows_changed.values()),
         "conflicts": report.conflicts,
         "quarantined": sum(n for reasons in report.quarantined.values() for n in reasons.values()),
-        "run_id": report.run_id, "worker_pid": worker_pid, "diff_uri": report.diff_uri,
+        "run_id": report.run_id, "worker_pid": worker_pid, "diff_uri": report.diff_uri, "diff_hash": report.diff_hash,
         "gate": report.gate or None,
         "held": sum(sum(k.values()) for k in (report.held or {}).get("rows", {}).values()) if report.held else 0,
     }
@@ -119,11 +125,19 @@ def _row(report: ConsolidationReport, worker_pid: int) -> dict:
 @task(name="consolidate-shard", tags=[APPLY_TAG], retries=2, retry_delay_seconds=2,
       retry_condition_fn=_retry_transient, cache_policy=NO_CACHE)
 def shard_task(dsn: str, scopes: list[str], as_of: datetime, config: ConsolidationConfig, runs_dir: str | None,
-               started_at: datetime, apply_concurrency: int, plan_only: bool = False) -> list[dict]:
+               started_at: datetime, apply_concurrency: int, plan_only: bool = False, plan_scopes: int = 20,
+               plan_per_phase: int = 5) -> list[dict] | dict:
     """Extract, transform, validate and apply one shard; one summary row per scope.  The apply holds
     one of the night's ``apply_concurrency`` apply slots.  An error before the apply (nothing
     written yet) fails the task, and a transient one retries it; per-scope failures after that are
-    in the rows."""
+    in the rows.
+
+    ``plan_only``: the same stages up to the apply, which is not run; instead every record of the
+    shard's diff, and the rows the apply would hold, go to ``<diff>/preview.parquet``
+    (:func:`deep_sleep.run.preview.plan_preview`), and the result is ``{"rows": …, "digest": …}`` — the
+    rows with each scope's ``records`` and ``held`` counts, and the bounded
+    :class:`~deep_sleep.run.preview.PreviewDigest` (``plan_scopes`` scopes, ``plan_per_phase`` records
+    per phase) that the night's plan renders."""
     store = Store(dsn)
     location = _shard_base(runs_dir, scopes, as_of, str(uuid.uuid4()))
     remote = files.is_remote(location)  # workers share no disk: stage locally, publish to the object store
@@ -133,11 +147,18 @@ def shard_task(dsn: str, scopes: list[str], as_of: datetime, config: Consolidati
         planned = pipeline.transform(extracted, config, as_of, base / "diff", location=location if remote else None,
                                      summarizer=summarizer_for(config, store))  # None unless the model is enabled
         validated = pipeline.gate(store, pipeline.validate(planned, config), config)  # recall-quality gate
+        found = plan_preview(validated, config.holds) if plan_only else None  # the stage the apply would start with
+        if found is not None:
+            found.write(base / "diff", single=len(scopes) == 1)
         if remote:  # before the apply: the ledger rows it writes name these files
             pipeline.publish(planned, location)
-        if plan_only:
-            return [_row(r.with_(status="planned" if r.status != "failed" else "failed"), os.getpid())
-                    for r in validated.reports.values()]
+        if found is not None:
+            counts = found.per_scope()
+            rows = [{**_row(r.with_(status="planned" if r.status != "failed" else "failed"), os.getpid()),
+                     "records": counts.get(s, (0, 0))[0], "held": counts.get(s, (0, 0))[1]}
+                    for s, r in validated.reports.items()]
+            ok = {s for s, r in validated.reports.items() if r.status != "failed"}
+            return {"rows": rows, "digest": found.digest(ok, plan_scopes, plan_per_phase)}
         with apply_slot(dsn, apply_concurrency):
             applied = pipeline.apply(store, validated, mode="nightly", started_at=started_at, holds=config.holds)
         if remote:
@@ -150,17 +171,29 @@ def shard_task(dsn: str, scopes: list[str], as_of: datetime, config: Consolidati
 
 @task(name="data-quality", cache_policy=NO_CACHE)
 def data_quality_task(dsn: str, out_dir: str, night_id: str) -> dict:
+    """The data-quality suite over the store, its results under ``out_dir`` (a local path, or an
+    object-store URL: written to a local temp dir, published there, and the paths kept are the URLs)."""
     from deep_sleep.validation.store_suite import run_store_suite
 
-    result = run_store_suite(dsn, Path(out_dir), run_id=night_id)
+    remote = files.is_remote(out_dir)
+    local = Path(tempfile.mkdtemp(prefix="deep-sleep-quality-")) if remote else Path(out_dir)
+    try:
+        result = run_store_suite(dsn, local, run_id=night_id)
+        json_path, docs_path = result.json_path, result.data_docs_path
+        if remote:
+            files.publish_dir(local, out_dir)
+            json_path, docs_path = (files.published_name(p, local, out_dir) for p in (json_path, docs_path))
+    finally:
+        if remote:
+            shutil.rmtree(local, ignore_errors=True)
     with Store(dsn).pg() as con:
         con.execute(
             "INSERT INTO data_quality_runs (id, nightly_run_id, success, failures, results_path, data_docs_path)"
             " VALUES (%s, %s, %s, %s::jsonb, %s, %s)",
             (str(uuid.uuid4()), night_id, result.success,
-             json.dumps([r for r in result.results if not r["success"]], default=str), result.json_path, result.data_docs_path),
+             json.dumps([r for r in result.results if not r["success"]], default=str), json_path, docs_path),
         )
-    return {"success": result.success, "results_path": result.json_path, "data_docs_path": result.data_docs_path,
+    return {"success": result.success, "results_path": json_path, "data_docs_path": docs_path,
             "failed_checks": sorted({r["expectation"] for r in result.results if not r["success"]})}
 
 
@@ -239,20 +272,32 @@ def gate_distribution(results: list[dict]) -> dict[str, Any] | None:
             "recall_before": spread("recall_before"), "recall_after": spread("recall_after"), "drop_pp": spread("drop_pp")}
 
 
-def _night_plan(as_of: datetime, night_id: str, gates: list, due: list, rows: list[dict], results: list[dict]) -> dict:
-    """``nightly --plan``: what the night would change, per scope, and a Markdown artifact of it."""
-    lines = [f"# Deep Sleep night plan {as_of.isoformat()}", "",
-             f"{len(due)} of {len(gates)} scopes due; nothing was applied.", "",
-             "| scope | status | changes | counters | diff |", "|---|---|---:|---|---|"]
-    for r in sorted(results, key=lambda r: -r["changes"])[:ARTIFACT_ROWS]:
-        lines.append(f"| {Scope.parse(r['scope_path']).display()} | {r['status']} | {r['changes']} | "
-                     f"{', '.join(f'{k}={v}' for k, v in r['counters'].items())} | {r['diff_uri']} |")
-    create_markdown_artifact(key="deep-sleep-night-plan", markdown="\n".join(lines),
-                             description=f"Deep Sleep night plan {as_of.isoformat()}: {len(due)} due scopes")
+def _night_plan(as_of: datetime, night_id: str, gates: list, due: list, rows: list[dict], results: dict[str, dict],
+                failed_shard: dict[str, str], digests: list[PreviewDigest], params: NightlyParameters) -> dict:
+    """``nightly --plan``: what the night would change — the fleet's summary, then the records of the
+    scopes with the most changes (:func:`deep_sleep.run.preview.night_plan_markdown`, the renderer of
+    ``deep-sleep plan``) — as a ``deep-sleep-night-plan`` Markdown artifact and in the summary
+    (``markdown``, which the CLI prints)."""
+    scopes = []
+    for g in due:
+        r = results.get(g.scope_path)
+        if r is None:
+            scopes.append({"scope_path": g.scope_path, "status": "failed", "records": 0, "held": 0, "diff_uri": None,
+                           "reason": failed_shard.get(g.scope_path, "")})
+            continue
+        scopes.append({"scope_path": g.scope_path, "status": r["status"], "records": r.get("records", 0),
+                       "held": r.get("held", 0), "diff_uri": r["diff_uri"], "reason": "; ".join(r["errors"])})
+    markdown = night_plan_markdown(f"Deep Sleep night plan {as_of.isoformat()}", scopes, PreviewDigest.merge(digests),
+                                   considered=len(gates), skipped=len(gates) - len(due), max_scopes=params.plan_scopes,
+                                   per_phase=params.plan_per_phase)
+    create_markdown_artifact(key="deep-sleep-night-plan", markdown=markdown,
+                             description=f"Deep Sleep night plan {as_of.isoformat()}: {len(due)} due scopes, nothing applied")
     planned = sum(r["status"] == "planned" for r in rows)
     failed = sum(r["status"] == "failed" for r in rows)
     return {"night_id": night_id, "as_of": as_of.isoformat(), "scopes": len(gates), "due": len(due), "planned": planned,
-            "failed": failed, "skipped": len(gates) - len(due), "rows": rows}
+            "failed": failed, "skipped": len(gates) - len(due),
+            "records": sum(s["records"] for s in scopes if s["status"] == "planned"),
+            "held_rows": sum(s["held"] for s in scopes if s["status"] == "planned"), "markdown": markdown, "rows": rows}
 
 
 def _error_of(future) -> str:
@@ -285,9 +330,10 @@ def deep_sleep_nightly(params: NightlyParameters) -> dict[str, Any]:
     shards = shards_of([(g.scope_path, g.rows) for g in due], params.shard_rows, params.shard_scopes)
     logger.info("%d due scopes in %d shard(s)", len(due), len(shards))
     futures = [shard_task.submit(store.dsn, scopes, as_of, config, params.runs_dir, started, params.apply_concurrency,
-                                 params.plan) for scopes in shards]
+                                 params.plan, params.plan_scopes, params.plan_per_phase) for scopes in shards]
     results: dict[str, dict] = {}
     failed_shard: dict[str, str] = {}
+    digests: list[PreviewDigest] = []  # with plan: each shard's bounded preview
     clock = time.perf_counter()
     for done, fut in enumerate(as_completed(futures), 1):
         scopes = shards[futures.index(fut)]
@@ -295,7 +341,11 @@ def deep_sleep_nightly(params: NightlyParameters) -> dict[str, Any]:
         if error:
             failed_shard.update(dict.fromkeys(scopes, error))
         else:
-            results.update({r["scope_path"]: r for r in fut.result()})
+            out = fut.result()
+            if isinstance(out, dict):  # a plan: the rows and the shard's preview digest
+                digests.append(out["digest"])
+                out = out["rows"]
+            results.update({r["scope_path"]: r for r in out})
         if params.progress:
             _progress_line(done, len(shards), len(results) + len(failed_shard), len(due), results, clock)
 
@@ -320,14 +370,18 @@ def deep_sleep_nightly(params: NightlyParameters) -> dict[str, Any]:
             "quarantined": r["quarantined"],
             "run_id": r["run_id"],
             "worker_pid": r["worker_pid"],
+            "diff_hash": r["diff_hash"],
+            "diff_uri": r["diff_uri"],
+            **({"records": r.get("records", 0), "held": r.get("held", 0)} if params.plan else {}),
         })
     if params.plan:
-        return _night_plan(as_of, night_id, gates, due, rows, [results[g.scope_path] for g in due if g.scope_path in results])
+        return _night_plan(as_of, night_id, gates, due, rows, results, failed_shard, digests, params)
 
     quality = None
     if params.data_quality and due:
-        out = stages.runs_dir(params.runs_dir) / "_nightly" / f"{as_of.strftime('%Y%m%dT%H%M%SZ')}_{night_id}" / "data_quality"
-        quality = data_quality_task(store.dsn, str(out), night_id)
+        out = files.join(stages.runs_location(params.runs_dir), "_nightly",
+                         f"{as_of.strftime('%Y%m%dT%H%M%SZ')}_{night_id}", "data_quality")
+        quality = data_quality_task(store.dsn, out, night_id)
 
     # Alerts about the scopes this night considered (all of the store's, or the listed ones).
     alerts = health_task(store.dsn, as_of, config, [g.scope_path for g in gates]) if config.health.enabled else []
@@ -379,7 +433,7 @@ class NightFailedHealth(DeepSleepError):
 @task(name="retention", cache_policy=NO_CACHE)
 def retention_task(dsn: str, runs_dir: str | None, config: ConsolidationConfig) -> dict[str, int]:
     """Old run directories and archive rows removed (``retention.keep_days``; see deep_sleep.jobs.gc)."""
-    result = gc(connect_store(dsn), stages.runs_dir(runs_dir), config.retention.keep_days, force=config.retention.force)
+    result = gc(connect_store(dsn), stages.runs_location(runs_dir), config.retention.keep_days, force=config.retention.force)
     return {"directories": len(result.removed), "bytes": result.bytes_freed, "archive_rows": result.archive_rows_removed,
             "marked_not_undoable": len(result.runs_marked_not_undoable)}
 

@@ -64,3 +64,51 @@ def prefect_harness():
 @pytest.fixture
 def runs_dir(tmp_path):
     return tmp_path / "runs"
+
+
+# -- a local S3 (issue 12 item 7: the runs directory on an object store) ---------------------------
+S3_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+          "AWS_EC2_METADATA_DISABLED": "true"}
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint():
+    """moto's S3 server in this process, on 127.0.0.1 and a free port (loopback only: no network),
+    and s3fs pointed at it through the environment for the session; stopped after.
+
+    ``AWS_ENDPOINT_URL_S3`` is botocore's own setting, read each time a client is made (so also by
+    s3fs clients made after this fixture, and by worker processes started with this environment);
+    ``FSSPEC_S3_ENDPOINT_URL`` is fsspec's, read once when fsspec is imported — set here for child
+    processes.  Yields the endpoint URL."""
+    import logging
+
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one log line per request otherwise
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    env = {**S3_ENV, "AWS_ENDPOINT_URL_S3": endpoint, "FSSPEC_S3_ENDPOINT_URL": endpoint}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield endpoint
+    finally:
+        import s3fs
+
+        s3fs.S3FileSystem.clear_instance_cache()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        server.stop()
+
+
+@pytest.fixture
+def s3_bucket(s3_endpoint) -> str:
+    """A fresh bucket on the local S3 (its name)."""
+    from tests.s3util import new_bucket
+
+    return new_bucket(s3_endpoint)

@@ -65,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--nodes", type=int, default=200, help="nodes per scope")
     s.add_argument("--seed", type=int, default=7)
     s.add_argument("--now", default=None, help="ISO time the synthetic history ends at (default: now)")
+    s.add_argument("--fleet", type=int, default=None, metavar="SCOPES",
+                   help="instead: a fleet of SCOPES small scopes (org/tNNNNNN/agent/aNN, 20 to a tenant; --nodes each, "
+                        "e.g. --fleet 100000 --nodes 100), generated vectorized and bulk-loaded table by table")
     s.set_defaults(func=cmd_seed)
 
     r = sub.add_parser("run", help="run the deep_sleep flow for one scope")
@@ -161,6 +164,9 @@ def build_parser() -> argparse.ArgumentParser:
     ni.add_argument("--shard-rows", type=int, default=500_000, help="at most this many rows per shard")
     ni.add_argument("--shard-scopes", type=int, default=5_000, help="at most this many scopes per shard")
     ni.add_argument("--plan", action="store_true", help="plan only: what the night would change; apply nothing")
+    ni.add_argument("--plan-scopes", type=int, default=20,
+                    help="with --plan: scopes shown record by record, most records first (all are in preview.parquet)")
+    ni.add_argument("--per-phase", type=int, default=5, help="with --plan: records shown per phase of each scope")
     ni.add_argument("--apply-concurrency", type=int, default=2)
     ni.add_argument("--no-data-quality", action="store_true")
     ni.add_argument("--no-prefect-apply-limit", action="store_true",

@@ -23,9 +23,12 @@ def cmd_replay(args: argparse.Namespace) -> int:
         from deep_sleep.core.errors import InputError
 
         raise InputError("replay: --explain prints the statements of one diff; leave out --compare-config to use it")
+    from deep_sleep.core.files import fetch_dir
+
     config = load_config(args.config)
     as_of = _as_of(args.as_of)
     out = _out_dir(args.out)
+    args.snapshot_dir = str(fetch_dir(args.snapshot_dir))  # a run's snapshot on an object store: a local copy
     if args.scope is None and _is_shard(Path(args.snapshot_dir)) and not args.compare_config and not args.explain:
         return _replay_shard(Path(args.snapshot_dir), config, as_of, out)
     args.snapshot_dir = _one_scope(Path(args.snapshot_dir), args.scope, out)
@@ -177,11 +180,8 @@ def cmd_reject(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from deep_sleep.core.diff import Diff
     from deep_sleep.core.scope import Scope
-    from deep_sleep.core.snapshot import Snapshot
-    from deep_sleep.run.holds import split_holds
-    from deep_sleep.run.preview import PREVIEW_FILE, held_markdown, preview, preview_markdown, with_holds
+    from deep_sleep.run.preview import held_markdown, plan_preview, preview_markdown
     from deep_sleep.run.stages import plan_scope
     from deep_sleep.transforms.config import load_config
 
@@ -190,13 +190,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
     store = _store(args.dsn)
     scope = require_scope(store, args.scope)  # an unknown scope names the nearest ones
     planned = plan_scope(store, scope, config, as_of, args.runs_dir)
-    snap, diff = Snapshot.read(planned.snapshot_dir), Diff.read(planned.diff_dir)
-    split = split_holds(diff, snap, config.holds)  # what the apply stage would hold (the same function)
-    records = with_holds(preview(snap, diff), split.rows)
-    records.write_parquet(planned.diff_dir / PREVIEW_FILE)
+    # the records, and what the apply stage would hold of them (the same selection, split_holds)
+    found = plan_preview(planned.validated, config.holds)
+    found.write(planned.diff_dir, single=True)
+    records = found.scope(planned.report.scope_path)
     print(preview_markdown(records, per_phase=args.per_phase, title=f"Plan for {Scope.parse(planned.report.scope_path)} at {planned.report.as_of}"))
     print()
-    print(held_markdown(records, split.why, per_phase=args.per_phase))
+    print(held_markdown(records, found.why.get(planned.report.scope_path, ()), per_phase=args.per_phase))
     print(f"\nnothing was applied; snapshot {planned.snapshot_dir}, diff {planned.diff_dir}")
     if planned.report.status == "failed":
         print("validation FAILED — a run would apply nothing:\n" + "\n".join(planned.report.errors))
@@ -206,8 +206,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def cmd_gc(args: argparse.Namespace) -> int:
     from deep_sleep.jobs.gc import gc, gc_markdown
-    from deep_sleep.run.stages import runs_dir
-    result = gc(_store(args.dsn), runs_dir(args.runs_dir), args.keep_days, force=args.force, dry_run=args.dry_run)
+    from deep_sleep.run.stages import runs_location
+    result = gc(_store(args.dsn), runs_location(args.runs_dir), args.keep_days, force=args.force, dry_run=args.dry_run)
     print(gc_markdown(result))
     return 0
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -25,6 +26,8 @@ from deep_sleep.cli.common import (
 def cmd_seed(args: argparse.Namespace) -> int:
     from deep_sleep.dev.seed import SeedSpec, scopes_of, seed_store
 
+    if args.fleet is not None:
+        return _seed_fleet(args)
     spec = SeedSpec(tenants=args.tenants, scopes_per_tenant=args.scopes_per_tenant, nodes_per_scope=args.nodes,
                     seed=args.seed, now=_as_of(args.now) or datetime.now(UTC).replace(microsecond=0))
     store = _store(args.dsn)
@@ -32,6 +35,19 @@ def cmd_seed(args: argparse.Namespace) -> int:
     for table, n in counts.items():
         print(f"{table:24s} {n:>10,d}")
     print("scopes:", ", ".join(s.display() for s in scopes_of(spec)))
+    return 0
+
+
+def _seed_fleet(args: argparse.Namespace) -> int:
+    from deep_sleep.dev.fleet import FleetSpec, fleet_scope, seed_fleet
+
+    spec = FleetSpec(scopes=args.fleet, nodes=args.nodes, seed=args.seed,
+                     now=_as_of(args.now) or datetime.now(UTC).replace(microsecond=0))
+    store = _store(args.dsn)
+    t = time.perf_counter()
+    counts = seed_fleet(store, spec, progress=lambda line: print(f"  {line}", flush=True))
+    print(f"fleet of {spec.scopes:,} scopes ({fleet_scope(0).display()} … {fleet_scope(spec.scopes - 1).display()}): "
+          f"{sum(counts.values()):,} rows in {time.perf_counter() - t:.1f}s")
     return 0
 
 
@@ -82,16 +98,15 @@ def cmd_nightly(args: argparse.Namespace) -> int:
         max_workers=args.max_workers, apply_concurrency=args.apply_concurrency, data_quality=not args.no_data_quality,
         task_runner=args.task_runner, dask_address=args.dask_address, prefect_apply_limit=not args.no_prefect_apply_limit,
         progress=True, shard_rows=args.shard_rows, shard_scopes=args.shard_scopes, plan=args.plan,
+        plan_scopes=args.plan_scopes, plan_per_phase=args.per_phase,
     ))
     from deep_sleep.run.console import markdown_table
 
-    if args.plan:
-        rows = [[r["scope"], r["status"], str(r.get("changes", "")), r.get("counters", "")[:80]]
-                for r in summary["rows"] if r["status"] != "skipped"]
-        print(markdown_table(["scope", "status", "changes", "counters"], rows))
+    if args.plan:  # the very text of the deep-sleep-night-plan artifact
+        print(summary["markdown"])
         print(f"\n{summary['scopes']} scopes: {summary['due']} due, {summary['planned']} planned, "
-              f"{summary['failed']} failed validation, {summary['skipped']} skipped; nothing was applied "
-              "(each scope's records: deep-sleep plan SCOPE, or the diff directories listed in the artifact)")
+              f"{summary['failed']} failed, {summary['skipped']} skipped; {summary['records']} record(s) would change, "
+              f"{summary['held_rows']} would be held; nothing was applied")
         return 1 if summary["failed"] else 0
 
     rows = [[r["scope"], r["status"], str(r.get("changes", "")), str(r.get("conflicts", "")), str(r.get("quarantined", "")),

@@ -49,6 +49,28 @@ def join(base: str | Path, *parts: str) -> str:
     return "/".join([text, *parts]) if is_remote(text) else str(Path(text, *parts))
 
 
+def parent(location: str | Path) -> str:
+    """The folder holding ``location`` (a URL keeps its ``scheme://``; a local path is resolved first)."""
+    text = str(location).rstrip("/")
+    return text.rsplit("/", 1)[0] if is_remote(text) else str(local_path(text).resolve().parent)
+
+
+def publish_file(local: Path, location: str) -> None:
+    """Copy one local file to ``location`` (a URL, or a local path: copied unless it is ``local`` itself)."""
+    if not is_remote(location):
+        target = local_path(location)
+        if target.resolve() != Path(local).resolve():
+            import shutil
+
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(local, target)
+        return
+    import fsspec
+
+    fs, path = fsspec.core.url_to_fs(location)
+    fs.put_file(str(local), path)
+
+
 def publish_dir(local: Path, location: str) -> None:
     """Copy the directory ``local`` to ``location`` (a URL; a local path or ``file://`` is left alone
     when it is ``local`` itself), overwriting files of the same name."""
@@ -67,6 +89,14 @@ def publish_dir(local: Path, location: str) -> None:
         fs.put_file(str(file), remote)
 
 
+def published_name(file: str | Path | None, local: Path, location: str) -> str | None:
+    """Where :func:`publish_dir` put ``file`` (a file under ``local``): ``location/<its relative path>``;
+    None stays None."""
+    if file is None:
+        return None
+    return join(location, *Path(os.path.relpath(file, local)).parts)
+
+
 def fetch_dir(location: str | Path, cache: Path | None = None) -> Path:
     """A local directory holding ``location``'s files: the path itself when local, else a copy under
     ``cache`` (default ``$DEEP_SLEEP_CACHE_DIR`` or the temp dir's ``deep-sleep-cache``), fetched again
@@ -79,6 +109,7 @@ def fetch_dir(location: str | Path, cache: Path | None = None) -> Path:
     import fsspec
 
     fs, path = fsspec.core.url_to_fs(str(location))
+    fs.invalidate_cache(path)  # another process may have written here since this one last listed it
     if not fs.isdir(path):
         from deep_sleep.core.errors import InputError
 

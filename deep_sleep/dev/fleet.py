@@ -270,13 +270,26 @@ def iter_fleet(spec: FleetSpec, scopes_per_chunk: int = 10_000) -> Iterator[dict
         yield {table: _replicate(spec, table, templates, chosen, paths, tenants) for table in TABLES}
 
 
-def seed_fleet(store, spec: FleetSpec) -> dict[str, int]:
-    """Generate the fleet and load it into ``store`` (one bulk load per table); rows per table."""
+def seed_fleet(store, spec: FleetSpec, progress=None) -> dict[str, int]:
+    """Generate the fleet and load it into ``store``, one table at a time (memory bounded by the
+    largest table; one bulk load, with its index rebuild, per table); rows per table.  ``progress``
+    (optional) is called with one line per table."""
     t0 = time.perf_counter()
-    frames = generate_fleet(spec)
-    t1 = time.perf_counter()
-    counts = load(store, frames)
-    log.info("fleet of %d scopes: generated in %.1fs, loaded in %.1fs", spec.scopes, t1 - t0, time.perf_counter() - t1)
+    counts: dict[str, int] = {}
+    tables = iter_fleet_tables(spec)  # the templates built once
+    while True:
+        t1 = time.perf_counter()
+        table, frame = next(tables, (None, None))
+        if table is None:
+            break
+        t2 = time.perf_counter()
+        counts.update(load(store, {table: frame}))
+        line = f"{table}: {frame.height:,} rows, generated {t2 - t1:.1f}s, loaded {time.perf_counter() - t2:.1f}s"
+        del frame
+        log.info("fleet %s", line)
+        if progress is not None:
+            progress(line)
+    log.info("fleet of %d scopes seeded in %.1fs", spec.scopes, time.perf_counter() - t0)
     return counts
 
 

@@ -31,6 +31,8 @@ are already decided.
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -39,6 +41,7 @@ from typing import Any
 import psycopg
 import polars as pl
 
+from deep_sleep.core import files
 from deep_sleep.core.diff import Diff
 from deep_sleep.core.errors import DeepSleepError
 from deep_sleep.core.report import ConsolidationReport
@@ -168,14 +171,23 @@ def _record(store: Store, h: Holds, decision: Decision, decided_by: str | None) 
 
 
 def _update_report(run: RunRecord, decision: Decision) -> None:
-    """Note the decision in the run's ``report.json`` (``held.decisions``), when the file is still there."""
-    if not run.diff_uri or not (Path(run.diff_uri) / "report.json").exists():
+    """Note the decision in the run's ``report.json`` (``held.decisions``), when the file is still there
+    (on an object store: fetched, rewritten and put back)."""
+    if not run.diff_uri:
         return
-    report = ConsolidationReport.read(run.diff_uri)
+    try:
+        local = files.fetch_dir(run.diff_uri)
+    except DeepSleepError:  # the run's files are gone (gc)
+        return
+    if not (local / "report.json").exists():
+        return
+    report = ConsolidationReport.read(local)
     if not report.held:
         return
     decisions = {**report.held.get("decisions", {}), **{p: decision.decision for p in decision.phases}}
-    report.with_(held={**report.held, "decisions": decisions}).write(run.diff_uri)
+    report.with_(held={**report.held, "decisions": decisions}).write(local)
+    if files.is_remote(run.diff_uri):
+        files.publish_file(local / "report.json", files.join(run.diff_uri, "report.json"))
 
 
 def approve(store: Store, run_id: str, phase: str | None = None, decided_by: str | None = None) -> Decision:
@@ -185,29 +197,41 @@ def approve(store: Store, run_id: str, phase: str | None = None, decided_by: str
     phases = _to_decide(h, phase, "approve")
     todo = holds.only_phases(h.diff, set(phases))
     approval_id = str(uuid.uuid4())
-    base = _approval_dir(h.run, approval_id)
-    out = todo.write(base / "diff")
-    snap_dir = _before_images(h.run, todo).write(base / "snapshot")
-    report = ConsolidationReport(
-        scope_path=h.run.scope_path, as_of=h.run.as_of.isoformat(), phases_run=phases, rows_changed=_counts(todo),
-        diff_hash=todo.content_hash(), run_id=approval_id, snapshot_uri=str(snap_dir.resolve()), diff_uri=str(out.resolve()),
-        notes={"approve": [f"held rows of run {h.run.run_id}" + (f", phase {phase}" if phase else "")]},
-    )
-    report.write(out)
-    result = apply_diff(store, todo, report, mode="approve")
-    report.with_(status="applied", rows_changed=result.applied, conflicts=result.conflicts).write(out)
+    location = _approval_dir(h.run, approval_id)
+    remote = files.is_remote(location)  # the run's files are on an object store: stage here, publish there
+    base = Path(tempfile.mkdtemp(prefix="deep-sleep-approval-")) if remote else Path(location)
+    try:
+        out = todo.write(base / "diff")
+        snap_dir = _before_images(h.run, todo).write(base / "snapshot")
+        snap_uri, diff_uri = ((files.join(location, "snapshot"), files.join(location, "diff")) if remote
+                              else (str(snap_dir.resolve()), str(out.resolve())))
+        report = ConsolidationReport(
+            scope_path=h.run.scope_path, as_of=h.run.as_of.isoformat(), phases_run=phases, rows_changed=_counts(todo),
+            diff_hash=todo.content_hash(), run_id=approval_id, snapshot_uri=snap_uri, diff_uri=diff_uri,
+            notes={"approve": [f"held rows of run {h.run.run_id}" + (f", phase {phase}" if phase else "")]},
+        )
+        report.write(out)
+        if remote:  # before the apply: its ledger row names these files
+            files.publish_dir(base, location)
+        result = apply_diff(store, todo, report, mode="approve")
+        report.with_(status="applied", rows_changed=result.applied, conflicts=result.conflicts).write(out)
+        if remote:
+            files.publish_file(out / "report.json", files.join(diff_uri, "report.json"))
+    finally:
+        if remote:
+            shutil.rmtree(base, ignore_errors=True)
     decision = Decision(h.run.run_id, "approved", phases, _counts(todo), result.applied, result.conflicts,
                         decision_id=approval_id, approval_run_id=approval_id)
     _record(store, h, decision, decided_by)
     return decision
 
 
-def _approval_dir(run: RunRecord, approval_id: str) -> Path:
-    """A run directory of its own, beside the run's (``<scope>/<as_of>_<approval id>``): ``gc`` keeps or
-    removes it by the approval's own ledger row, as any run's."""
-    original = Path(run.diff_uri).resolve().parent
+def _approval_dir(run: RunRecord, approval_id: str) -> str:
+    """A run directory of its own, beside the run's (``<scope>/<as_of>_<approval id>``; a URL when the
+    run's files are on an object store): ``gc`` keeps or removes it by the approval's own ledger row,
+    as any run's."""
     stamp = utc(run.as_of).strftime("%Y%m%dT%H%M%S.%fZ")
-    return original.parent / f"{stamp}_{approval_id}"
+    return files.join(files.parent(files.parent(run.diff_uri)), f"{stamp}_{approval_id}")
 
 
 def _before_images(run: RunRecord, todo: Diff) -> Snapshot:

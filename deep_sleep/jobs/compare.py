@@ -228,9 +228,11 @@ def compare_dirs(dir_a: str | Path, dir_b: str | Path, scope_path: str | None = 
     def report(d: Path) -> ConsolidationReport | None:
         return read_scope_report(d, scope_path) if (d / "report.json").is_file() or is_shard_diff(d) else None
 
-    a, b = Path(dir_a), Path(dir_b)
+    from deep_sleep.core.files import fetch_dir
+
+    a, b = fetch_dir(dir_a), fetch_dir(dir_b)  # a URL (s3://…) is fetched to a local copy first
     return compare_diffs(read_scope_diff(a, scope_path), read_scope_diff(b, scope_path), report_a=report(a),
-                         report_b=report(b), label_a=str(a), label_b=str(b))
+                         report_b=report(b), label_a=str(dir_a), label_b=str(dir_b))
 
 
 # -- rendering ---------------------------------------------------------------------------------

@@ -11,7 +11,14 @@ removes the directories and ``consolidation_archive`` rows of runs older than ``
 * a run that cannot be undone any more (failed, undone, an undo, already marked) needs nothing:
   its files and archive rows go;
 * a directory with no ledger row (a run that died before its ledger row, a stray copy) and the
-  nightly's own ``_nightly/<night>/`` folders go when older than the cutoff.
+  nightly's own ``_nightly/<night>/`` folders go when older than the cutoff;
+* a shard's directory (``_shards/<as_of>_<shard id>``) holds the files of every run of the shard
+  (the ledger rows whose ``diff_uri`` is its ``diff/``): it is kept while any of them can be undone,
+  and ``force`` marks them all.
+
+The runs directory may be an object-store URL (``s3://bucket/runs``, any fsspec file system): the
+directories are listed, sized and removed through fsspec (a "directory" there is a key prefix;
+a nightly folder's age is its newest object's).
 
 :func:`plan_gc` decides (pure: directory entries and ledger rows in, actions out);
 :func:`gc` lists, decides and carries it out (``dry_run``: decides and reports only).
@@ -22,13 +29,14 @@ from __future__ import annotations
 import re
 import shutil
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from psycopg.rows import dict_row
 
 from deep_sleep.core.errors import InputError
+from deep_sleep.core.files import is_remote, join, local_path
 from deep_sleep.core.snapshot import utc
 from deep_sleep.store.db import Store
 
@@ -39,10 +47,11 @@ _RUN_DIR = re.compile(r"^(\d{8}T\d{6}\.\d{6}Z)_([0-9a-f-]{36})$")
 class RunDir:
     """A directory under the runs directory: a run's (``run_id`` known) or the nightly's own."""
 
-    path: Path
+    path: Path | str  # a local path, or a URL on an object store
     stamp: datetime | None  # the as_of in the directory name, or the directory's mtime
     run_id: str | None
     bytes: int
+    runs: tuple[str, ...] = ()  # a shard's directory: the runs whose files it holds (filled by gc)
 
 
 @dataclass(frozen=True)
@@ -63,12 +72,17 @@ class LedgerRun:
 
 @dataclass(frozen=True)
 class GcAction:
-    path: Path | None  # None: archive rows only
+    path: Path | str | None  # None: archive rows only
     run_id: str | None
     remove: bool
     reason: str
     marks_not_undoable: bool = False
     bytes: int = 0
+    run_ids: tuple[str, ...] = ()  # a shard's directory: its runs (marked or cleared together)
+
+    @property
+    def runs(self) -> tuple[str, ...]:
+        return self.run_ids or ((self.run_id,) if self.run_id else ())
 
 
 @dataclass(frozen=True)
@@ -100,7 +114,9 @@ def _size(path: Path) -> int:
 
 def list_run_dirs(runs_dir: str | Path) -> list[RunDir]:
     """Every run directory (``<scope>/<as_of>_<run_id>``) and nightly folder (``_nightly/<night>``)."""
-    base = Path(runs_dir)
+    if is_remote(runs_dir):
+        return _list_remote(str(runs_dir))
+    base = local_path(runs_dir)
     out: list[RunDir] = []
     if not base.is_dir():
         return out
@@ -115,12 +131,63 @@ def list_run_dirs(runs_dir: str | Path) -> list[RunDir]:
     return out
 
 
+def _list_remote(location: str) -> list[RunDir]:
+    """:func:`list_run_dirs` on an object store (fsspec): each level is a listing of key prefixes."""
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(location)
+    fs.invalidate_cache()
+    out: list[RunDir] = []
+    if not fs.isdir(root):
+        return out
+
+    def subdirs(path: str) -> list[str]:
+        return sorted(e["name"] for e in fs.ls(path, detail=True) if e["type"] == "directory")
+
+    for scope_dir in subdirs(root):
+        for d in subdirs(scope_dir):
+            name = d.rstrip("/").rsplit("/", 1)[-1]
+            found = fs.find(d, detail=True)
+            size = sum(int(e.get("size") or 0) for e in found.values())
+            m = _RUN_DIR.match(name)
+            if m:
+                stamp = datetime.strptime(m.group(1), "%Y%m%dT%H%M%S.%fZ").replace(tzinfo=UTC)
+                out.append(RunDir(fs.unstrip_protocol(d), stamp, m.group(2), size))
+            elif scope_dir.rstrip("/").endswith("/_nightly"):
+                times = [e.get("LastModified") or e.get("mtime") for e in found.values()]
+                times = [utc(x) if isinstance(x, datetime) else datetime.fromtimestamp(float(x), UTC)
+                         for x in times if x is not None]
+                out.append(RunDir(fs.unstrip_protocol(d), max(times) if times else None, None, size))
+    return out
+
+
+def _shard_runs(con, dirs: list[RunDir], known: set[str]) -> list[RunDir]:
+    """Fill ``runs`` of the directories whose name's id is no run's: a shard's directory holds the runs
+    whose ledger ``diff_uri`` is its ``diff/`` (what :mod:`deep_sleep.flows.nightly` records)."""
+    wanted = {_diff_uri(d.path): i for i, d in enumerate(dirs) if d.run_id and d.run_id not in known}
+    if not wanted:
+        return dirs
+    found: dict[int, list[str]] = {}
+    for run_id, diff_uri in con.execute("SELECT run_id::text, diff_uri FROM consolidation_runs WHERE diff_uri = ANY(%s)",
+                                        (list(wanted),)).fetchall():
+        found.setdefault(wanted[diff_uri], []).append(run_id)
+    return [replace(d, runs=tuple(sorted(found[i]))) if i in found else d for i, d in enumerate(dirs)]
+
+
+def _diff_uri(path: Path | str) -> str:
+    return join(str(path), "diff") if is_remote(path) else str((Path(path) / "diff").resolve())
+
+
 def plan_gc(dirs: Iterable[RunDir], runs: Mapping[str, LedgerRun], cutoff: datetime, force: bool,
             archived_runs: Iterable[str] = ()) -> list[GcAction]:
     """What to do with each directory older than ``cutoff`` and each old run's archive rows (pure)."""
     actions: list[GcAction] = []
     seen: set[str] = set()
     for d in dirs:
+        if d.runs:  # a shard's directory: one decision for all its runs
+            actions.extend(_plan_shard_dir(d, [runs[r] for r in d.runs if r in runs], cutoff, force))
+            seen.update(d.runs)
+            continue
         run = runs.get(d.run_id) if d.run_id else None
         age = run.as_of if run is not None else d.stamp
         if age is None or age >= cutoff:
@@ -153,6 +220,22 @@ def plan_gc(dirs: Iterable[RunDir], runs: Mapping[str, LedgerRun], cutoff: datet
     return actions
 
 
+def _plan_shard_dir(d: RunDir, members: list[LedgerRun], cutoff: datetime, force: bool) -> list[GcAction]:
+    """A shard's directory: removed when its newest run is older than ``cutoff`` and none of its runs
+    can be undone any more (or ``force``: the undoable ones are marked); kept otherwise."""
+    if not members or max(r.as_of for r in members) >= cutoff:
+        return []
+    undoable = tuple(r.run_id for r in members if r.undoable)
+    ids = tuple(r.run_id for r in members)
+    if not undoable:
+        return [GcAction(d.path, None, True, f"shard of {len(ids)} run(s), none can be undone", bytes=d.bytes, run_ids=ids)]
+    if force:
+        return [GcAction(d.path, None, True, f"forced: the shard's {len(undoable)} undoable run(s) can no longer be undone",
+                         marks_not_undoable=True, bytes=d.bytes, run_ids=ids)]
+    return [GcAction(d.path, None, False, f"kept: {len(undoable)} run(s) of the shard can still be undone "
+                     "(--force removes it)", bytes=d.bytes, run_ids=ids)]
+
+
 _LEDGER_SQL = """
 SELECT r.run_id::text AS run_id, r.as_of, r.status, r.mode, r.not_undoable,
        EXISTS (SELECT 1 FROM consolidation_runs u WHERE u.undo_of = r.run_id AND u.status = 'applied') AS undone
@@ -170,12 +253,16 @@ def gc(store: Store, runs_dir: str | Path, keep_days: float, *, force: bool = Fa
     ids = [d.run_id for d in dirs if d.run_id]
     with store.pg() as con, con.cursor(row_factory=dict_row) as cur:
         runs = {r["run_id"]: LedgerRun(**r) for r in cur.execute(_LEDGER_SQL, (cutoff, ids)).fetchall()}
+        dirs = _shard_runs(con, dirs, set(runs))
+        members = [r for d in dirs for r in d.runs if r not in runs]
+        if members:
+            runs |= {r["run_id"]: LedgerRun(**r) for r in cur.execute(_LEDGER_SQL, (cutoff, members)).fetchall()}
         archived = [r["run_id"] for r in cur.execute(
             "SELECT DISTINCT a.run_id::text AS run_id FROM consolidation_archive a "
             "JOIN consolidation_runs r USING (run_id) WHERE r.as_of < %s", (cutoff,)).fetchall()]
     actions = plan_gc(dirs, runs, cutoff, force, archived)
-    marked = tuple(sorted({a.run_id for a in actions if a.marks_not_undoable and a.run_id}))
-    gone = sorted({a.run_id for a in actions if a.remove and a.run_id and a.run_id in runs})
+    marked = tuple(sorted({r for a in actions if a.marks_not_undoable for r in a.runs if r in runs and runs[r].undoable}))
+    gone = sorted({r for a in actions if a.remove for r in a.runs if r in runs})
     removed_rows = 0
     if dry_run:
         return GcResult(cutoff, True, tuple(actions), 0, marked)
@@ -191,15 +278,29 @@ def gc(store: Store, runs_dir: str | Path, keep_days: float, *, force: bool = Fa
                 removed_rows = con.execute("DELETE FROM consolidation_archive WHERE run_id = ANY(%s::uuid[])",
                                            (gone,)).rowcount
                 con.execute("UPDATE consolidation_runs SET files_removed_at = now() WHERE run_id = ANY(%s::uuid[])",
-                            ([a.run_id for a in actions if a.remove and a.path is not None and a.run_id in runs],))
+                            ([r for a in actions if a.remove and a.path is not None for r in a.runs if r in runs],))
     for a in actions:
         if a.remove and a.path is not None:
-            shutil.rmtree(a.path, ignore_errors=True)
-            try:
-                a.path.parent.rmdir()  # the scope's folder, once empty
-            except OSError:
-                pass
+            _remove(a.path)
     return GcResult(cutoff, False, tuple(actions), removed_rows, marked)
+
+
+def _remove(path: Path | str) -> None:
+    """Remove a run directory: on an object store every object under its prefix (fsspec), on local
+    disk the tree and then the scope's folder once empty."""
+    if is_remote(path):
+        import fsspec
+
+        fs, root = fsspec.core.url_to_fs(str(path))
+        if fs.exists(root):
+            fs.rm(root, recursive=True)
+        return
+    path = Path(path)
+    shutil.rmtree(path, ignore_errors=True)
+    try:
+        path.parent.rmdir()  # the scope's folder, once empty
+    except OSError:
+        pass
 
 
 def gc_markdown(result: GcResult) -> str:

@@ -74,6 +74,23 @@ def _stage_updates(table: str, updates: pl.DataFrame, snapshot_dir: Path, scope_
     return Staged(updates=staged, changed=tuple(changed), unchanged=tuple(unchanged), missing=tuple(missing))
 
 
+def without_rows(diff: Diff, held: Diff) -> Diff:
+    """``diff`` minus the rows of ``held`` (same table, kind and id)."""
+    if not held.has_changes:
+        return diff
+    out = {}
+    for name, td in diff.tables.items():
+        frames = {}
+        for kind, frame in td.frames().items():
+            gone = held.table(name).frames().get(kind)
+            if frame.height and gone is not None and gone.height:
+                ids = gone.get_column("id").cast(pl.String).implode()
+                frame = frame.filter(~pl.col("id").cast(pl.String).is_in(ids))
+            frames[kind] = frame
+        out[name] = TableDiff(**frames)
+    return Diff(out)
+
+
 def prepare(run: RunRecord) -> dict[str, Staged]:
     """Read the run's diff (and, for updates, its snapshot); refuse when a before-image is out of reach."""
     changed = run.rows_changed or {}
@@ -98,9 +115,12 @@ def prepare(run: RunRecord) -> dict[str, Staged]:
             "the list of rows it inserted and updated lives only there. Nothing was changed. "
             "Restore the run directory from backup and retry."
         )
+    from deep_sleep.run.holds import read_held
     from deep_sleep.run.pipeline import read_scope_diff
 
-    diff = read_scope_diff(diff_dir, run.scope_path)
+    # The rows the run held for approval never applied with it (an approval is a run of its own):
+    # what this run changed is its diff minus its held rows.
+    diff = without_rows(read_scope_diff(diff_dir, run.scope_path), read_held(run.diff_uri, run.scope_path)[0])
     out: dict[str, Staged] = {}
     for table, td in diff.tables.items():
         staged = Staged()

@@ -49,7 +49,9 @@ from urllib.parse import quote
 
 import polars as pl
 
+from deep_sleep.core import files
 from deep_sleep.core.diff import KINDS, Diff, TableDiff
+from deep_sleep.core.errors import InputError
 from deep_sleep.core.holds_config import HoldsConfig
 from deep_sleep.core.report import ConsolidationReport
 from deep_sleep.core.scope import Scope
@@ -252,9 +254,15 @@ def record_holds(store: Store, run_id: str | None, held: dict) -> None:
 def read_held(diff_dir: str | Path, scope_path: str | None = None) -> tuple[Diff, pl.DataFrame]:
     """The held rows of a run (``<diff_dir>/held/``, or a shard scope's folder under it) and their
     reasons; an empty diff when nothing is held."""
-    src = Path(diff_dir) / HELD_DIR
-    if scope_path is not None and held_dir(diff_dir, scope_path, shard=True).is_dir():
-        src = held_dir(diff_dir, scope_path, shard=True)
+    root = Path(diff_dir) / HELD_DIR
+    if files.is_remote(diff_dir):  # on an object store: a local copy of <diff_dir>/held/, when there is one
+        try:
+            root = files.fetch_dir(files.join(str(diff_dir), HELD_DIR))
+        except InputError:
+            return Diff.empty(), pl.DataFrame(schema=REASONS_SCHEMA)
+    src = root
+    if scope_path is not None and (root / quote(Scope.parse(scope_path).display(), safe="")).is_dir():
+        src = root / quote(Scope.parse(scope_path).display(), safe="")
     if not src.is_dir():
         return Diff.empty(), pl.DataFrame(schema=REASONS_SCHEMA)
     reasons = src / REASONS_FILE
@@ -308,3 +316,30 @@ def hold_candidates(diff: Diff, shard, policy: HoldsConfig) -> frozenset[str]:
                 hit = deletes.join(used, on="id", how="semi")
                 out |= set(hit.get_column("scope_path").unique().to_list())
     return frozenset(out)
+
+
+def would_hold(diff: Diff, shard, policy: HoldsConfig | None,
+               gate_failed: dict[str, bool] | None = None) -> tuple[pl.DataFrame, dict[str, tuple[str, ...]]]:
+    """What the apply stage would hold of a shard's ``diff`` (every frame with ``scope_path``), scope by
+    scope, without writing anything: the held rows (``scope_path`` + :data:`REASONS_SCHEMA`) and each
+    scope's ``why``.  The same selection as :func:`deep_sleep.run.pipeline.apply` — the scopes of
+    :func:`hold_candidates` and those whose recall-quality gate failed, each split by
+    :func:`split_holds` on its own snapshot — so a plan lists exactly the rows its apply would hold.
+    ``policy`` None: no holds (the quick nap's apply)."""
+    empty = pl.DataFrame(schema={"scope_path": pl.String(), **REASONS_SCHEMA})
+    if policy is None:
+        return empty, {}
+    gate_failed = gate_failed or {}
+    scopes = set(hold_candidates(diff, shard, policy)) | {s for s, failed in gate_failed.items() if failed}
+    scopes &= set(shard.scope_paths)
+    parts, why = [], {}
+    diffs = diff.by_scope(scopes) if scopes else {}
+    for s in sorted(scopes):
+        mine = diffs.get(s)
+        if mine is None or not mine.has_changes:
+            continue
+        split = split_holds(mine, shard.scope(s), policy, bool(gate_failed.get(s)))
+        if split.held.has_changes:
+            parts.append(split.rows.select(pl.lit(s).alias("scope_path"), pl.all()))
+            why[s] = split.why
+    return (pl.concat(parts) if parts else empty), why

@@ -27,6 +27,7 @@ from urllib.parse import quote
 
 import polars as pl
 
+from deep_sleep.core import files
 from deep_sleep.core.diff import Diff
 from deep_sleep.core.errors import InputError
 from deep_sleep.core.holds_config import HoldsConfig
@@ -51,8 +52,23 @@ QUARANTINE_FILE = "quarantine.parquet"
 DEFAULT_RUNS_DIR = Path(".deep_sleep") / "runs"
 
 
+def runs_location(value: str | Path | None = None) -> str:
+    """The runs directory as given (``value``, else ``$DEEP_SLEEP_RUNS_DIR``, else ``.deep_sleep/runs``):
+    a local path, or an object-store URL kept whole (``s3://bucket/runs``; ``Path`` would fold its
+    ``//``).  The nightly, ``gc`` and the readers of a run's files take either."""
+    return str(value or os.environ.get("DEEP_SLEEP_RUNS_DIR") or DEFAULT_RUNS_DIR)
+
+
 def runs_dir(value: str | Path | None = None) -> Path:
-    return Path(value or os.environ.get("DEEP_SLEEP_RUNS_DIR") or DEFAULT_RUNS_DIR)
+    """The runs directory as a local path (:func:`runs_location`).  An object-store URL is refused by
+    name: the commands that write through this (``run``, ``plan``, the one-scope flow, ``replay-range``)
+    keep their files on local disk; only the nightly stages and publishes to a URL."""
+    location = runs_location(value)
+    if files.is_remote(location):
+        raise InputError(f"runs directory {location} is an object-store URL; this command reads and writes a local "
+                         "runs directory — give a local path (--runs-dir / DEEP_SLEEP_RUNS_DIR), or use the nightly, "
+                         "which stages each shard locally and publishes it to the URL")
+    return files.local_path(location)
 
 
 def run_dir(base: str | Path | None, scope: Scope, as_of: datetime, run_id: str) -> Path:

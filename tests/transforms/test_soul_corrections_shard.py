@@ -7,10 +7,10 @@ import json
 from datetime import timedelta
 
 import polars as pl
+from deep_sleep.transforms._common import created_id
 
 from deep_sleep.core import tables
-from deep_sleep.transforms._common import created_id
-from tests.transforms.shard_snapshots import AC, ACME, AS_OF, each_scope_alone, nodes, snapshot, uid
+from tests.transforms.shard_cases import AC, ACME, AS_OF, each_scope_alone, new_id, nodes, snapshot_of
 
 
 def _edit(key: str, value, hours_ago: float) -> dict:
@@ -20,7 +20,7 @@ def _edit(key: str, value, hours_ago: float) -> dict:
 
 def _profiles(scope: str, rows: dict[str, str]) -> pl.DataFrame:
     return tables.conform("soul_profiles", pl.DataFrame([
-        {"id": uid(), "scope_path": scope, "tenant_id": scope.split("\x1f")[1], "key": k, "value": v,
+        {"id": new_id(), "scope_path": scope, "tenant_id": scope.split("\x1f")[1], "key": k, "value": v,
          "updated_at": AS_OF - timedelta(days=3), "version": 1} for k, v in rows.items()]))
 
 
@@ -31,8 +31,8 @@ def test_windows_latest_edits_and_profiles_are_per_scope():
     ac = nodes(AC, [_edit("name", "Old", 5), _edit("language", "fr", 1.5), _edit("favourite", "tea", 1)])
     acme = nodes(ACME, [_edit("name", "Acme", 5), _edit("language", "de", 0.5), _edit("role", "guide", 3)])
     ac_profiles = _profiles(AC, {"role": "guide", "language": "en"})
-    snaps = [snapshot(AC, AS_OF - timedelta(hours=2), memory_nodes=ac, soul_profiles=ac_profiles),
-             snapshot(ACME, None, memory_nodes=acme, soul_profiles=_profiles(ACME, {"name": "Acme"}))]
+    snaps = [snapshot_of(AC, AS_OF - timedelta(hours=2), memory_nodes=ac, soul_profiles=ac_profiles),
+             snapshot_of(ACME, None, memory_nodes=acme, soul_profiles=_profiles(ACME, {"name": "Acme"}))]
     got = each_scope_alone(snaps, "soul_corrections")
     profiles = got.diff.table("soul_profiles")
     assert profiles.updates.select("scope_path", "key", "value").sort("scope_path").rows() == [(AC, "language", "fr")]
@@ -49,7 +49,7 @@ def test_windows_latest_edits_and_profiles_are_per_scope():
 def test_a_scope_without_edits_beside_one_with():
     ac = nodes(AC, [{"label": "project: x"}])
     acme = nodes(ACME, [_edit("name", None, 1)])  # an edit without a value: rejected
-    got = each_scope_alone([snapshot(AC, memory_nodes=ac), snapshot(ACME, memory_nodes=acme)], "soul_corrections")
+    got = each_scope_alone([snapshot_of(AC, memory_nodes=ac), snapshot_of(ACME, memory_nodes=acme)], "soul_corrections")
     assert got.reports[AC].counters["soul_rejected"] == 0 and got.reports[AC].phases_run == ["soul_corrections"]
     assert got.reports[ACME].notes["soul_corrections"] == [
         f"rejected SOUL key 'name' (node {acme.item(0, 'id')}): the edit has no value"]

@@ -7,7 +7,7 @@ from datetime import timedelta
 
 import polars as pl
 
-from tests.transforms.shard_snapshots import AC, ACME, OLD, each_scope_alone, edges, snapshot, uid
+from tests.transforms.shard_cases import AC, ACME, OLD, each_scope_alone, edges, new_id, snapshot_of
 
 
 def _facts(scope: str, source: str, targets: list[str], start) -> pl.DataFrame:
@@ -19,10 +19,10 @@ def test_each_scope_supersedes_only_its_own_facts():
     # The same source id and relation in both scopes (rows built by hand: no quarantine here), the
     # acme facts interleaved in time with ac's.  Grouped across scopes, the four edges would form one
     # chain of three closings, ac's newest closed by an acme edge.
-    source = uid()
-    ac = _facts(AC, source, [uid(), uid()], OLD)
-    acme = _facts(ACME, source, [uid(), uid()], OLD + timedelta(minutes=30))
-    got = each_scope_alone([snapshot(AC, memory_edges=ac), snapshot(ACME, memory_edges=acme)], "supersession")
+    source = new_id()
+    ac = _facts(AC, source, [new_id(), new_id()], OLD)
+    acme = _facts(ACME, source, [new_id(), new_id()], OLD + timedelta(minutes=30))
+    got = each_scope_alone([snapshot_of(AC, memory_edges=ac), snapshot_of(ACME, memory_edges=acme)], "supersession", check_rows=False)
     assert got.reports[AC].counters["facts_superseded"] == 1
     assert got.reports[ACME].counters["facts_superseded"] == 1
     updates = got.diff.table("memory_edges").updates.sort("scope_path")
@@ -35,10 +35,10 @@ def test_each_scope_supersedes_only_its_own_facts():
 
 
 def test_a_scope_without_functional_edges_counts_zero_beside_one_with():
-    source = uid()
-    ac = _facts(AC, source, [uid(), uid(), uid()], OLD)
-    acme = edges(ACME, [{"source_id": source, "target_id": uid()}, {"source_id": source, "target_id": uid()}])
-    got = each_scope_alone([snapshot(AC, memory_edges=ac), snapshot(ACME, memory_edges=acme)], "supersession")
+    source = new_id()
+    ac = _facts(AC, source, [new_id(), new_id(), new_id()], OLD)
+    acme = edges(ACME, [{"source_id": source, "target_id": new_id()}, {"source_id": source, "target_id": new_id()}])
+    got = each_scope_alone([snapshot_of(AC, memory_edges=ac), snapshot_of(ACME, memory_edges=acme)], "supersession", check_rows=False)
     assert got.reports[AC].counters["facts_superseded"] == 2
     assert got.reports[ACME].counters["facts_superseded"] == 0
     assert got.reports[ACME].phases_run == ["supersession"]
