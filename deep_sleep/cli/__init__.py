@@ -68,6 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--fleet", type=int, default=None, metavar="SCOPES",
                    help="instead: a fleet of SCOPES small scopes (org/tNNNNNN/agent/aNN, 20 to a tenant; --nodes each, "
                         "e.g. --fleet 100000 --nodes 100), generated vectorized and bulk-loaded table by table")
+    s.add_argument("--recalls", action="store_true",
+                   help="with --fleet: node embeddings and recall events with explicit feedback, so the recall-quality "
+                        "gate has used queries to replay (slower to load: the vector index is built)")
     s.set_defaults(func=cmd_seed)
 
     r = sub.add_parser("run", help="run the deep_sleep flow for one scope")

@@ -41,7 +41,7 @@ def cmd_seed(args: argparse.Namespace) -> int:
 def _seed_fleet(args: argparse.Namespace) -> int:
     from deep_sleep.dev.fleet import FleetSpec, fleet_scope, seed_fleet
 
-    spec = FleetSpec(scopes=args.fleet, nodes=args.nodes, seed=args.seed,
+    spec = FleetSpec(scopes=args.fleet, nodes=args.nodes, seed=args.seed, recalls=args.recalls,
                      now=_as_of(args.now) or datetime.now(UTC).replace(microsecond=0))
     store = _store(args.dsn)
     t = time.perf_counter()
