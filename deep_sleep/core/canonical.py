@@ -203,6 +203,43 @@ class SlicedColumn:
             self.offsets = np.concatenate([[0], np.cumsum(self.lengths)])
             self.text = b"".join(filled.to_list())
 
+    def run_pieces(self, bounds: np.ndarray) -> list[list[bytes | memoryview] | None]:
+        """For each run ``[bounds[i], bounds[i + 1])``: None when it has no value (:meth:`has_value`
+        false), else bytes equal (joined) to :meth:`pieces` of it — the runs of a shard's scopes at
+        once.  A run of a flat type is a header and one or two memoryview slices, its validity
+        bits packed only when it has a null (the per-run numpy calls of :meth:`pieces` cost more
+        than the bytes); a list or struct column goes through :meth:`pieces`."""
+        bounds = np.asarray(bounds, dtype=np.int64)
+        seen = np.concatenate([[0], np.cumsum(self.valid, dtype=np.int64)])
+        counts = (seen[bounds[1:]] - seen[bounds[:-1]]).tolist()
+        lengths = np.diff(bounds).tolist()
+        at = bounds.tolist()
+        out: list[list[bytes | memoryview] | None] = []
+        kind = self.kind
+        if kind in ("str", "bin"):
+            sizes, text, offsets = self.lengths.data, memoryview(self.text), self.offsets.tolist()
+        elif kind in ("int", "float", "bool", "ts", "ts-naive", "date"):
+            values = self.values.data
+        else:
+            kind = None
+        if kind is not None:
+            header = self.head + kind.encode() + b"\x00"
+            whole = header + b"A"
+        for i, (n, k) in enumerate(zip(lengths, counts, strict=True)):
+            lo, hi = at[i], at[i + 1]
+            if not k:
+                out.append(None)
+                continue
+            if kind is None:
+                out.append(self.pieces(lo, hi))
+                continue
+            head = whole if k == n else header + b"N" + np.packbits(self.valid[lo:hi]).tobytes()
+            if kind in ("str", "bin"):
+                out.append([head, sizes[lo:hi], text[offsets[lo]:offsets[hi]]])
+            else:
+                out.append([head, values[lo:hi]])
+        return out
+
     def has_value(self, lo: int, hi: int) -> bool:
         return bool(self.valid[lo:hi].any())
 
