@@ -22,6 +22,7 @@ passes instead of text rendering (≈ 10× faster than newline-delimited JSON of
 from __future__ import annotations
 
 import io
+import itertools
 from functools import lru_cache
 from typing import Protocol
 
@@ -203,42 +204,38 @@ class SlicedColumn:
             self.offsets = np.concatenate([[0], np.cumsum(self.lengths)])
             self.text = b"".join(filled.to_list())
 
-    def run_pieces(self, bounds: np.ndarray) -> list[list[bytes | memoryview] | None]:
-        """For each run ``[bounds[i], bounds[i + 1])``: None when it has no value (:meth:`has_value`
-        false), else bytes equal (joined) to :meth:`pieces` of it — the runs of a shard's scopes at
-        once.  A run of a flat type is a header and one or two memoryview slices, its validity
-        bits packed only when it has a null (the per-run numpy calls of :meth:`pieces` cost more
-        than the bytes); a list or struct column goes through :meth:`pieces`."""
-        bounds = np.asarray(bounds, dtype=np.int64)
+    def run_streams(self, bounds: np.ndarray) -> list[list[bytes | memoryview]]:
+        """This column's bytes of every run ``[bounds[i], bounds[i + 1])`` at once (a shard's scopes),
+        as a few streams of one entry per run: joined across the streams, run ``i``'s entries are
+        :meth:`pieces` of it when it has a value (:meth:`has_value`), else empty (a column without
+        a value in a scope's rows is left out of its hash).  A flat type's streams are its header
+        (validity bits packed only for a run with a null) and memoryview slices of the encoded
+        column, built by comprehensions over the runs — the per-run numpy calls of :meth:`pieces`
+        cost more than the bytes; a list or struct column is :meth:`pieces` run by run."""
+        at = np.asarray(bounds, dtype=np.int64)
         seen = np.concatenate([[0], np.cumsum(self.valid, dtype=np.int64)])
-        counts = (seen[bounds[1:]] - seen[bounds[:-1]]).tolist()
-        lengths = np.diff(bounds).tolist()
-        at = bounds.tolist()
-        out: list[list[bytes | memoryview] | None] = []
+        counts = seen[at[1:]] - seen[at[:-1]]
+        lo, hi = at[:-1].tolist(), at[1:].tolist()
+        empty = np.flatnonzero(counts == 0).tolist()
         kind = self.kind
+        if kind not in ("str", "bin", "int", "float", "bool", "ts", "ts-naive", "date"):
+            return [[b"" if not k else b"".join(self.pieces(a, b)) for k, a, b in zip(counts.tolist(), lo, hi, strict=True)]]
+        header = self.head + kind.encode() + b"\x00"
+        heads: list[bytes | memoryview] = [header + b"A"] * len(lo)
+        for i in np.flatnonzero((counts > 0) & (counts < np.diff(at))).tolist():
+            heads[i] = header + b"N" + np.packbits(self.valid[lo[i]:hi[i]]).tobytes()
         if kind in ("str", "bin"):
-            sizes, text, offsets = self.lengths.data, memoryview(self.text), self.offsets.tolist()
-        elif kind in ("int", "float", "bool", "ts", "ts-naive", "date"):
-            values = self.values.data
+            sizes, text = self.lengths.data, memoryview(self.text)
+            offsets = self.offsets[at].tolist()
+            streams = [heads, [sizes[a:b] for a, b in zip(lo, hi, strict=True)],
+                       [text[a:b] for a, b in itertools.pairwise(offsets)]]
         else:
-            kind = None
-        if kind is not None:
-            header = self.head + kind.encode() + b"\x00"
-            whole = header + b"A"
-        for i, (n, k) in enumerate(zip(lengths, counts, strict=True)):
-            lo, hi = at[i], at[i + 1]
-            if not k:
-                out.append(None)
-                continue
-            if kind is None:
-                out.append(self.pieces(lo, hi))
-                continue
-            head = whole if k == n else header + b"N" + np.packbits(self.valid[lo:hi]).tobytes()
-            if kind in ("str", "bin"):
-                out.append([head, sizes[lo:hi], text[offsets[lo]:offsets[hi]]])
-            else:
-                out.append([head, values[lo:hi]])
-        return out
+            values = self.values.data
+            streams = [heads, [values[a:b] for a, b in zip(lo, hi, strict=True)]]
+        for stream in streams:
+            for i in empty:
+                stream[i] = b""
+        return streams
 
     def has_value(self, lo: int, hi: int) -> bool:
         return bool(self.valid[lo:hi].any())

@@ -155,7 +155,7 @@ class Diff:
         shard and cut per scope — not one encoding (a few Polars calls per frame) per scope."""
         from deep_sleep.core.canonical import SlicedColumn
 
-        per_scope: dict[str, list[bytes | memoryview]] = {}
+        per_scope: dict[str, list[bytes]] = {}
         for name in sorted(self.tables):
             for kind, frame in self.tables[name].frames().items():
                 if not frame.height:
@@ -164,19 +164,15 @@ class Diff:
                     raise DiffError(f"{name}.{kind}: a shard's diff needs a scope_path on every row")
                 frame = frame.sort("scope_path", "phase", "id", maintain_order=True)
                 runs = frame.get_column("scope_path").rle()
-                lengths = runs.struct.field("len").to_numpy()
+                lengths = runs.struct.field("len").to_list()
                 values = runs.struct.field("value").to_list()
                 bounds = np.concatenate([[0], np.cumsum(lengths)])
                 cols = sorted(c for c in frame.columns if not (c == "scope_path" and kind != "inserts"))
-                columns = [SlicedColumn(c, frame.get_column(c)).run_pieces(bounds) for c in cols]
-                title = f"{name}.{kind}\n".encode()
-                for i, scope in enumerate(values):
-                    out = per_scope.setdefault(scope, [])
-                    out.append(title)
-                    for pieces in columns:
-                        if pieces[i] is not None:
-                            out.extend(pieces[i])
-                    out.append(b"rows %d\n" % lengths[i])
+                streams = [stream for c in cols for stream in SlicedColumn(c, frame.get_column(c)).run_streams(bounds)]
+                title = [f"{name}.{kind}\n".encode()] * len(values)
+                tail = [b"rows %d\n" % n for n in lengths]
+                for scope, block in zip(values, map(b"".join, zip(title, *streams, tail)), strict=True):
+                    per_scope.setdefault(scope, []).append(block)
         return {scope: hashlib.sha256(b"".join([b"deep-sleep diff hash 2\n", *parts])).hexdigest()
                 for scope, parts in per_scope.items()}
 

@@ -4,6 +4,7 @@ type or chunking; any change of a value, a null or a boundary between values →
 from __future__ import annotations
 
 import hashlib
+import itertools
 from datetime import UTC, datetime, timedelta
 
 import numpy as np
@@ -129,17 +130,18 @@ def _column_and_runs(draw):
 
 @settings(max_examples=300, deadline=None)
 @given(_column_and_runs())
-def test_run_pieces_are_the_pieces_of_each_run(case):
-    """SlicedColumn.run_pieces (every scope's run at once) gives each run's bytes as pieces(lo, hi),
-    and None exactly for the runs without a value."""
+def test_run_streams_are_the_pieces_of_each_run(case):
+    """SlicedColumn.run_streams (every scope's run at once) gives each run's bytes as pieces(lo, hi),
+    and nothing exactly for the runs without a value."""
     from deep_sleep.core.canonical import SlicedColumn
 
     s, bounds = case
     col = SlicedColumn("c", s)
-    got = col.run_pieces(np.array(bounds))
-    assert len(got) == len(bounds) - 1
-    for parts, lo, hi in zip(got, bounds[:-1], bounds[1:], strict=True):
+    streams = col.run_streams(np.array(bounds))
+    assert all(len(stream) == len(bounds) - 1 for stream in streams)
+    for i, (lo, hi) in enumerate(itertools.pairwise(bounds)):
+        got = b"".join(stream[i] for stream in streams)
         if not col.has_value(lo, hi):
-            assert parts is None
+            assert got == b""
         else:
-            assert b"".join(parts) == b"".join(col.pieces(lo, hi)) == b"".join(series_bytes("c", s.slice(lo, hi - lo)))
+            assert got == b"".join(col.pieces(lo, hi)) == b"".join(series_bytes("c", s.slice(lo, hi - lo)))
