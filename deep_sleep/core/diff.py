@@ -155,7 +155,7 @@ class Diff:
         shard and cut per scope — not one encoding (a few Polars calls per frame) per scope."""
         from deep_sleep.core.canonical import SlicedColumn
 
-        per_scope: dict[str, list[tuple[str, str, list[SlicedColumn], int, int]]] = {}
+        per_scope: dict[str, list[bytes]] = {}
         for name in sorted(self.tables):
             for kind, frame in self.tables[name].frames().items():
                 if not frame.height:
@@ -163,27 +163,18 @@ class Diff:
                 if "scope_path" not in frame.columns:
                     raise DiffError(f"{name}.{kind}: a shard's diff needs a scope_path on every row")
                 frame = frame.sort("scope_path", "phase", "id", maintain_order=True)
-                scope_col = frame.get_column("scope_path")
-                runs = scope_col.rle()
-                lengths = runs.struct.field("len").to_numpy()
+                runs = frame.get_column("scope_path").rle()
+                lengths = runs.struct.field("len").to_list()
                 values = runs.struct.field("value").to_list()
                 bounds = np.concatenate([[0], np.cumsum(lengths)])
                 cols = sorted(c for c in frame.columns if not (c == "scope_path" and kind != "inserts"))
-                encoded = [SlicedColumn(c, frame.get_column(c)) for c in cols]
-                for i, scope in enumerate(values):
-                    per_scope.setdefault(scope, []).append((name, kind, encoded, int(bounds[i]), int(bounds[i + 1])))
-        out = {}
-        for scope, parts in per_scope.items():
-            h = hashlib.sha256(b"deep-sleep diff hash 2\n")
-            for name, kind, encoded, lo, hi in parts:
-                h.update(f"{name}.{kind}\n".encode())
-                for col in encoded:
-                    if col.has_value(lo, hi):
-                        for piece in col.pieces(lo, hi):
-                            h.update(piece)
-                h.update(b"rows %d\n" % (hi - lo))
-            out[scope] = h.hexdigest()
-        return out
+                streams = [stream for c in cols for stream in SlicedColumn(c, frame.get_column(c)).run_streams(bounds)]
+                title = [f"{name}.{kind}\n".encode()] * len(values)
+                tail = [b"rows %d\n" % n for n in lengths]
+                for scope, block in zip(values, map(b"".join, zip(title, *streams, tail)), strict=True):
+                    per_scope.setdefault(scope, []).append(block)
+        return {scope: hashlib.sha256(b"".join([b"deep-sleep diff hash 2\n", *parts])).hexdigest()
+                for scope, parts in per_scope.items()}
 
     def scope_row_counts(self) -> dict[str, dict[str, dict[str, int]]]:
         """Every scope's :meth:`row_counts` in a shard's diff (scopes with rows), counted per frame at once."""

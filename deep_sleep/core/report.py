@@ -16,6 +16,27 @@ from typing import Any
 from deep_sleep.core.errors import DiffError
 from deep_sleep.core.files import write_atomic
 
+_ATOMS = (str, int, float, bool, type(None))
+
+
+def _plain(value: Any) -> Any:
+    """A copy of ``value`` as ``dataclasses.asdict`` makes it (dicts, lists and tuples rebuilt,
+    their items copied the same way, anything else deep-copied), with strings, numbers, booleans
+    and None — nearly every value of a report — kept as they are (``deepcopy`` returns them anyway)."""
+    kind = type(value)
+    if kind in _ATOMS:
+        return value
+    if kind is dict:
+        return {_plain(k): _plain(v) for k, v in value.items()}
+    if kind is list:
+        return [_plain(v) for v in value]
+    return asdict(_Box(value))["value"]  # tuples, nested dataclasses, datetimes…: exactly as asdict does
+
+
+@dataclass(frozen=True)
+class _Box:
+    value: Any
+
 
 @dataclass(frozen=True)
 class ConsolidationReport:
@@ -82,7 +103,19 @@ class ConsolidationReport:
         return replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
+        """The report as plain JSON-ready values (a fresh copy: changing it leaves the report as it
+        is), without the sections only some runs carry (``llm``, ``held``, ``gate``) when they are
+        empty.  Equal to :meth:`to_dict_plain` (``dataclasses.asdict``; tested): a nightly shard
+        writes thousands of reports several times over, and ``asdict``'s recursion (a deepcopy of
+        every counter) was a good part of a shard's transform stage."""
+        return self._trimmed({f: _plain(getattr(self, f)) for f in self.__dataclass_fields__})
+
+    def to_dict_plain(self) -> dict[str, Any]:
+        """:meth:`to_dict` stated plainly, with ``dataclasses.asdict``."""
+        return self._trimmed(asdict(self))
+
+    @staticmethod
+    def _trimmed(out: dict[str, Any]) -> dict[str, Any]:
         if not out["llm"]:  # only runs that used the model carry its costs: report.json stays as it was otherwise
             del out["llm"]
         if not out["held"]:  # likewise: only runs that held rows say so

@@ -4,8 +4,10 @@ type or chunking; any change of a value, a null or a boundary between values →
 from __future__ import annotations
 
 import hashlib
+import itertools
 from datetime import UTC, datetime, timedelta
 
+import numpy as np
 import polars as pl
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -101,3 +103,45 @@ def test_a_frame_encodes_as_its_columns_one_by_one():
         reordered = list(reversed(frame.columns))
         assert b"".join(bytes(p) for p in columns_bytes(frame, reordered)) == b"".join(
             bytes(p) for p in columns_bytes(frame.select(reordered)))
+
+
+_COLUMN_VALUES = {  # dtype → values (None: null) hypothesis draws a column from
+    pl.Int64: st.one_of(st.none(), st.integers(-2**63, 2**63 - 1)),
+    pl.Int32: st.one_of(st.none(), st.integers(-2**31, 2**31 - 1)),
+    pl.Float64: st.one_of(st.none(), st.floats()),
+    pl.Boolean: st.one_of(st.none(), st.booleans()),
+    pl.String: st.one_of(st.none(), st.text(max_size=6)),
+    pl.Binary: st.one_of(st.none(), st.binary(max_size=4)),
+    pl.Datetime("us", "UTC"): st.one_of(st.none(), st.datetimes(timezones=st.just(UTC))),
+    pl.List(pl.Float64): st.one_of(st.none(), st.lists(st.one_of(st.none(), st.floats(allow_nan=False)), max_size=3)),
+    pl.Struct({"a": pl.Int64}): st.one_of(st.none(), st.fixed_dictionaries({"a": st.integers(-5, 5)})),
+}
+
+
+@st.composite
+def _column_and_runs(draw):
+    dtype = draw(st.sampled_from(list(_COLUMN_VALUES)))
+    values = draw(st.lists(_COLUMN_VALUES[dtype], min_size=1, max_size=30))
+    if draw(st.booleans()):  # whole runs of nulls, and runs without one
+        values = [None] * draw(st.integers(0, 5)) + values
+    cuts = sorted(set(draw(st.lists(st.integers(1, len(values) - 1), max_size=6)))) if len(values) > 1 else []
+    return pl.Series("c", values, dtype=dtype), [0, *cuts, len(values)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(_column_and_runs())
+def test_run_streams_are_the_pieces_of_each_run(case):
+    """SlicedColumn.run_streams (every scope's run at once) gives each run's bytes as pieces(lo, hi),
+    and nothing exactly for the runs without a value."""
+    from deep_sleep.core.canonical import SlicedColumn
+
+    s, bounds = case
+    col = SlicedColumn("c", s)
+    streams = col.run_streams(np.array(bounds))
+    assert all(len(stream) == len(bounds) - 1 for stream in streams)
+    for i, (lo, hi) in enumerate(itertools.pairwise(bounds)):
+        got = b"".join(stream[i] for stream in streams)
+        if not col.has_value(lo, hi):
+            assert got == b""
+        else:
+            assert got == b"".join(col.pieces(lo, hi)) == b"".join(series_bytes("c", s.slice(lo, hi - lo)))
