@@ -6,6 +6,8 @@ whose scopes share ids (every rule keyed by scope); the shard's held files read 
 from __future__ import annotations
 
 import random
+import uuid
+from datetime import timedelta
 
 import polars as pl
 import pytest
@@ -184,3 +186,84 @@ def test_the_per_scope_folders_of_earlier_releases_still_read(tmp_path):
         held, reasons = read_held(tmp_path, s)
         assert_same_diff(held, got.scope(s).held, s)
         assert reasons.height == got.scope(s).rows.height
+
+
+def _night(store, scopes, base, gate: dict[str, bool]):
+    """extract → transform → validate → apply with the default holds policy and ``gate``'s verdicts."""
+    from deep_sleep.transforms.config import load_config
+
+    from deep_sleep.run import pipeline
+    from tests.jobs.test_approve import NOW
+
+    config = load_config()
+    extracted = pipeline.extract(store, scopes, NOW, config, base / "snapshot")
+    planned = pipeline.transform(extracted, config, NOW, base / "diff")
+    return pipeline.apply(store, pipeline.validate(planned, config), started_at=NOW, holds=config.holds,
+                          gate_failed=gate)
+
+
+def _forty_percent(scope) -> list[tuple[str, list[dict]]]:
+    """tests/jobs/test_approve.py's seed_40_percent as rows (inserted alike into two databases): 6 strong
+    connected nodes (3 read lately), 4 weak old orphans — prune_orphans deletes 40 % of the scope."""
+    from tests.jobs.test_approve import NOW
+    from tests.storeutil import access, edge, node
+
+    strong = [node(scope, f"project: strong {i}", NOW - timedelta(hours=3), importance=8.0) for i in range(6)]
+    weak = [node(scope, f"trivia: weak {i}", NOW - timedelta(days=30), importance=2.0) for i in range(4)]
+    return [("memory_nodes", [*strong, *weak]),
+            ("memory_edges", [edge(scope, strong[i]["id"], strong[i + 1]["id"], at=NOW - timedelta(hours=3))
+                              for i in range(5)]),
+            ("memory_access_log", [access(scope, n["id"], NOW - timedelta(minutes=m)) for n in strong[:3] for m in (5, 30)])]
+
+
+def _ledger_and_rows(store, scopes) -> dict:
+    from tests.storeutil import dump
+
+    out = {}
+    with store.pg() as con:
+        for sc in scopes:
+            d = dump(store, sc)
+            d.pop("consolidation_runs")
+            d["runs"] = con.execute("SELECT status, rows_changed::text, conflicts, diff_hash, held::text, hold_status "
+                                    "FROM consolidation_runs WHERE scope_path = %s", (sc.path,)).fetchall()
+            out[sc.path] = d
+    return out
+
+
+def test_a_shard_night_holds_and_applies_as_scope_by_scope_nights(admin_dsn, tmp_path):
+    """The same rows in two databases, a night per scope in one and one shard night in the other (a
+    gate failed for one scope): every scope's store rows, ledger row (held, hold_status), report
+    ``held`` and held rows (read back per scope) are equal; the shard wrote its held rows once."""
+    from deep_sleep.core.scope import Scope
+    from deep_sleep.store.db import create_database, drop_database
+    from tests.jobs.test_approve import NOW
+    from tests.storeutil import insert, node
+
+    tag = uuid.uuid4().hex[:8]
+    org = Scope.root("org", f"h{tag}")
+    scopes = [org, org.child("brand", "b1"), Scope.root("org", f"h{tag}x"), Scope.root("org", f"h{tag}xy")]
+    calm = scopes[3]
+    gate = {scopes[1].path: True}
+    stores = [create_database(admin_dsn, f"ds_holds_{tag}_{side}") for side in ("alone", "shard")]
+    try:
+        rows = [part for sc in scopes[:3] for part in _forty_percent(sc)]
+        rows.append(("memory_nodes", [node(calm, f"project: fine {i}", NOW - timedelta(hours=3)) for i in range(3)]))
+        for st in stores:
+            for table, part in rows:
+                insert(st, table, part)
+        alone = {}
+        for i, sc in enumerate(scopes):
+            alone[sc.path] = _night(stores[0], sc, tmp_path / "alone" / str(i), gate).reports[sc.path]
+        shard = _night(stores[1], scopes, tmp_path / "shard", gate).reports
+        assert [bool(shard[sc.path].held) for sc in scopes] == [True, True, True, False]
+        for sc in scopes:
+            assert shard[sc.path].held == alone[sc.path].held, sc
+            a, _ = read_held(tmp_path / "alone" / str(scopes.index(sc)) / "diff", sc.path)
+            b, _ = read_held(tmp_path / "shard" / "diff", sc.path)
+            assert b.content_hash() == a.content_hash() and b.row_counts() == a.row_counts(), sc
+        assert _ledger_and_rows(stores[0], scopes) == _ledger_and_rows(stores[1], scopes)
+        files = sorted(p.name for p in (tmp_path / "shard" / "diff" / HELD_DIR).iterdir())
+        assert "reasons.parquet" in files and all(p.endswith(".parquet") for p in files)  # no per-scope folders
+    finally:
+        for side in ("alone", "shard"):
+            drop_database(admin_dsn, f"ds_holds_{tag}_{side}")
