@@ -323,14 +323,14 @@ def _hold_shard(planned: Planned, reports: dict[str, ConsolidationReport], polic
     to ``<diff_dir>/held/`` (a stale one — a re-run of the apply on the same files — is replaced)."""
     ok = [s for s, r in reports.items() if r.status != "failed"]
     splitting = policy.enabled or any(gate_failed.get(s) for s in ok)
+    out = planned.diff_dir / held_rows.HELD_DIR if planned.diff_dir is not None else None
+    if out is not None and out.exists():
+        shutil.rmtree(out)
     if not splitting or not planned.plan.diff.has_changes:
         return planned.plan.diff, reports
-    if planned.diff_dir is None:
+    if out is None:
         raise InputError("holds keep the held rows beside the diff: run the pipeline with a diff directory, "
                          "or without a holds policy")
-    out = planned.diff_dir / held_rows.HELD_DIR
-    if out.exists():
-        shutil.rmtree(out)
     t0 = time.perf_counter()
     split = held_rows.split_holds_shard(planned.plan.diff, planned.plan.shard, policy, gate_failed, scopes=ok)
     seconds = round(time.perf_counter() - t0, 6)
