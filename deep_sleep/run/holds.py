@@ -31,6 +31,13 @@ So that the applied part stays valid and the held part can still be applied late
 Rows that the diff drops anyway (``Diff.combine``: updates of deleted rows) need nothing here.  A
 held row whose stored row a live writer changes before the approval conflicts then, as always.
 
+:func:`split_holds_shard` is the same split of a whole shard's diff in one pass (every rule keyed
+by ``(scope_path, id)``, the thresholds counted per scope): each scope gets exactly the split of
+:func:`split_holds` on that scope alone (tested differentially).  Its held rows are written once
+for the shard: ``<diff_dir>/held/<table>.<kind>.parquet`` and ``reasons.parquet``, every row with
+``scope_path`` (the layout of a shard's diff); :func:`read_held` reads one scope out of them (and
+out of the per-scope folders ``held/<scope>/`` of earlier releases).
+
     >>> from deep_sleep.core.holds_config import HoldsConfig
     >>> split = split_holds(Diff.empty(), Snapshot("org\\x1fa", None, None, {}), HoldsConfig())
     >>> split.held.has_changes, split.summary()
@@ -42,6 +49,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,12 +57,13 @@ from urllib.parse import quote
 
 import polars as pl
 
-from deep_sleep.core import files
+from deep_sleep.core import files, tables
 from deep_sleep.core.diff import KINDS, Diff, TableDiff
 from deep_sleep.core.errors import InputError
 from deep_sleep.core.holds_config import HoldsConfig
 from deep_sleep.core.report import ConsolidationReport
 from deep_sleep.core.scope import Scope
+from deep_sleep.core.shard import Shard
 from deep_sleep.core.snapshot import Snapshot
 from deep_sleep.store.db import Store
 
@@ -121,9 +130,7 @@ def split_holds(diff: Diff, snapshot: Snapshot, policy: HoldsConfig, gate_failed
     share_fires = on and sem_deleted > policy.max_delete_share * semantic.len()
     count_fires = on and sem_deleted > policy.max_deletes
     if share_fires or count_fires:
-        pct = 100 * sem_deleted / max(semantic.len(), 1)
-        why.append(f"the run deletes {sem_deleted} of {semantic.len()} semantic nodes ({pct:.1f} %; the policy "
-                   f"holds more than {100 * policy.max_delete_share:g} % or more than {policy.max_deletes})")
+        why.append(_share_why(sem_deleted, semantic.len(), policy))
     used = pl.Series(dtype=pl.String)
     if on and policy.used_deletes:
         ev = snapshot.table("recall_events")
@@ -131,7 +138,7 @@ def split_holds(diff: Diff, snapshot: Snapshot, policy: HoldsConfig, gate_failed
             used = _ids(ev.filter((pl.col("label_source") == "explicit") & (pl.col("label") >= 1.0)), "node_id")
     lowered = pl.Series(dtype=pl.String)
     if gate_failed:
-        why.append("the recall-quality gate failed: every destructive row waits")
+        why.append(WHY_GATE)
         ups = diff.table("memory_nodes").updates
         if ups.height and "importance" in ups.columns and "importance" in nodes.columns:
             last = ups.filter(pl.col("importance").is_not_null()).group_by("id", maintain_order=True).agg(
@@ -188,10 +195,7 @@ def split_holds(diff: Diff, snapshot: Snapshot, policy: HoldsConfig, gate_failed
             ).to_series()
 
     fired = {name for r in reasons.values() for name in r.drop_nulls().unique().to_list()}
-    if "soul_change" in fired:
-        why.append("the run changes the agent's SOUL profile (soul_profiles)")
-    if "used_node" in fired:
-        why.append("the run deletes memories the agent used (explicit positive recall feedback)")
+    why += _fired_why(fired)
 
     applied: dict[str, dict[str, pl.DataFrame]] = {}
     held: dict[str, dict[str, pl.DataFrame]] = {}
@@ -214,9 +218,226 @@ def split_holds(diff: Diff, snapshot: Snapshot, policy: HoldsConfig, gate_failed
     return HoldSplit(as_diff(applied), as_diff(held), pl.concat(rows).cast(REASONS_SCHEMA), tuple(why))
 
 
+WHY_GATE = "the recall-quality gate failed: every destructive row waits"
+WHY_FIRED = {"soul_change": "the run changes the agent's SOUL profile (soul_profiles)",
+             "used_node": "the run deletes memories the agent used (explicit positive recall feedback)"}
+
+
+def _share_why(deleted: int, semantic: int, policy: HoldsConfig) -> str:
+    pct = 100 * deleted / max(semantic, 1)
+    return (f"the run deletes {deleted} of {semantic} semantic nodes ({pct:.1f} %; the policy "
+            f"holds more than {100 * policy.max_delete_share:g} % or more than {policy.max_deletes})")
+
+
+def _fired_why(fired: set[str]) -> list[str]:
+    return [text for rule, text in WHY_FIRED.items() if rule in fired]
+
+
+# -- the shard's split ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ShardHoldSplit:
+    """:class:`HoldSplit` of a shard: apply and held are shard diffs (every row with ``scope_path``;
+    ``apply`` ∪ ``held`` = the diff, row for row), rows the reasons with ``scope_path``, why the
+    sentences of each scope that holds rows."""
+
+    apply: Diff
+    held: Diff
+    rows: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema={"scope_path": pl.String(), **REASONS_SCHEMA}))
+    why: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+    @property
+    def scopes(self) -> list[str]:
+        """The scopes that hold rows, sorted."""
+        return sorted(self.why)
+
+    def summaries(self) -> dict[str, dict[str, Any]]:
+        """Each scope's :meth:`HoldSplit.summary` (scopes that hold rows), counted for all at once."""
+        return summarize_many(self.rows, self.why)
+
+    def scope(self, scope_path: str) -> HoldSplit:
+        """One scope's split, as :meth:`Diff.by_scope` reads its rows (what a test compares with
+        :func:`split_holds` of that scope alone)."""
+        applied = self.apply.by_scope((scope_path,)).get(scope_path, Diff.empty())
+        if scope_path not in self.why:
+            return HoldSplit(applied, Diff.empty(), why=())
+        held = self.held.by_scope((scope_path,)).get(scope_path, Diff.empty())
+        rows = self.rows.filter(pl.col("scope_path") == scope_path).drop("scope_path")
+        return HoldSplit(applied, held, rows, self.why[scope_path])
+
+    def write(self, directory: str | Path) -> Path:
+        """Every scope's held rows in one diff directory (rows sorted by ``scope_path``, each with it)
+        plus ``reasons.parquet`` (with ``scope_path``)."""
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        for name, td in self.held.tables.items():
+            for kind, frame in td.frames().items():
+                if frame.height:
+                    frame.sort("scope_path", maintain_order=True).write_parquet(out / f"{name}.{kind}.parquet",
+                                                                                **tables.PARQUET_OPTIONS)
+        self.rows.sort("scope_path", maintain_order=True).write_parquet(out / REASONS_FILE)
+        return out
+
+
+def summarize_many(rows: pl.DataFrame, why: Mapping[str, tuple[str, ...] | list[str]]) -> dict[str, dict[str, Any]]:
+    """:func:`summarize` of every scope of ``rows`` (reasons with ``scope_path``), one group-by per field."""
+    out: dict[str, dict[str, Any]] = {s: {"rows": {}, "reasons": {}, "phases": {}, "why": list(why.get(s, ()))}
+                                      for s in rows.get_column("scope_path").unique().to_list()}
+    for s, table, kind, n in rows.group_by("scope_path", "table", "kind").len().sort(
+            "scope_path", "table", "kind").iter_rows():
+        out[s]["rows"].setdefault(table, {})[kind] = n
+    for col, key in (("reason", "reasons"), ("phase", "phases")):
+        for s, value, n in rows.group_by("scope_path", col).len().sort("scope_path", col).iter_rows():
+            out[s][key][value] = n
+    return out
+
+
+def _key(column: str = "id") -> pl.Expr:
+    """(scope_path, id) of a row: ids are matched within their own scope only."""
+    return pl.struct(pl.col("scope_path"), pl.col(column).cast(pl.String).alias("id"))
+
+
+def _keys(frame: pl.DataFrame, column: str = "id") -> pl.Series:
+    """The distinct (scope_path, ``column``) keys of ``frame``'s rows, null ids left out."""
+    return (frame.filter(pl.col(column).is_not_null()).select(_key(column).alias("k")).unique().to_series()
+            if frame.height else pl.Series("k", [], dtype=pl.Struct({"scope_path": pl.String, "id": pl.String})))
+
+
+def _in_keys(keys: pl.Series, column: str = "id") -> pl.Expr:
+    return _key(column).is_in(keys.implode()) if keys.len() else pl.lit(False)
+
+
+def _scope_in(scopes: Iterable[str]) -> pl.Expr:
+    return pl.col("scope_path").is_in(pl.Series(sorted(scopes), dtype=pl.String).implode())
+
+
+def _per_scope_counts(keys: pl.Series) -> dict[str, int]:
+    if not keys.len():
+        return {}
+    return dict(keys.struct.field("scope_path").value_counts().iter_rows())
+
+
+def split_holds_shard(diff: Diff, shard: Shard, policy: HoldsConfig, gate_failed: Mapping[str, bool] | None = None,
+                      scopes: Iterable[str] | None = None) -> ShardHoldSplit:
+    """:func:`split_holds` of every scope of a shard's ``diff`` (every frame with ``scope_path``,
+    planned on ``shard``) in one pass: each rule is one expression over the whole frame, keyed by
+    (scope_path, id), the share/count thresholds counted per scope.  ``gate_failed``: scope → the
+    recall-quality gate failed; ``scopes``: only these scopes may hold rows (None: all; e.g. the
+    scopes whose validation passed) — the rows of the others apply whole, as without a split."""
+    on = policy.enabled
+    gate = {s for s, failed in (gate_failed or {}).items() if failed}
+    eligible = None if scopes is None else set(scopes)
+    if eligible is not None:
+        gate &= eligible
+    nodes = shard.table("memory_nodes")
+    sem_nodes = nodes.filter(pl.col("layer") == "semantic") if "layer" in nodes.columns else nodes.head(0)
+    semantic = _keys(sem_nodes)
+    node_deletes = diff.table("memory_nodes").deletes
+    sem_deleted = (dict(node_deletes.filter(_in_keys(semantic)).group_by("scope_path").len().iter_rows())
+                   if node_deletes.height and on else {})
+    n_semantic = _per_scope_counts(semantic) if sem_deleted else {}
+    share = {s for s, n in sem_deleted.items() if n > policy.max_delete_share * n_semantic.get(s, 0)}
+    count = {s for s, n in sem_deleted.items() if n > policy.max_deletes} - share  # named delete_share if both
+    if eligible is not None:
+        share, count = share & eligible, count & eligible
+    used = _keys(node_deletes.head(0))
+    if on and policy.used_deletes and node_deletes.height:
+        ev = shard.table("recall_events")
+        if {"label", "label_source", "node_id"} <= set(ev.columns):
+            used = _keys(ev.filter((pl.col("label_source") == "explicit") & (pl.col("label") >= 1.0)), "node_id")
+    lowered = used.head(0)
+    ups = diff.table("memory_nodes").updates
+    if gate and ups.height and "importance" in ups.columns and "importance" in nodes.columns:
+        last = (ups.filter(_scope_in(gate) & pl.col("importance").is_not_null())
+                .group_by("scope_path", "id", maintain_order=True).agg(pl.col("importance").last().alias("_new")))
+        old = nodes.select("scope_path", pl.col("id").cast(pl.String), pl.col("importance").alias("_old"))
+        lowered = _keys(last.join(old, on=["scope_path", "id"]).filter(pl.col("_new") < pl.col("_old")))
+
+    # First pass: the rules on each frame (reason or null), in split_holds' order (the first wins).
+    reasons: dict[tuple[str, str], pl.Series] = {}
+    for table, td in diff.tables.items():
+        for kind, frame in td.frames().items():
+            if not frame.height:
+                continue
+            conds: list[tuple[pl.Expr, str]] = []
+            if table == "memory_nodes" and kind == "deletes":
+                if used.len():
+                    conds.append((_in_keys(used), "used_node"))
+                if share:
+                    conds.append((_scope_in(share) & _in_keys(semantic), "delete_share"))
+                if count:
+                    conds.append((_scope_in(count) & _in_keys(semantic), "delete_count"))
+            if table == "soul_profiles" and on and policy.soul_changes:
+                conds.append((pl.lit(True), "soul_change"))
+            if gate and kind == "deletes":
+                conds.append((_scope_in(gate), "gate_failed"))
+            if gate and table == "memory_nodes" and kind == "updates" and lowered.len():
+                conds.append((_in_keys(lowered), "gate_failed"))
+            rule = pl.lit(None, dtype=pl.String)
+            for cond, name in reversed(conds):
+                rule = pl.when(cond).then(pl.lit(name)).otherwise(rule)
+            if eligible is not None and conds:
+                rule = pl.when(_scope_in(eligible)).then(rule).otherwise(pl.lit(None, dtype=pl.String))
+            reasons[(table, kind)] = frame.select(rule.alias("r")).to_series()
+
+    # Edge deletes touching a held node delete of the same scope.
+    if ("memory_nodes", "deletes") in reasons and ("memory_edges", "deletes") in reasons:
+        held_nodes = _keys(node_deletes.filter(reasons[("memory_nodes", "deletes")].is_not_null()))
+        if held_nodes.len():
+            edges = shard.table("memory_edges")
+            touching = _keys(edges.filter(_in_keys(held_nodes, "source_id") | _in_keys(held_nodes, "target_id")))
+            ed = diff.table("memory_edges").deletes
+            r = reasons[("memory_edges", "deletes")]
+            reasons[("memory_edges", "deletes")] = ed.select(
+                pl.when(r.is_not_null()).then(pl.lit(r)).when(_in_keys(touching)).then(pl.lit("with_held_node"))
+                .alias("r")).to_series()
+
+    # Every row of a held (scope, id) in the same table.
+    for table in {t for t, _ in reasons}:
+        kinds = [k for k in KINDS if (table, k) in reasons]
+        frames = diff.table(table).frames()
+        held_keys = pl.concat([_keys(frames[k].filter(reasons[(table, k)].is_not_null())) for k in kinds]).unique()
+        if not held_keys.len():
+            continue
+        for k in kinds:
+            r = reasons[(table, k)]
+            reasons[(table, k)] = frames[k].select(
+                pl.when(r.is_not_null()).then(pl.lit(r)).when(_in_keys(held_keys)).then(pl.lit("same_row")).alias("r")
+            ).to_series()
+
+    applied: dict[str, dict[str, pl.DataFrame]] = {}
+    held: dict[str, dict[str, pl.DataFrame]] = {}
+    rows = []
+    for table, td in diff.tables.items():
+        for kind, frame in td.frames().items():
+            r = reasons.get((table, kind))
+            if r is None or not r.is_not_null().any():
+                applied.setdefault(table, {})[kind] = frame
+                continue
+            mask = r.is_not_null()
+            applied.setdefault(table, {})[kind] = frame.filter(~mask)
+            held.setdefault(table, {})[kind] = frame.filter(mask)
+            rows.append(frame.filter(mask).select(
+                pl.col("scope_path"), pl.lit(table).alias("table"), pl.lit(kind).alias("kind"),
+                pl.col("id").cast(pl.String), pl.col("phase"), pl.lit(r.filter(mask)).alias("reason")))
+    if not held:
+        return ShardHoldSplit(diff, Diff.empty())
+    as_diff = lambda parts: Diff({t: TableDiff(**kinds) for t, kinds in parts.items()})
+    reasons_frame = pl.concat(rows).cast({"scope_path": pl.String(), **REASONS_SCHEMA})
+    fired = {s: set(rs) for s, rs in reasons_frame.group_by("scope_path").agg(pl.col("reason").unique()).iter_rows()}
+    why = {}
+    for s in sorted(fired):
+        sentences = [_share_why(sem_deleted[s], n_semantic.get(s, 0), policy)] if s in share or s in count else []
+        if s in gate:
+            sentences.append(WHY_GATE)
+        why[s] = tuple(sentences + _fired_why(fired[s]))
+    return ShardHoldSplit(as_diff(applied), as_diff(held), reasons_frame, why)
+
+
 def held_dir(diff_dir: str | Path, scope_path: str, shard: bool) -> Path:
     """Where a scope's held rows go: ``<diff_dir>/held/`` (a single-scope diff directory), or
-    ``<diff_dir>/held/<scope as kind/id…, URL-quoted>/`` (a shard's)."""
+    ``<diff_dir>/held/<scope as kind/id…, URL-quoted>/`` (a shard's scope applied on its own; shards
+    of earlier releases kept every scope's rows so — a shard now writes one set of files,
+    :meth:`ShardHoldSplit.write`)."""
     base = Path(diff_dir) / HELD_DIR
     return base / quote(Scope.parse(scope_path).display(), safe="") if shard else base
 
@@ -239,34 +460,55 @@ def hold(diff: Diff, snapshot: Snapshot, report: ConsolidationReport, policy: Ho
     return split.apply, report.with_(held={**split.summary(), "status": "pending"}, timings=seconds)
 
 
-HOLDS_SQL = "UPDATE consolidation_runs SET held = %s::jsonb, hold_status = 'pending' WHERE run_id = %s::uuid"
+HOLDS_SQL = """UPDATE consolidation_runs r SET held = v.held, hold_status = 'pending'
+FROM unnest(%s::uuid[], %s::jsonb[]) AS v(run_id, held) WHERE r.run_id = v.run_id"""
 
 
 def record_holds(store: Store, run_id: str | None, held: dict) -> None:
     """Mark the run's ledger row as holding rows (``held``, ``hold_status = 'pending'``).  Written right
     after the apply's transaction: should the process die in between, the held directory is still
     there and ``deep-sleep approve`` reads the holds from it, not from this column."""
+    record_holds_many(store, {run_id: held})
+
+
+def record_holds_many(store: Store, held: Mapping[str | None, dict]) -> None:
+    """:func:`record_holds` of many runs (run id → its report's ``held``) in one UPDATE (a shard's runs)."""
+    if not held:
+        return
+    ids = list(held)
     with store.pg() as con:
-        con.execute(HOLDS_SQL, (json.dumps(held, sort_keys=True), run_id))
+        con.execute(HOLDS_SQL, (ids, [json.dumps(held[r], sort_keys=True) for r in ids]))
         con.commit()
 
 
 def read_held(diff_dir: str | Path, scope_path: str | None = None) -> tuple[Diff, pl.DataFrame]:
-    """The held rows of a run (``<diff_dir>/held/``, or a shard scope's folder under it) and their
-    reasons; an empty diff when nothing is held."""
-    root = Path(diff_dir) / HELD_DIR
-    if files.is_remote(diff_dir):  # on an object store: a local copy of <diff_dir>/held/, when there is one
+    """The held rows of a run and their reasons; an empty diff when nothing is held.  Reads the three
+    layouts of ``<diff_dir>/held/``: a single-scope run's diff directory; a shard's (every row with
+    ``scope_path``, :meth:`ShardHoldSplit.write`: the rows of ``scope_path``, as a run of that scope
+    alone held them); and the per-scope folders ``held/<scope>/`` of shards of earlier releases.
+    ``diff_dir`` may be a URL (a local copy of its ``held/`` is fetched)."""
+    empty = Diff.empty(), pl.DataFrame(schema=REASONS_SCHEMA)
+    src = Path(diff_dir) / HELD_DIR
+    if files.is_remote(diff_dir):
         try:
-            root = files.fetch_dir(files.join(str(diff_dir), HELD_DIR))
+            src = files.fetch_dir(files.join(str(diff_dir), HELD_DIR))
         except InputError:
-            return Diff.empty(), pl.DataFrame(schema=REASONS_SCHEMA)
-    src = root
-    if scope_path is not None and (root / quote(Scope.parse(scope_path).display(), safe="")).is_dir():
-        src = root / quote(Scope.parse(scope_path).display(), safe="")
+            return empty
     if not src.is_dir():
-        return Diff.empty(), pl.DataFrame(schema=REASONS_SCHEMA)
+        return empty
     reasons = src / REASONS_FILE
-    return Diff.read(src), (pl.read_parquet(reasons) if reasons.exists() else pl.DataFrame(schema=REASONS_SCHEMA))
+    if reasons.exists() and "scope_path" in pl.read_parquet_schema(reasons):
+        if scope_path is None:
+            raise InputError(f"{src} holds the held rows of many scopes; name the scope to read (scope_path)")
+        rows = pl.scan_parquet(reasons).filter(pl.col("scope_path") == scope_path).collect().drop("scope_path")
+        if not rows.height:
+            return empty
+        diff = Diff.read(src, where=pl.col("scope_path") == scope_path)
+        return diff.by_scope((scope_path,)).get(scope_path, Diff.empty()), rows
+    folder = src / quote(Scope.parse(scope_path).display(), safe="") if scope_path is not None else None
+    if folder is not None and folder.is_dir():
+        src, reasons = folder, folder / REASONS_FILE
+    return Diff.read(src), (pl.read_parquet(reasons) if reasons.exists() else empty[1])
 
 
 def only_phases(diff: Diff, phases: set[str] | frozenset[str]) -> Diff:
@@ -285,61 +527,13 @@ def phases_of(diff: Diff) -> list[str]:
     return sorted(found)
 
 
-def hold_candidates(diff: Diff, shard, policy: HoldsConfig) -> frozenset[str]:
-    """The scopes of a shard's ``diff`` (every frame with ``scope_path``) for which a rule of
-    :func:`split_holds` may fire — a superset, computed for the whole shard at once: scopes with a
-    ``soul_profiles`` change (``soul_changes``), scopes deleting more semantic nodes than
-    ``max_deletes`` or ``max_delete_share`` of theirs, scopes deleting a node with explicit positive
-    recall feedback (``used_deletes``).  The others apply whole, without a per-scope split."""
-    if not policy.enabled:
-        return frozenset()
-    out: set[str] = set()
-    if policy.soul_changes and "soul_profiles" in diff.tables:
-        for frame in diff.tables["soul_profiles"].frames().values():
-            if frame.height:
-                out |= set(frame.get_column("scope_path").unique().to_list())
-    deletes = diff.table("memory_nodes").deletes
-    if deletes.height:
-        nodes = shard.table("memory_nodes").select("id", "scope_path", "layer")
-        semantic = nodes.filter(pl.col("layer") == "semantic")
-        gone = deletes.select("id", "scope_path").join(semantic.select("id"), on="id", how="semi")
-        per = gone.group_by("scope_path").len("deleted").join(
-            semantic.group_by("scope_path").len("nodes"), on="scope_path", how="left")
-        fired = per.filter((pl.col("deleted") > policy.max_deletes)
-                           | (pl.col("deleted") > policy.max_delete_share * pl.col("nodes").fill_null(0)))
-        out |= set(fired.get_column("scope_path").to_list())
-        if policy.used_deletes:
-            recalls = shard.table("recall_events")
-            if recalls.height and "label_source" in recalls.columns and "label" in recalls.columns:
-                used = recalls.filter((pl.col("label_source") == "explicit") & (pl.col("label") >= 1.0)).select(
-                    pl.col("node_id").alias("id"))
-                hit = deletes.join(used, on="id", how="semi")
-                out |= set(hit.get_column("scope_path").unique().to_list())
-    return frozenset(out)
-
-
 def would_hold(diff: Diff, shard, policy: HoldsConfig | None,
-               gate_failed: dict[str, bool] | None = None) -> tuple[pl.DataFrame, dict[str, tuple[str, ...]]]:
-    """What the apply stage would hold of a shard's ``diff`` (every frame with ``scope_path``), scope by
-    scope, without writing anything: the held rows (``scope_path`` + :data:`REASONS_SCHEMA`) and each
-    scope's ``why``.  The same selection as :func:`deep_sleep.run.pipeline.apply` — the scopes of
-    :func:`hold_candidates` and those whose recall-quality gate failed, each split by
-    :func:`split_holds` on its own snapshot — so a plan lists exactly the rows its apply would hold.
-    ``policy`` None: no holds (the quick nap's apply)."""
-    empty = pl.DataFrame(schema={"scope_path": pl.String(), **REASONS_SCHEMA})
+               gate_failed: Mapping[str, bool] | None = None) -> tuple[pl.DataFrame, dict[str, tuple[str, ...]]]:
+    """What the apply stage would hold of a shard's ``diff`` (every frame with ``scope_path``), without
+    writing anything: the held rows (``scope_path`` + :data:`REASONS_SCHEMA`) and each holding scope's
+    ``why`` — :func:`split_holds_shard`, the apply's own split, so a plan lists exactly the rows its
+    apply would hold.  ``policy`` None: no holds (the quick nap's apply)."""
     if policy is None:
-        return empty, {}
-    gate_failed = gate_failed or {}
-    scopes = set(hold_candidates(diff, shard, policy)) | {s for s, failed in gate_failed.items() if failed}
-    scopes &= set(shard.scope_paths)
-    parts, why = [], {}
-    diffs = diff.by_scope(scopes) if scopes else {}
-    for s in sorted(scopes):
-        mine = diffs.get(s)
-        if mine is None or not mine.has_changes:
-            continue
-        split = split_holds(mine, shard.scope(s), policy, bool(gate_failed.get(s)))
-        if split.held.has_changes:
-            parts.append(split.rows.select(pl.lit(s).alias("scope_path"), pl.all()))
-            why[s] = split.why
-    return (pl.concat(parts) if parts else empty), why
+        return pl.DataFrame(schema={"scope_path": pl.String(), **REASONS_SCHEMA}), {}
+    split = split_holds_shard(diff, shard, policy, gate_failed)
+    return split.rows, dict(split.why)

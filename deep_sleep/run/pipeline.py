@@ -26,6 +26,7 @@ row with ``scope_path``) and ``reports.parquet`` (one row per scope: ``scope_pat
 from __future__ import annotations
 
 import json
+import shutil
 import time
 import uuid
 from collections.abc import Mapping
@@ -255,8 +256,9 @@ def apply(store: Store, validated: Validated, mode: str = "nightly", started_at:
 
     ``holds`` (the configuration's section; None: no holds — e.g. the quick nap, which keeps no files)
     and ``gate_failed`` (scope → the recall-quality gate failed) hold rows for approval
-    (:func:`deep_sleep.run.holds.hold`): written under the diff directory's ``held/``, in the report
-    and the ledger; the rest applies."""
+    (:func:`deep_sleep.run.holds.hold`; a shard of many: :func:`deep_sleep.run.holds.split_holds_shard`
+    once for the whole shard): written under the diff directory's ``held/`` (a shard's: one set of
+    files, every row with ``scope_path``), in the report and the ledger; the rest applies."""
     started_at = started_at or datetime.now(UTC)
     planned = validated.planned
     if gate_failed is None:  # the gate stage's verdicts, kept in the reports
@@ -264,30 +266,16 @@ def apply(store: Store, validated: Validated, mode: str = "nightly", started_at:
     reports = {}
     todo = dict(validated.reports)
     if planned.single is None and len(todo) > 1:
-        # Many scopes: the scopes a hold rule may touch (found for the whole shard at once) are split
-        # one by one (their held rows written under held/<scope>/); then every scope's part to apply
-        # goes through one set-based apply per batch of scopes (apply_shard: atomic per scope, a
-        # failed batch retried scope by scope).
-        slow = set(held_rows.hold_candidates(planned.plan.diff, planned.plan.shard, holds)) if holds is not None else set()
+        # Many scopes: one split of the whole shard's diff (split_holds_shard: every scope's split as
+        # split_holds of that scope alone), its held rows written once under held/; then every scope's
+        # part to apply goes through one set-based apply per batch of scopes (apply_shard: atomic per
+        # scope, a failed batch retried scope by scope).
+        diff = planned.plan.diff
         if holds is not None:
-            slow |= {s for s, failed in (gate_failed or {}).items() if failed}
-        split: dict[str, Diff] = {}
-        for s in sorted(slow):
-            report = todo[s]
-            diff = planned.scope_diff(s)
-            if report.status == "failed" or not diff.has_changes:
-                continue
-            out = held_rows.held_dir(planned.diff_dir, s, shard=True) if planned.diff_dir is not None else None
-            if out is None:
-                raise InputError("holds keep the held rows beside the diff: run the pipeline with a diff directory, "
-                                 "or without a holds policy")
-            kept, todo[s] = held_rows.hold(diff, planned.scope_snapshot(s), report, holds, out, bool((gate_failed or {}).get(s)))
-            if todo[s].held:
-                split[s] = _with_scope(kept, Shard.of(planned.scope_snapshot(s)))
-        reports.update(_apply_many(store, planned, todo, mode, started_at, split))
-        for s, r in reports.items():
-            if r.held and r.status == "applied":
-                held_rows.record_holds(store, r.run_id, r.held)
+            diff, todo = _hold_shard(planned, todo, holds, gate_failed or {})
+        reports.update(_apply_many(store, planned, todo, mode, started_at, diff=diff))
+        held_rows.record_holds_many(store, {r.run_id: r.held for r in reports.values()
+                                            if r.held and r.status == "applied"})
         if planned.diff_dir is not None:
             _write_reports(planned.diff_dir, reports, single=False)
         return Applied(validated, reports)
@@ -327,20 +315,42 @@ def apply(store: Store, validated: Validated, mode: str = "nightly", started_at:
     return Applied(validated, reports)
 
 
-def _apply_many(store: Store, planned: Planned, reports: dict[str, ConsolidationReport], mode: str,
-                started_at: datetime, split: dict[str, Diff] | None = None) -> dict[str, ConsolidationReport]:
-    """:func:`~deep_sleep.run.apply.apply_shard` of ``reports``' scopes of the shard's diff; the scopes
-    of ``split`` apply their part there (what their holds left) instead of their whole diff."""
+def _hold_shard(planned: Planned, reports: dict[str, ConsolidationReport], policy: HoldsConfig,
+                gate_failed: Mapping[str, bool]) -> tuple[Diff, dict[str, ConsolidationReport]]:
+    """The shard's diff to apply and the reports, the scopes that hold rows with ``held`` set
+    (``status: pending``): :func:`~deep_sleep.run.holds.split_holds_shard` of the scopes that passed
+    validation (a failed scope holds nothing; its rows are not applied anyway), the held rows written
+    to ``<diff_dir>/held/`` (a stale one — a re-run of the apply on the same files — is replaced)."""
+    ok = [s for s, r in reports.items() if r.status != "failed"]
+    splitting = policy.enabled or any(gate_failed.get(s) for s in ok)
+    out = planned.diff_dir / held_rows.HELD_DIR if planned.diff_dir is not None else None
+    if out is not None and out.exists():
+        shutil.rmtree(out)
+    if not splitting or not planned.plan.diff.has_changes:
+        return planned.plan.diff, reports
+    if out is None:
+        raise InputError("holds keep the held rows beside the diff: run the pipeline with a diff directory, "
+                         "or without a holds policy")
     t0 = time.perf_counter()
-    split = split or {}
-    whole = [s for s in reports if s not in split]
-    wanted = pl.Series(sorted(whole), dtype=pl.String).implode()
-    diff = planned.plan.diff
-    if split:
-        diff = Diff.combine([Diff({name: TableDiff(**{k: f.filter(pl.col("scope_path").is_in(wanted)) if f.height else f
-                                                     for k, f in td.frames().items()})
-                                   for name, td in diff.tables.items()}), *split.values()])
-    elif len(reports) < len(planned.plan.shard.scope_paths):
+    split = held_rows.split_holds_shard(planned.plan.diff, planned.plan.shard, policy, gate_failed, scopes=ok)
+    seconds = round(time.perf_counter() - t0, 6)
+    if not split.held.has_changes:
+        return planned.plan.diff, reports
+    split.write(out)
+    summaries = split.summaries()
+    reports = {s: r.with_(held={**summaries[s], "status": "pending"}, timings={**r.timings, "holds": seconds})
+               if s in summaries else r for s, r in reports.items()}
+    return split.apply, reports
+
+
+def _apply_many(store: Store, planned: Planned, reports: dict[str, ConsolidationReport], mode: str,
+                started_at: datetime, diff: Diff | None = None) -> dict[str, ConsolidationReport]:
+    """:func:`~deep_sleep.run.apply.apply_shard` of ``reports``' scopes of the shard's diff (or of
+    ``diff``, a shard diff of the same scopes: e.g. what their holds left to apply)."""
+    t0 = time.perf_counter()
+    diff = planned.plan.diff if diff is None else diff
+    if len(reports) < len(planned.plan.shard.scope_paths):
+        wanted = pl.Series(sorted(reports), dtype=pl.String).implode()
         diff = Diff({name: TableDiff(**{k: f.filter(pl.col("scope_path").is_in(wanted)) if f.height else f
                                         for k, f in td.frames().items()})
                      for name, td in diff.tables.items()})

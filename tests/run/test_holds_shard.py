@@ -1,0 +1,269 @@
+"""Issue 16 item 2 at fleet scale: split_holds_shard (one pass over a shard) gives every scope exactly
+the split of split_holds on that scope alone — applied part, held part, reasons, why and summary —
+for planned random fleets (nested scopes, ``org/ac`` beside ``org/acme``) and for hand-built shards
+whose scopes share ids (every rule keyed by scope); the shard's held files read back per scope."""
+
+from __future__ import annotations
+
+import random
+import uuid
+from datetime import timedelta
+
+import polars as pl
+import pytest
+from deep_sleep.transforms.config import ConsolidationConfig
+from polars.testing import assert_frame_equal
+
+from deep_sleep.core.diff import KINDS, Diff, TableDiff
+from deep_sleep.core.holds_config import HoldsConfig
+from deep_sleep.core.shard import Shard
+from deep_sleep.core.snapshot import Snapshot
+from deep_sleep.run.holds import (
+    HELD_DIR,
+    held_dir,
+    read_held,
+    split_holds,
+    split_holds_shard,
+)
+from deep_sleep.run.plan import plan_shard
+from tests.run import test_holds as golden
+from tests.run.test_plan_shard import AS_OF, fleet
+from tests.transforms.shard_cases import AC, ACME, NESTED
+
+POLICIES = [
+    HoldsConfig(),
+    HoldsConfig(max_delete_share=0.0, max_deletes=0),
+    HoldsConfig(max_delete_share=1.0, max_deletes=2, soul_changes=False),
+    HoldsConfig(max_delete_share=0.3, used_deletes=False),
+    HoldsConfig(max_delete_share=0.4, max_deletes=4),  # the golden shard: exactly 4 of 10 (and 4) apply, 5 wait
+    HoldsConfig(enabled=False),
+]
+
+
+def _norm(frame: pl.DataFrame) -> pl.DataFrame:
+    """A frame compared by value: the columns some row has a value in (a null is "not changed"),
+    by name; rows by phase and id (stable)."""
+    keep = sorted(c for c in frame.columns if frame.get_column(c).null_count() < frame.height
+                  or c in ("id", "expected_version", "phase"))
+    return frame.select(keep).sort("phase", "id", maintain_order=True)
+
+
+def assert_same_diff(got: Diff, want: Diff, what: str) -> None:
+    for name in sorted(set(got.tables) | set(want.tables)):
+        for kind in KINDS:
+            a, b = got.table(name).frames()[kind], want.table(name).frames()[kind]
+            assert a.height == b.height, (what, name, kind)
+            if a.height:
+                assert_frame_equal(_norm(a), _norm(b), check_column_order=False), (what, name, kind)
+    assert got.content_hash() == want.content_hash(), what
+
+
+def assert_each_scope_alone(diff: Diff, shard: Shard, policy: HoldsConfig, gate: dict[str, bool],
+                            scopes: set[str] | None = None) -> int:
+    """split_holds_shard gives each scope split_holds' split of that scope alone; the held rows seen."""
+    got = split_holds_shard(diff, shard, policy, gate, scopes)
+    summaries = got.summaries()
+    alone_diffs = diff.by_scope()
+    held_rows = 0
+    for s in shard.scope_paths:
+        mine = alone_diffs.get(s, Diff.empty())
+        if scopes is not None and s not in scopes:
+            want = split_holds(mine, shard.scope(s), HoldsConfig(enabled=False))
+        else:
+            want = split_holds(mine, shard.scope(s), policy, gate.get(s, False))
+        one = got.scope(s)
+        assert_same_diff(one.apply, want.apply, f"{s} applied")
+        assert_same_diff(one.held, want.held, f"{s} held")
+        order = ["table", "kind", "phase", "id"]
+        assert_frame_equal(one.rows.sort(order), want.rows.sort(order))
+        assert one.why == want.why, s
+        assert summaries.get(s, {}) == want.summary(), s
+        held_rows += want.rows.height
+    # row for row: nothing lost, nothing doubled, every row of the shard's diff in one part
+    for name, td in diff.tables.items():
+        for kind, frame in td.frames().items():
+            assert got.apply.table(name).frames()[kind].height + got.held.table(name).frames()[kind].height == frame.height
+    return held_rows
+
+
+@pytest.mark.parametrize("seed", [1, 7, 23])
+def test_planned_random_fleets_split_as_each_scope_alone(seed):
+    snaps = fleet(12, seed=seed, sizes=(5, 30, 80))
+    shard = Shard.from_snapshots(snaps)
+    assert {AC, ACME} <= set(shard.scope_paths) and any(p.startswith(ACME + "\x1f") for p in shard.scope_paths)
+    diff = plan_shard(shard, ConsolidationConfig(), AS_OF).diff
+    rng = random.Random(seed)
+    seen = 0
+    for policy in POLICIES:
+        gate = {s: rng.random() < 0.4 for s in shard.scope_paths}
+        seen += assert_each_scope_alone(diff, shard, policy, gate)
+        seen += assert_each_scope_alone(diff, shard, policy, {})
+        some = set(rng.sample(shard.scope_paths, 6))
+        seen += assert_each_scope_alone(diff, shard, policy, gate, scopes=some)
+    assert seen > 0  # the fleets do hold rows (the test is not vacuous)
+
+
+def _as_scope(snap: Snapshot, scope: str) -> Snapshot:
+    frames = {t: f.with_columns(pl.lit(scope).alias("scope_path")) for t, f in snap.frames.items()}
+    return Snapshot(scope, snap.taken_at, None, frames)
+
+
+def _shard_diff(parts: dict[str, Diff]) -> Diff:
+    """The shard's diff of each scope's diff (a scope_path on every row), ids repeating across scopes."""
+    tables: dict[str, dict[str, list[pl.DataFrame]]] = {}
+    for s, d in parts.items():
+        for name, td in d.tables.items():
+            for kind, frame in td.frames().items():
+                if frame.height:
+                    tables.setdefault(name, {}).setdefault(kind, []).append(frame.with_columns(pl.lit(s).alias("scope_path")))
+    return Diff({n: TableDiff(**{k: pl.concat(fs, how="diagonal_relaxed") for k, fs in kinds.items()})
+                 for n, kinds in tables.items()})
+
+
+def golden_shard() -> tuple[Shard, Diff]:
+    """The golden case of test_holds three times, under org/ac, org/acme and a scope nested in it, with
+    the same ids in each: org/acme runs the whole golden diff, org/ac only the used node's delete and
+    its edges plus a decay, the nested scope the prunes (4 of 10) and the SOUL update."""
+    full = golden.diff()
+    snaps = [_as_scope(golden.snapshot(), s) for s in (AC, ACME, NESTED)]
+    nodes = full.table("memory_nodes")
+    used_only = Diff({
+        "memory_nodes": TableDiff(deletes=nodes.deletes.filter(pl.col("phase") == "supersession"),
+                                  updates=nodes.updates.filter(pl.col("phase") == "decay_importance")),
+        "memory_edges": TableDiff(deletes=full.table("memory_edges").deletes.filter(pl.col("phase") == "supersession")),
+    })
+    prunes = Diff({
+        "memory_nodes": TableDiff(deletes=nodes.deletes.filter(pl.col("phase") == "prune_orphans")),
+        "soul_profiles": full.table("soul_profiles"),
+    })
+    return Shard.from_snapshots(snaps), _shard_diff({AC: used_only, ACME: full, NESTED: prunes})
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_scopes_sharing_ids_split_as_each_scope_alone(policy):
+    shard, diff = golden_shard()
+    for gate in ({}, {AC: True}, {ACME: True, NESTED: True}):
+        assert_each_scope_alone(diff, shard, policy, gate)
+        assert_each_scope_alone(diff, shard, policy, gate, scopes={ACME})
+
+
+def test_golden_shard_reasons():
+    shard, diff = golden_shard()
+    got = split_holds_shard(diff, shard, HoldsConfig(), {AC: True})
+    assert got.scopes == [AC, ACME, NESTED]
+    reasons = {s: dict(got.rows.filter(pl.col("scope_path") == s).group_by("reason").len().iter_rows())
+               for s in got.scopes}
+    assert reasons[ACME] == {"delete_share": 4, "soul_change": 1, "used_node": 1, "with_held_node": 2}
+    # org/ac deletes only N9 (1 of 10 semantic nodes: 10 % > 5 %): its gate failed, so the
+    # lowered importance of N7 waits too, and the edges' deletes
+    assert reasons[AC] == {"used_node": 1, "gate_failed": 3}
+    assert reasons[NESTED] == {"delete_share": 4, "soul_change": 1}
+    assert got.why[AC][0].startswith("the run deletes 1 of 10 semantic nodes")
+
+
+def test_the_shards_held_rows_are_written_once_and_read_per_scope(tmp_path):
+    shard, diff = golden_shard()
+    got = split_holds_shard(diff, shard, HoldsConfig())
+    out = got.write(tmp_path / "diff" / HELD_DIR)
+    assert sorted(p.name for p in out.iterdir()) == ["memory_edges.deletes.parquet", "memory_nodes.deletes.parquet",
+                                                     "reasons.parquet", "soul_profiles.updates.parquet"]
+    for s in shard.scope_paths:
+        held, reasons = read_held(tmp_path / "diff", s)
+        one = got.scope(s)
+        assert_same_diff(held, one.held, s)
+        assert_frame_equal(reasons.sort("table", "kind", "id"), one.rows.sort("table", "kind", "id"))
+    assert not read_held(tmp_path / "diff", "org\x1fother")[0].has_changes
+    with pytest.raises(Exception, match="name the scope"):
+        read_held(tmp_path / "diff")
+
+
+def test_the_per_scope_folders_of_earlier_releases_still_read(tmp_path):
+    shard, diff = golden_shard()
+    got = split_holds_shard(diff, shard, HoldsConfig())
+    for s in shard.scope_paths:
+        got.scope(s).write(held_dir(tmp_path, s, shard=True))
+    for s in shard.scope_paths:
+        held, reasons = read_held(tmp_path, s)
+        assert_same_diff(held, got.scope(s).held, s)
+        assert reasons.height == got.scope(s).rows.height
+
+
+def _night(store, scopes, base, gate: dict[str, bool]):
+    """extract → transform → validate → apply with the default holds policy and ``gate``'s verdicts."""
+    from deep_sleep.transforms.config import load_config
+
+    from deep_sleep.run import pipeline
+    from tests.jobs.test_approve import NOW
+
+    config = load_config()
+    extracted = pipeline.extract(store, scopes, NOW, config, base / "snapshot")
+    planned = pipeline.transform(extracted, config, NOW, base / "diff")
+    return pipeline.apply(store, pipeline.validate(planned, config), started_at=NOW, holds=config.holds,
+                          gate_failed=gate)
+
+
+def _forty_percent(scope) -> list[tuple[str, list[dict]]]:
+    """tests/jobs/test_approve.py's seed_40_percent as rows (inserted alike into two databases): 6 strong
+    connected nodes (3 read lately), 4 weak old orphans — prune_orphans deletes 40 % of the scope."""
+    from tests.jobs.test_approve import NOW
+    from tests.storeutil import access, edge, node
+
+    strong = [node(scope, f"project: strong {i}", NOW - timedelta(hours=3), importance=8.0) for i in range(6)]
+    weak = [node(scope, f"trivia: weak {i}", NOW - timedelta(days=30), importance=2.0) for i in range(4)]
+    return [("memory_nodes", [*strong, *weak]),
+            ("memory_edges", [edge(scope, strong[i]["id"], strong[i + 1]["id"], at=NOW - timedelta(hours=3))
+                              for i in range(5)]),
+            ("memory_access_log", [access(scope, n["id"], NOW - timedelta(minutes=m)) for n in strong[:3] for m in (5, 30)])]
+
+
+def _ledger_and_rows(store, scopes) -> dict:
+    from tests.storeutil import dump
+
+    out = {}
+    with store.pg() as con:
+        for sc in scopes:
+            d = dump(store, sc)
+            d.pop("consolidation_runs")
+            d["runs"] = con.execute("SELECT status, rows_changed::text, conflicts, diff_hash, held::text, hold_status "
+                                    "FROM consolidation_runs WHERE scope_path = %s", (sc.path,)).fetchall()
+            out[sc.path] = d
+    return out
+
+
+def test_a_shard_night_holds_and_applies_as_scope_by_scope_nights(admin_dsn, tmp_path):
+    """The same rows in two databases, a night per scope in one and one shard night in the other (a
+    gate failed for one scope): every scope's store rows, ledger row (held, hold_status), report
+    ``held`` and held rows (read back per scope) are equal; the shard wrote its held rows once."""
+    from deep_sleep.core.scope import Scope
+    from deep_sleep.store.db import create_database, drop_database
+    from tests.jobs.test_approve import NOW
+    from tests.storeutil import insert, node
+
+    tag = uuid.uuid4().hex[:8]
+    org = Scope.root("org", f"h{tag}")
+    scopes = [org, org.child("brand", "b1"), Scope.root("org", f"h{tag}x"), Scope.root("org", f"h{tag}xy")]
+    calm = scopes[3]
+    gate = {scopes[1].path: True}
+    stores = [create_database(admin_dsn, f"ds_holds_{tag}_{side}") for side in ("alone", "shard")]
+    try:
+        rows = [part for sc in scopes[:3] for part in _forty_percent(sc)]
+        rows.append(("memory_nodes", [node(calm, f"project: fine {i}", NOW - timedelta(hours=3)) for i in range(3)]))
+        for st in stores:
+            for table, part in rows:
+                insert(st, table, part)
+        alone = {}
+        for i, sc in enumerate(scopes):
+            alone[sc.path] = _night(stores[0], sc, tmp_path / "alone" / str(i), gate).reports[sc.path]
+        shard = _night(stores[1], scopes, tmp_path / "shard", gate).reports
+        assert [bool(shard[sc.path].held) for sc in scopes] == [True, True, True, False]
+        for sc in scopes:
+            assert shard[sc.path].held == alone[sc.path].held, sc
+            a, _ = read_held(tmp_path / "alone" / str(scopes.index(sc)) / "diff", sc.path)
+            b, _ = read_held(tmp_path / "shard" / "diff", sc.path)
+            assert b.content_hash() == a.content_hash() and b.row_counts() == a.row_counts(), sc
+        assert _ledger_and_rows(stores[0], scopes) == _ledger_and_rows(stores[1], scopes)
+        files = sorted(p.name for p in (tmp_path / "shard" / "diff" / HELD_DIR).iterdir())
+        assert "reasons.parquet" in files and all(p.endswith(".parquet") for p in files)  # no per-scope folders
+    finally:
+        for side in ("alone", "shard"):
+            drop_database(admin_dsn, f"ds_holds_{tag}_{side}")
