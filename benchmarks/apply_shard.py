@@ -123,6 +123,9 @@ def apply_night(store, shards: list, batch_scopes: int, database: str) -> tuple[
 
     steps = StepClock(store, database)
     statuses: dict[str, int] = {}
+    with store.transaction() as cur:  # the night's process has its pooled connection already: not timed
+        cur.execute("SELECT 1")
+        cur.fetch_arrow_table()
     started = datetime.now(UTC)
     t0 = time.perf_counter()
     for diff, reports, q in shards:

@@ -96,6 +96,8 @@ def test_a_shard_applies_exactly_as_each_scope_alone(twin_stores, batch_scopes):
     assert not any(g.retried for g in got.values())
     assert len({g.batch for g in got.values()}) == -(-len(scopes) // batch_scopes)
     alone, shard = _store_rows(alone_store), _store_rows(shard_store)
+    archived = {json.loads(r)["table_name"] for r in alone["consolidation_archive"]}
+    assert {"memory_nodes", "memory_edges"} <= archived  # the before-images of both kinds of delete are compared
     for table in alone:
         assert shard[table] == alone[table], table
     # the per-scope counts are each scope's (and the ledger says the same)
