@@ -422,10 +422,7 @@ def _per_scope_counts(returning: str) -> str:
 def shard_delete_sql(table: str, nodes_deleted: bool = False) -> str:
     """:func:`delete_sql` for a batch of scopes: the staged rows (with ``scope_path`` and their
     scope's run id) are matched on id AND scope_path under the version guard; each before-image is
-    archived under its own scope's run id — the deleted row as one value (``t AS _ds_row``) turned into
-    JSON once: the same document as the single-scope ``to_jsonb(gone) - '_ds_reason'``, without building
-    a wider one and removing keys from it (~25 % less CPU for the deletes, measured on 25,000 events).
-    Returns ``(scope_path, n)`` rows.  No parameters."""
+    archived under its own scope's run id.  Returns ``(scope_path, n)`` rows.  No parameters."""
     stage = shard_stage_name(table, "deletes")
     kept, keep_incident = "", ""
     if table == "memory_edges" and nodes_deleted:
@@ -438,10 +435,10 @@ def shard_delete_sql(table: str, nodes_deleted: bool = False) -> str:
     return (
         f"WITH {kept}done AS (DELETE FROM {table} t USING {stage} s"
         f" WHERE t.id = s.id::uuid AND t.scope_path = s.scope_path AND {VERSION_GUARD}{keep_incident}"
-        f" RETURNING t.id, t.scope_path, t AS _ds_row, s.reason AS _ds_reason, s.{RUN_ID_COLUMN} AS {RUN_ID_COLUMN}),"
+        f" RETURNING t.*, s.reason AS _ds_reason, s.{RUN_ID_COLUMN} AS {RUN_ID_COLUMN}),"
         f" archived AS (INSERT INTO consolidation_archive (run_id, table_name, row_id, op, reason, row)"
         f" SELECT done.{RUN_ID_COLUMN}::uuid, '{table}', done.id::text, 'delete', done._ds_reason,"
-        f" to_jsonb(done._ds_row) FROM done RETURNING 1)"
+        f" to_jsonb(done) - '_ds_reason' - '{RUN_ID_COLUMN}' FROM done RETURNING 1)"
         + _per_scope_counts("done.scope_path")
     )
 
