@@ -32,16 +32,16 @@ from deep_sleep.run.statements import (  # noqa: F401 - re-exported: callers and
     QUARANTINE_SQL,
     SMALL_STAGE_ROWS,
     Rows,
+    ShardStatements,
     Statement,
     check_work_mem,
     delete_sql,
     insert_sql,
     json_source,
+    shard_statements,
     stage_name,
     stage_sql,
     stage_statement,
-    ShardStatements,
-    shard_statements,
     statements,
     update_sql,
 )
@@ -286,13 +286,29 @@ def planned_shard_statements(diff: Diff, reports: dict[str, ConsolidationReport]
                             work_mem=os.environ.get("DEEP_SLEEP_APPLY_WORK_MEM"))
 
 
+def _step_key(s: Statement) -> str:
+    """The name a statement's seconds are summed under: its step, and table and kind when it has them."""
+    return ".".join(x for x in (s.step, s.table, s.kind) if x)
+
+
 def _apply_batch(store: Store, planned: ShardStatements, reports: dict[str, ConsolidationReport],
-                 mode: str, started_at: datetime) -> dict[str, tuple[dict, int]]:
+                 mode: str, started_at: datetime, step_seconds: dict[str, float] | None = None) -> dict[str, tuple[dict, int]]:
     """One transaction: the batch's statements and one ledger INSERT of its scopes' rows.  Raises (the
-    transaction rolled back) on any error."""
+    transaction rolled back) on any error.  ``step_seconds``: each statement's wall time is added under
+    :func:`_step_key` (and the commit's under ``commit``) — what ``benchmarks.apply_shard`` prints."""
     landed: list[pl.DataFrame] = []
     outcome: dict[str, tuple[dict, int]] = {}
+    clock = time.perf_counter()
+
+    def tick(key: str) -> None:
+        nonlocal clock
+        if step_seconds is not None:
+            now = time.perf_counter()
+            step_seconds[key] = step_seconds.get(key, 0.0) + now - clock
+            clock = now
+
     with store.transaction() as cur:
+        tick("connect")
         for s in planned.statements:
             if s.is_write:
                 cur.execute(s.sql)
@@ -312,6 +328,8 @@ def _apply_batch(store: Store, planned: ShardStatements, reports: dict[str, Cons
                 cur.execute(s.sql, parameters=(_ledger_rows(final, mode, started_at),))
             else:
                 _run(cur, s)
+            tick(_step_key(s))
+    tick("commit")
     return outcome
 
 
@@ -360,6 +378,7 @@ def apply_shard(
     started_at: datetime | None = None,
     quarantined: pl.DataFrame | None = None,
     batch_scopes: int = 500,
+    step_seconds: dict[str, float] | None = None,
 ) -> dict[str, ShardApplied]:
     """Apply a shard's ``diff`` (every frame with a ``scope_path`` column) for the scopes of ``reports``
     (scope_path → report with its own ``run_id``), each scope atomically, and record one run per scope.
@@ -380,6 +399,9 @@ def apply_shard(
     (``status="failed"``, e.g. its validation failed) is recorded as that failed run in its batch's
     ledger INSERT and none of its rows are applied (as :func:`~deep_sleep.run.stages.apply_stage`
     does for one scope).  Returns scope_path → :class:`ShardApplied`.
+
+    ``step_seconds`` (a dict, for benchmarks): the batches' wall time per statement kind is added to it
+    (see :func:`_apply_batch`), plus ``plan`` (building the statements).
     """
     if batch_scopes < 1:
         raise InputError(f"apply_shard: batch_scopes must be >= 1, got {batch_scopes}")
@@ -394,8 +416,10 @@ def apply_shard(
         part, q = diffs.get(b, Diff.empty()), held.get(b)
         clock = time.perf_counter()
         planned = planned_shard_statements(part, mine, q)  # pure: a bug here is raised, not retried
+        if step_seconds is not None:
+            step_seconds["plan"] = step_seconds.get("plan", 0.0) + time.perf_counter() - clock
         try:
-            outcome = _apply_batch(store, planned, mine, mode, started_at)
+            outcome = _apply_batch(store, planned, mine, mode, started_at, step_seconds)
         except Exception as e:  # noqa: BLE001 - retried scope by scope below; each scope's own error is recorded
             batch_error = f"{type(e).__name__}: {e}".strip()
             alone = part.by_scope()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import uuid
 from datetime import UTC, datetime, timedelta
 
@@ -95,6 +96,8 @@ def test_a_shard_applies_exactly_as_each_scope_alone(twin_stores, batch_scopes):
     assert not any(g.retried for g in got.values())
     assert len({g.batch for g in got.values()}) == -(-len(scopes) // batch_scopes)
     alone, shard = _store_rows(alone_store), _store_rows(shard_store)
+    archived = {json.loads(r)["table_name"] for r in alone["consolidation_archive"]}
+    assert {"memory_nodes", "memory_edges"} <= archived  # the before-images of both kinds of delete are compared
     for table in alone:
         assert shard[table] == alone[table], table
     # the per-scope counts are each scope's (and the ledger says the same)
@@ -262,3 +265,41 @@ def test_each_scopes_inserts_take_the_defaults_of_the_columns_it_gives_no_value(
                               (ids,)).fetchall()
     # the plain scope gave neither column: both defaults (a NULL would break NOT NULL); the rich one its values
     assert [(r[1], r[2]) for r in rows] == [(5.0, {}), (3.0, {"k": 1}), (4.0, {"k": 2})]
+
+
+def test_a_batchs_updates_and_deletes_probe_each_store_table_by_index_never_scan_it(admin_dsn):
+    """Every update and delete of a batch reaches the store rows through the table's index, one probe per
+    staged row (a nested loop), never by reading the whole table: the write costs in proportion to the
+    batch's rows, not to the store's (at a hundred thousand scopes, every batch would read every node)."""
+    from deep_sleep.run.apply import _run, planned_shard_statements
+
+    name = f"ds_plans_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    store = create_database(admin_dsn, name)
+    try:
+        frames = _fleet_frames()
+        load(store, frames)
+        planned, reports = _plan(store, _scopes(frames))
+        plans = {}
+        with store.adbc() as con:
+            cur = con.cursor()
+            try:
+                for s in planned_shard_statements(planned.diff, reports).statements:
+                    if s.is_write:
+                        cur.adbc_statement.set_options(**{"adbc.postgresql.use_copy": "false"})  # EXPLAIN is no COPY source
+                        cur.execute("EXPLAIN " + s.sql)
+                        plans[(s.table, s.kind)] = "\n".join(r[0] for r in cur.fetchall())
+                    elif s.step == "lock":
+                        cur.execute(s.sql, parameters=(s.params[0],))
+                        cur.fetch_arrow_table()
+                    elif s.step != "ledger":
+                        _run(cur, s)
+            finally:
+                con.rollback()
+        probed = {tk: plan for tk, plan in plans.items() if tk[1] in ("updates", "deletes")}
+        assert {("memory_nodes", "updates"), ("memory_nodes", "deletes"), ("memory_edges", "deletes")} <= set(probed)
+        for (table, kind), plan in probed.items():
+            assert f"Seq Scan on {table} " not in plan, f"{table}.{kind}:\n{plan}"
+            assert not re.search(r"(Hash|Merge)( \w+)* Join", plan), f"{table}.{kind}:\n{plan}"
+            assert "Nested Loop" in plan and f"Index Scan using {table}_" in plan, f"{table}.{kind}:\n{plan}"
+    finally:
+        drop_database(admin_dsn, name)

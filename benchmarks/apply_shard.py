@@ -1,0 +1,221 @@
+"""The shard apply alone, per statement, on fresh clones of the benchmark fleet (issue 12).
+
+    python -m benchmarks.fleet --scopes 2000 --nodes 100 --sample 100   # seeds deep_sleep_fleet once
+    python -m benchmarks.apply_shard --trials 2 [--batch-scopes 500] [--explain]
+
+Plans the night of ``benchmarks.fleet`` once (gating, shards, extract → transform → validate on the
+fleet ``deep_sleep_fleet`` as it stands), then per trial clones the fleet afresh into
+``deep_sleep_fleet_apply`` and applies every shard with :func:`deep_sleep.run.apply.apply_shard` (what
+the plain night's apply stage runs), printing the seconds per statement kind summed over the batches.
+``--explain`` also runs the first batch's statements once inside a transaction that is rolled back,
+each write under ``EXPLAIN (ANALYZE, BUFFERS)``, and prints the plans.  Writes nothing into
+``bench-results.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+
+def _p(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def plan_night(store, as_of: datetime, work: Path, shard_rows: int, shard_scopes: int) -> list:
+    """The night's shards (as ``benchmarks.fleet.shard_night`` plans them), each as the (diff, reports,
+    quarantined rows) its apply is given."""
+    from deep_sleep.transforms.config import ConsolidationConfig
+
+    from deep_sleep.jobs.gating import due_scopes, shards_of
+    from deep_sleep.run import pipeline
+
+    config = ConsolidationConfig()
+    due = [g for g in due_scopes(store, as_of, config.gating) if g.due]
+    out = []
+    for i, scopes in enumerate(shards_of([(g.scope_path, g.rows) for g in due], shard_rows, shard_scopes)):
+        base = work / f"shard-{i:05d}"
+        extracted = pipeline.extract(store, scopes, as_of, config, base / "snapshot")
+        v = pipeline.validate(pipeline.transform(extracted, config, as_of, base / "diff"), config)
+        out.append((v.planned.plan.diff, dict(v.reports), v.planned.plan.quarantined))
+    return out
+
+
+def _plain(value):
+    """``value`` with every mapping a dict (a report's read-only mappings do not pickle)."""
+    import types
+
+    if isinstance(value, (dict, types.MappingProxyType)):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_plain(v) for v in value)
+    return value
+
+
+def save_plan(path: Path, shards: list) -> None:
+    import dataclasses
+    import pickle
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(pickle.dumps([
+        ({n: td.frames() for n, td in diff.tables.items()},
+         {s: {f.name: _plain(getattr(r, f.name)) for f in dataclasses.fields(r)} for s, r in reports.items()}, q)
+        for diff, reports, q in shards]))
+
+
+def load_plan(path: Path) -> list:
+    import pickle
+
+    from deep_sleep.core.diff import Diff, TableDiff
+    from deep_sleep.core.report import ConsolidationReport
+
+    return [(Diff({n: TableDiff(**f) for n, f in d.items()}), {s: ConsolidationReport(**r) for s, r in rs.items()}, q)
+            for d, rs, q in pickle.loads(path.read_bytes())]
+
+
+def _cpu(pid: int) -> float:
+    """CPU seconds (user + system) the process ``pid`` used so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class StepClock(dict):
+    """Seconds per step (what apply_shard's ``step_seconds`` adds up) that also adds up, in ``cpu``, the
+    CPU seconds the apply's server backend spent on each step — a measure the other load on a shared
+    machine disturbs far less than wall time.  The backend is the one client session on ``database``."""
+
+    def __init__(self, store, database: str):
+        super().__init__()
+        self.store, self.database, self.cpu, self._pid, self._last = store, database, {}, None, 0.0
+
+    def _backend(self) -> int | None:
+        with self.store.pg(autocommit=True) as con:
+            row = con.execute("SELECT pid FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()"
+                              " AND backend_type = 'client backend' ORDER BY backend_start DESC LIMIT 1",
+                              (self.database,)).fetchone()
+        return row[0] if row else None
+
+    def __setitem__(self, key, value):
+        super().__setitem__(key, value)
+        if key == "plan":
+            return
+        if key == "connect" or self._pid is None:
+            pid = self._backend()
+            if pid != self._pid:
+                self._pid, self._last = pid, _cpu(pid) if pid else 0.0
+            return
+        try:
+            now = _cpu(self._pid)
+        except FileNotFoundError:
+            self._pid = None
+            return
+        self.cpu[key] = self.cpu.get(key, 0.0) + now - self._last
+        self._last = now
+
+
+def apply_night(store, shards: list, batch_scopes: int, database: str) -> tuple[float, StepClock, dict[str, int]]:
+    """Every shard through apply_shard; (seconds, seconds and backend CPU per statement kind, statuses)."""
+    from deep_sleep.run.apply import apply_shard
+
+    steps = StepClock(store, database)
+    statuses: dict[str, int] = {}
+    with store.transaction() as cur:  # the night's process has its pooled connection already: not timed
+        cur.execute("SELECT 1")
+        cur.fetch_arrow_table()
+    started = datetime.now(UTC)
+    t0 = time.perf_counter()
+    for diff, reports, q in shards:
+        got = apply_shard(store, diff, reports, started_at=started,
+                          quarantined=q if q.height else None, batch_scopes=batch_scopes, step_seconds=steps)
+        for r in got.values():
+            statuses[r.status] = statuses.get(r.status, 0) + 1
+    return time.perf_counter() - t0, steps, statuses
+
+
+def explain_first_batch(store, shard, batch_scopes: int) -> None:
+    """The first batch's statements in one rolled-back transaction, each write under EXPLAIN (ANALYZE, BUFFERS)."""
+    from deep_sleep.run import apply as ap
+
+    diff, reports, _ = shard
+    scopes = sorted(reports, key=str.encode)[:batch_scopes]
+    diffs, _ = ap._batches(diff, None, sorted(reports, key=str.encode), batch_scopes, set())
+    planned = ap.planned_shard_statements(diffs[0], {s: reports[s] for s in scopes})
+    with store.adbc() as con:
+        cur = con.cursor()
+        try:
+            for s in planned.statements:
+                t = time.perf_counter()
+                if s.is_write:
+                    # ADBC wraps a query in COPY … TO STDOUT, which EXPLAIN cannot be inside
+                    cur.adbc_statement.set_options(**{"adbc.postgresql.use_copy": "false"})
+                    cur.execute("EXPLAIN (ANALYZE, BUFFERS) " + s.sql)
+                    plan = "\n".join(r[0] for r in cur.fetchall())
+                    print(f"\n-- {ap._step_key(s)} ({s.rows} rows, {time.perf_counter() - t:.3f}s)\n{plan}")
+                elif s.step == "ledger":
+                    continue
+                else:
+                    ap._run(cur, s) if s.step != "lock" else (cur.execute(s.sql, parameters=ap._bind(s.params)),
+                                                               cur.fetch_arrow_table())
+                    print(f"-- {ap._step_key(s)}: {time.perf_counter() - t:.3f}s")
+        finally:
+            con.rollback()
+            cur.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--trials", type=int, default=2)
+    ap.add_argument("--batch-scopes", type=int, default=500)
+    ap.add_argument("--explain", action="store_true")
+    ap.add_argument("--work", default="bench-data/apply_shard")
+    ap.add_argument("--shard-rows", type=int, default=500_000)
+    ap.add_argument("--shard-scopes", type=int, default=5_000)
+    ap.add_argument("--plan-cache", help="a file: the planned night is read from it if it exists, else written to it")
+    args = ap.parse_args(argv)
+
+    import json
+
+    from deep_sleep.store.db import Store, create_database, embedded_dsn, with_database
+
+    admin = os.environ.get("DEEP_SLEEP_BENCH_DSN") or embedded_dsn(
+        data_dir=os.path.join(".deep_sleep", "bench-pgdata"), database="postgres")
+    fleet = Store(with_database(admin, "deep_sleep_fleet"))
+    with fleet.pg() as con:
+        row = con.execute("SELECT obj_description('memory_nodes'::regclass)").fetchone()
+    if not row or not row[0]:
+        raise SystemExit("no seeded fleet: run python -m benchmarks.fleet --scopes 2000 --nodes 100 first")
+    as_of = datetime.fromisoformat(json.loads(row[0])["now"])
+    t = time.perf_counter()
+    cache = Path(args.plan_cache) if args.plan_cache else None
+    if cache is not None and cache.exists():
+        shards = load_plan(cache)
+    else:
+        shards = plan_night(fleet, as_of, Path(args.work), args.shard_rows, args.shard_scopes)
+        if cache is not None:
+            save_plan(cache, shards)
+    rows = sum(f.height for d, _, _ in shards for td in d.tables.values() for f in td.frames().values())
+    _p(f"planned {sum(len(r) for _, r, _ in shards):,} scopes in {len(shards)} shard(s), {rows:,} diff rows, "
+       f"in {time.perf_counter() - t:.1f}s")
+    for trial in range(args.trials):
+        store = create_database(admin, "deep_sleep_fleet_apply", template="deep_sleep_fleet")
+        with store.pg(autocommit=True) as con:
+            con.execute("CHECKPOINT")  # the clone's copy is not charged to the apply
+        if args.explain and trial == 0:
+            explain_first_batch(store, shards[0], args.batch_scopes)
+        own = time.process_time()
+        seconds, steps, statuses = apply_night(store, shards, args.batch_scopes, "deep_sleep_fleet_apply")
+        own = time.process_time() - own
+        _p(f"trial {trial + 1}: apply {seconds:.2f}s wall, backend CPU {sum(steps.cpu.values()):.2f}s, "
+           f"client CPU {own:.2f}s (batch_scopes={args.batch_scopes}) {statuses}")
+        print(f"    {'step':45s} {'wall':>8s} {'backend CPU':>12s}")
+        for key, s in sorted(steps.items(), key=lambda kv: -kv[1]):
+            print(f"    {key:45s} {s:7.3f}s {steps.cpu.get(key, 0.0):11.2f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
