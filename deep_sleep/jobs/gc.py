@@ -14,7 +14,9 @@ removes the directories and ``consolidation_archive`` rows of runs older than ``
   nightly's own ``_nightly/<night>/`` folders go when older than the cutoff;
 * a shard's directory (``_shards/<as_of>_<shard id>``) holds the files of every run of the shard
   (the ledger rows whose ``diff_uri`` is its ``diff/``): it is kept while any of them can be undone,
-  and ``force`` marks them all.
+  and ``force`` marks them all;
+* archive rows are this runs directory's runs' and those of runs that keep no files (quick naps);
+  a run whose files live under another runs directory is left to that directory's gc.
 
 The runs directory may be an object-store URL (``s3://bucket/runs``, any fsspec file system): the
 directories are listed, sized and removed through fsspec (a "directory" there is a key prefix;
@@ -174,6 +176,11 @@ def _shard_runs(con, dirs: list[RunDir], known: set[str]) -> list[RunDir]:
     return [replace(d, runs=tuple(sorted(found[i]))) if i in found else d for i, d in enumerate(dirs)]
 
 
+def _prefix(runs_dir: Path | str) -> str:
+    """What the ledger's ``diff_uri`` of a run under ``runs_dir`` starts with."""
+    return str(runs_dir).rstrip("/") + "/" if is_remote(runs_dir) else str(Path(runs_dir).resolve()) + "/"
+
+
 def _diff_uri(path: Path | str) -> str:
     return join(str(path), "diff") if is_remote(path) else str((Path(path) / "diff").resolve())
 
@@ -257,9 +264,12 @@ def gc(store: Store, runs_dir: str | Path, keep_days: float, *, force: bool = Fa
         members = [r for d in dirs for r in d.runs if r not in runs]
         if members:
             runs |= {r["run_id"]: LedgerRun(**r) for r in cur.execute(_LEDGER_SQL, (cutoff, members)).fetchall()}
+        # Archive rows of this runs directory's runs, and of runs that keep no files (quick naps);
+        # a run whose files live under another runs directory is that directory's gc's to decide.
         archived = [r["run_id"] for r in cur.execute(
             "SELECT DISTINCT a.run_id::text AS run_id FROM consolidation_archive a "
-            "JOIN consolidation_runs r USING (run_id) WHERE r.as_of < %s", (cutoff,)).fetchall()]
+            "JOIN consolidation_runs r USING (run_id) WHERE r.as_of < %s "
+            "AND (r.diff_uri IS NULL OR starts_with(r.diff_uri, %s))", (cutoff, _prefix(runs_dir))).fetchall()]
     actions = plan_gc(dirs, runs, cutoff, force, archived)
     marked = tuple(sorted({r for a in actions if a.marks_not_undoable for r in a.runs if r in runs and runs[r].undoable}))
     gone = sorted({r for a in actions if a.remove for r in a.runs if r in runs})

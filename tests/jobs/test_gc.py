@@ -122,3 +122,26 @@ def test_a_shard_directory_is_kept_while_any_of_its_runs_can_be_undone(store, sc
     forced = gc(store, runs_dir, 30, force=True, now=NOW)
     assert forced.runs_marked_not_undoable == (applied.reports[other.path].run_id,) and not base.exists()
     assert _invariant(store) == []
+
+
+def test_a_forced_gc_of_one_runs_directory_leaves_the_runs_of_another_alone(store, scope, tmp_path):
+    """Archive rows are swept with the runs directory that holds the run's files (and for runs that keep
+    none, the quick naps): a forced gc of ``a/`` neither removes the archive of a run under ``b/`` nor
+    marks it not undoable."""
+    from deep_sleep.core.scope import Scope
+
+    other = Scope.root("org", scope.tenant_id + "y").child("brand", "b1")
+    as_of = NOW - timedelta(days=40)
+    runs = {}
+    for s, d in ((scope, tmp_path / "a"), (other, tmp_path / "b")):
+        small_graph(store, s, as_of)
+        runs[d.name] = consolidate_scope(store, s, as_of=as_of, base_dir=d)
+    kept_rows = scalar(store, "SELECT count(*) FROM consolidation_archive WHERE run_id = %s", runs["b"].run_id)
+    assert kept_rows > 0 and {r.status for r in runs.values()} == {"applied"}
+
+    forced = gc(store, tmp_path / "a", 30, force=True, now=NOW)
+    assert runs["a"].run_id in forced.runs_marked_not_undoable
+    assert runs["b"].run_id not in forced.runs_marked_not_undoable
+    assert scalar(store, "SELECT count(*) FROM consolidation_archive WHERE run_id = %s", runs["b"].run_id) == kept_rows
+    assert get_run(store, runs["b"].run_id).not_undoable is None
+    undo(store, runs["b"].run_id)  # still undoable
