@@ -461,6 +461,26 @@ def _failures(table: str, kind: str, annotated: pl.DataFrame, errors: SchemaErro
 SNAPSHOT_COLUMNS = ("id", "version", "label", "source_id", "target_id", "relation", "key")
 
 
+def _frame_failures(diff: Diff, schema: dict, precheck: bool, annotate, schema_of, failures) -> pl.DataFrame:
+    """Every changed frame of ``diff``, annotated, through its pandera schema (``precheck``: skip a
+    frame the cheap pre-check vouches for); the failures, one frame with ``schema``'s columns.  The
+    loop :func:`validate_diff` and :func:`validate_shard_diff` share."""
+    found = [pl.DataFrame(schema=schema)]
+    for table, td in sorted(diff.tables.items()):
+        for kind, frame in td.frames().items():
+            if not frame.height:
+                continue
+            annotated = annotate(table, kind, frame)
+            checks = schema_of(table, kind)
+            if precheck and _vouched(checks, annotated):
+                continue
+            try:
+                checks.validate(annotated, lazy=True)
+            except SchemaErrors as errors:
+                found.append(failures(table, kind, annotated, errors))
+    return found[0] if len(found) == 1 else pl.concat(found).unique(maintain_order=True)
+
+
 def validate_diff(diff: Diff, snapshot: Snapshot, config: ConsolidationConfig | None = None, *, precheck: bool = True) -> pl.DataFrame:
     """All failing checks of ``diff`` (empty frame = valid).  Columns: check, table, kind, phase, id, column, value.
 
@@ -469,22 +489,9 @@ def validate_diff(diff: Diff, snapshot: Snapshot, config: ConsolidationConfig | 
     """
     scope = Scope.parse(snapshot.scope_path)
     config = config or ConsolidationConfig()
-    found = [pl.DataFrame(schema=FAILURE_SCHEMA)]
-    for table, td in sorted(diff.tables.items()):
-        for kind, frame in td.frames().items():
-            if not frame.height:
-                continue
-            annotated = _annotate(table, kind, frame, diff, snapshot)
-            schema = _schema(table, kind, scope.path, scope.tenant_id, config)
-            if precheck and _vouched(schema, annotated):
-                continue
-            try:
-                schema.validate(annotated, lazy=True)
-            except SchemaErrors as errors:
-                found.append(_failures(table, kind, annotated, errors))
-    if len(found) == 1:
-        return found[0]
-    return pl.concat(found).unique(maintain_order=True)
+    return _frame_failures(diff, FAILURE_SCHEMA, precheck,
+                           lambda table, kind, frame: _annotate(table, kind, frame, diff, snapshot),
+                           lambda table, kind: _schema(table, kind, scope.path, scope.tenant_id, config), _failures)
 
 
 SHARD_FAILURE_SCHEMA = {**FAILURE_SCHEMA, "scope_path": pl.String()}
@@ -538,26 +545,13 @@ def validate_shard_diff(diff: Diff, shard: Shard, config: ConsolidationConfig | 
     column missing (a phase that wrote such rows would fail either way)."""
     config = config or ConsolidationConfig()
     scopes = _Scopes(shard.scope_paths)
-    found = [pl.DataFrame(schema=SHARD_FAILURE_SCHEMA)]
     for table, td in diff.tables.items():
         for kind, frame in td.frames().items():
             if frame.height and "scope_path" not in frame.columns:
                 raise DiffError(f"{table}.{kind}: a shard's diff needs a scope_path on every row (plan_shard adds it)")
-    for table, td in sorted(diff.tables.items()):
-        for kind, frame in td.frames().items():
-            if not frame.height:
-                continue
-            annotated = _annotate_shard(table, kind, frame, diff, shard, scopes)
-            schema = _schema(table, kind, None, None, config)
-            if precheck and _vouched(schema, annotated):
-                continue
-            try:
-                schema.validate(annotated, lazy=True)
-            except SchemaErrors as errors:
-                found.append(_shard_failures(table, kind, annotated, errors))
-    if len(found) == 1:
-        return found[0]
-    return pl.concat(found).unique(maintain_order=True)
+    return _frame_failures(diff, SHARD_FAILURE_SCHEMA, precheck,
+                           lambda table, kind, frame: _annotate_shard(table, kind, frame, diff, shard, scopes),
+                           lambda table, kind: _schema(table, kind, None, None, config), _shard_failures)
 
 
 def failed_scopes(failures: pl.DataFrame, shard: Shard) -> frozenset[str]:
