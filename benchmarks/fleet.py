@@ -115,13 +115,23 @@ def per_scope_path(store, scopes: list[str], as_of: datetime, work: Path) -> dic
 
 
 def shard_night(dsn: str, as_of: datetime, work: str, shard_rows: int, shard_scopes: int, queue,
-                safety: bool = False) -> None:
+                safety: bool = False, workers: int = 2, apply_slots: int = 2) -> None:
     """One night over every due scope, shard by shard, in this (child) process; puts its figures on
-    ``queue``.  ``safety``: with the recall-quality gate and the holds policy (SPEC §9) on."""
+    ``queue``.  ``safety``: with the recall-quality gate and the holds policy (SPEC §9) on.
+
+    As the nightly runs it (``flows/nightly.py``: ``max_workers`` shards at once on threads, each
+    apply holding one of ``apply_concurrency`` apply slots in the store), without Prefect:
+    ``workers`` threads take the shards in order, and one shard's transform (Python) overlaps
+    another's extract or apply (the server).  The stage seconds are summed over the workers, so
+    with more than one worker they add up to more than the wall-clock total."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
     from deep_sleep.jobs.gating import due_scopes, shards_of
     from deep_sleep.run import pipeline
     from deep_sleep.store.db import Store
     from deep_sleep.transforms.config import ConsolidationConfig
+    from flows.nightly import apply_slot
 
     store, config = Store(dsn), ConsolidationConfig()
     seconds = dict.fromkeys(("gating", "extract", "transform", "validate", "recall_gate", "apply"), 0.0)
@@ -130,45 +140,52 @@ def shard_night(dsn: str, as_of: datetime, work: str, shard_rows: int, shard_sco
     shards = shards_of([(g.scope_path, g.rows) for g in due], shard_rows, shard_scopes)
     seconds["gating"] = time.perf_counter() - t0
     statuses: dict[str, int] = {}
-    conflicts = changes = held_scopes = gate_failed = gated = queries = 0
+    tally = dict.fromkeys(("conflicts", "changes", "held_scopes", "gate_failed", "gated", "queries", "shards"), 0)
     started = datetime.now(UTC)
-    for i, scopes in enumerate(shards):
+    lock = threading.Lock()
+
+    def timed(stage: str, fn, *args, **kwargs):
+        t = time.perf_counter()
+        out = fn(*args, **kwargs)
+        with lock:
+            seconds[stage] += time.perf_counter() - t
+        return out
+
+    def one(i: int, scopes: list[str]) -> None:
         base = Path(work) / "night" / f"shard-{i:05d}"
-        t = time.perf_counter()
-        extracted = pipeline.extract(store, scopes, as_of, config, base / "snapshot")
-        seconds["extract"] += time.perf_counter() - t
-        t = time.perf_counter()
-        planned = pipeline.transform(extracted, config, as_of, base / "diff")
-        seconds["transform"] += time.perf_counter() - t
-        t = time.perf_counter()
-        validated = pipeline.validate(planned, config)
-        seconds["validate"] += time.perf_counter() - t
+        extracted = timed("extract", pipeline.extract, store, scopes, as_of, config, base / "snapshot")
+        planned = timed("transform", pipeline.transform, extracted, config, as_of, base / "diff")
+        del extracted
+        validated = timed("validate", pipeline.validate, planned, config)
         if safety:
-            t = time.perf_counter()
-            validated = pipeline.gate(store, validated, config)
-            seconds["recall_gate"] += time.perf_counter() - t
-        t = time.perf_counter()
-        applied = pipeline.apply(store, validated, started_at=started, holds=config.holds if safety else None,
-                                 gate_failed=None if safety else {})
-        seconds["apply"] += time.perf_counter() - t
-        for r in applied.reports.values():
-            statuses[r.status] = statuses.get(r.status, 0) + 1
-            held_scopes += bool(r.held)
-            gate_failed += bool(r.gate and r.gate.get("failed"))
-            gated += bool(r.gate)
-            queries += (r.gate or {}).get("queries", 0)
-            conflicts += r.conflicts
-            changes += sum(sum(k.values()) for k in r.rows_changed.values())
-        done = sum(statuses.values())
-        _p(f"  shard {i + 1}/{len(shards)}: {done:,}/{len(due):,} scopes, {time.perf_counter() - t0:.1f}s")
+            validated = timed("recall_gate", pipeline.gate, store, validated, config)
+        with apply_slot(dsn, apply_slots):
+            applied = timed("apply", pipeline.apply, store, validated, started_at=started,
+                            holds=config.holds if safety else None, gate_failed=None if safety else {})
+        with lock:
+            for r in applied.reports.values():
+                statuses[r.status] = statuses.get(r.status, 0) + 1
+                tally["held_scopes"] += bool(r.held)
+                tally["gate_failed"] += bool(r.gate and r.gate.get("failed"))
+                tally["gated"] += bool(r.gate)
+                tally["queries"] += (r.gate or {}).get("queries", 0)
+                tally["conflicts"] += r.conflicts
+                tally["changes"] += sum(sum(k.values()) for k in r.rows_changed.values())
+            tally["shards"] += 1
+            done = sum(statuses.values())
+            _p(f"  shard {tally['shards']}/{len(shards)}: {done:,}/{len(due):,} scopes, {time.perf_counter() - t0:.1f}s")
+
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="shard") as pool:
+        for f in [pool.submit(one, i, scopes) for i, scopes in enumerate(shards)]:
+            f.result()  # a shard's error fails the benchmark
     total = time.perf_counter() - t0
-    queue.put({"scopes": len(due), "shards": len(shards), "seconds": round(total, 2),
+    queue.put({"scopes": len(due), "shards": len(shards), "workers": workers, "seconds": round(total, 2),
                "scopes_per_second": round(len(due) / total, 1) if total else None,
                "ms_per_scope": round(total / max(1, len(due)) * 1000, 3),
                "stages_seconds": {k: round(v, 2) for k, v in seconds.items()},
-               "statuses": statuses, "conflicts": conflicts, "rows_changed": changes, "safety": safety,
-               "scopes_with_holds": held_scopes, "gate_queries": queries, "gate_scopes": gated,
-               "gate_failed": gate_failed,
+               "statuses": statuses, "conflicts": tally["conflicts"], "rows_changed": tally["changes"],
+               "safety": safety, "scopes_with_holds": tally["held_scopes"], "gate_queries": tally["queries"],
+               "gate_scopes": tally["gated"], "gate_failed": tally["gate_failed"],
                "peak_rss_mb": _peak_rss_mb()})
 
 
@@ -183,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", default="bench-data/fleet")
     ap.add_argument("--shard-rows", type=int, default=500_000)
     ap.add_argument("--shard-scopes", type=int, default=5_000)
+    ap.add_argument("--workers", type=int, default=2, help="shards at once (the nightly's --max-workers, default 2)")
+    ap.add_argument("--apply-slots", type=int, default=2, help="applies at once (the nightly's apply_concurrency)")
     ap.add_argument("--seed-only", action="store_true", help="seed (or check) the fleet and stop; then measure with --reuse")
     ap.add_argument("--safety", action="store_true", help="also run the night with the recall gate and holds on (a second clone)")
     ap.add_argument("--recalls", action=argparse.BooleanOptionalAction, default=None,
@@ -223,11 +242,13 @@ def main(argv: list[str] | None = None) -> int:
         # nights consolidate the same rows.
         clone = create_database(admin, f"deep_sleep_fleet_{'safe' if safety else 'plain'}", template="deep_sleep_fleet")
         label = "with the recall gate and holds" if safety else "without the gate and holds"
-        _p(f"shard night {label} (shards of ≤ {args.shard_rows:,} rows, ≤ {args.shard_scopes:,} scopes)")
+        _p(f"shard night {label} (shards of ≤ {args.shard_rows:,} rows, ≤ {args.shard_scopes:,} scopes, "
+           f"{args.workers} at once)")
         ctx = multiprocessing.get_context("spawn")
         queue = ctx.Queue()
         child = ctx.Process(target=shard_night, args=(clone.dsn, as_of, f"{args.work}/{'safe' if safety else 'plain'}",
-                                                      args.shard_rows, args.shard_scopes, queue, safety))
+                                                      args.shard_rows, args.shard_scopes, queue, safety,
+                                                      args.workers, args.apply_slots))
         child.start()
         night = queue.get()
         child.join()

@@ -251,16 +251,6 @@ def generate_fleet(spec: FleetSpec, scopes: range | None = None,
     return {table: _replicate(spec, table, templates, chosen, paths, tenants) for table in (tables or TABLES)}
 
 
-def iter_fleet_tables(spec: FleetSpec, tables: tuple[str, ...] | None = None) -> Iterator[tuple[str, pl.DataFrame]]:
-    """(table, rows of the whole fleet) one table at a time, the templates built once: what a bulk
-    seeding loads table by table in bounded memory; equal to :func:`generate_fleet`'s frames."""
-    chosen = np.arange(spec.scopes, dtype=np.int64)
-    paths, tenants = _scope_columns(spec.scopes)
-    templates = _templates(spec)
-    for table in tables or TABLES:
-        yield table, _replicate(spec, table, templates, chosen, paths, tenants)
-
-
 def iter_fleet(spec: FleetSpec, scopes_per_chunk: int = 10_000) -> Iterator[dict[str, pl.DataFrame]]:
     """The fleet in chunks of scopes (bounded memory)."""
     paths, tenants = _scope_columns(spec.scopes)
@@ -270,28 +260,46 @@ def iter_fleet(spec: FleetSpec, scopes_per_chunk: int = 10_000) -> Iterator[dict
         yield {table: _replicate(spec, table, templates, chosen, paths, tenants) for table in TABLES}
 
 
-def seed_fleet(store, spec: FleetSpec, progress=None) -> dict[str, int]:
-    """Generate the fleet and load it into ``store``, one table at a time (memory bounded by the
-    largest table; one bulk load, with its index rebuild, per table); rows per table.  ``progress``
-    (optional) is called with one line per table."""
+SEED_CHUNK_SCOPES = 10_000  # scopes generated and loaded at a time by seed_fleet (~1.5M edges: ~1 GB of frames)
+
+
+def seed_fleet(store, spec: FleetSpec, progress=None, scopes_per_chunk: int = SEED_CHUNK_SCOPES) -> dict[str, int]:
+    """Generate the fleet and load it into ``store`` in one transaction, ``scopes_per_chunk`` scopes
+    at a time (:func:`iter_fleet`): memory is bounded by a chunk, whatever the fleet's size.  Large
+    tables are loaded without their indexes, rebuilt once after the last chunk
+    (:class:`deep_sleep.dev.load.BulkLoad`).  Rows per table.  ``progress`` (optional) is called
+    with one line per chunk, one for the index rebuild, and one per table at the end."""
+    from deep_sleep.dev.load import BulkLoad
+
+    if scopes_per_chunk < 1:
+        raise SeedError(f"seed_fleet: scopes_per_chunk must be >= 1, got {scopes_per_chunk}")
+    say = progress or (lambda line: None)
     t0 = time.perf_counter()
-    counts: dict[str, int] = {}
-    tables = iter_fleet_tables(spec)  # the templates built once
-    while True:
-        t1 = time.perf_counter()
-        table, frame = next(tables, (None, None))
-        if table is None:
-            break
-        t2 = time.perf_counter()
-        counts.update(load(store, {table: frame}))
-        line = f"{table}: {frame.height:,} rows, generated {t2 - t1:.1f}s, loaded {time.perf_counter() - t2:.1f}s"
-        del frame
-        log.info("fleet %s", line)
-        if progress is not None:
-            progress(line)
+    chunks = -(-spec.scopes // scopes_per_chunk)
+    with store.transaction() as cur:
+        bulk = BulkLoad(cur)
+        frames_of = iter_fleet(spec, scopes_per_chunk)  # the templates built once
+        for k in range(chunks):
+            t1 = time.perf_counter()
+            frames = next(frames_of)
+            t2 = time.perf_counter()
+            rows = 0
+            for table, frame in frames.items():
+                rows += bulk.add(table, frame, expected_rows=frame.height * chunks)
+            del frames
+            first, last = k * scopes_per_chunk, min(spec.scopes, (k + 1) * scopes_per_chunk) - 1
+            line = (f"chunk {k + 1}/{chunks} (scopes {first:,}–{last:,}): {rows:,} rows, generated {t2 - t1:.1f}s, "
+                    f"loaded {time.perf_counter() - t2:.1f}s")
+            log.info("fleet %s", line)
+            say(line)
+        t3 = time.perf_counter()
+        counts = bulk.finish()
+        say(f"indexes rebuilt in {time.perf_counter() - t3:.1f}s")
+    for table, n in counts.items():
+        say(f"{table}: {n:,} rows")
     log.info("fleet of %d scopes seeded in %.1fs", spec.scopes, time.perf_counter() - t0)
     return counts
 
 
-__all__ = ["FleetSpec", "fleet_scope", "fleet_scopes", "generate_fleet", "iter_fleet", "iter_fleet_tables",
-           "seed_fleet"]
+__all__ = ["FleetSpec", "fleet_scope", "fleet_scopes", "generate_fleet", "iter_fleet", "seed_fleet",
+           "SEED_CHUNK_SCOPES"]

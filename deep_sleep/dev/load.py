@@ -17,7 +17,7 @@ from deep_sleep.dev.errors import SeedError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["REBUILD_MIN_ROWS", "load"]
+__all__ = ["REBUILD_MIN_ROWS", "BulkLoad", "load"]
 
 
 # Below this many rows (or into a table that already has rows) the loader inserts through the
@@ -61,49 +61,82 @@ def _detach_indexes(cur, table: str) -> list[str] | None:
     return [f'ALTER TABLE {table} ADD CONSTRAINT "{name}" {ddl}' for name, ddl in cons] + [ddl for _, ddl in idx]
 
 
-def load(store, frames: dict[str, pl.DataFrame]) -> dict[str, int]:
-    """Bulk-insert ``frames`` (as from :func:`generate`) into ``store`` in one transaction.
+class BulkLoad:
+    """Bulk inserts into one open transaction (``cur``), fed one frame or chunk at a time.
 
-    Each frame is staged through ADBC into a temporary table (uuid/json as text, embeddings as
-    ``list<float32>``), then moved with one ``INSERT … SELECT`` that applies
-    :meth:`Column.cast_sql`.  Columns are taken from the frame, so a frame may leave out
-    columns that have defaults.  Large loads into empty tables rebuild the indexes afterwards
-    (see ``REBUILD_MIN_ROWS``).  Returns rows inserted per table (every table of the input).
+    :meth:`add` stages a frame through ADBC into a temporary table and moves it with one
+    ``INSERT … SELECT`` that applies :meth:`Column.cast_sql` (uuid/json as text, embeddings as
+    ``list<float32>``).  On a table's first frame, when the table is empty and ``expected_rows``
+    (default: the frame's height) reaches ``REBUILD_MIN_ROWS``, its indexes and constraints are
+    dropped; :meth:`finish` rebuilds them from their own definitions, once, after the last chunk.
+    So a fleet loaded in chunks of scopes (bounded memory) costs one index build per table, as one
+    load of the whole table would.  Nobody sees a table without its indexes: the DDL holds an
+    ACCESS EXCLUSIVE lock until the transaction ends, and a rollback restores everything.
     """
-    counts: dict[str, int] = {}
-    with store.transaction() as cur:
+
+    def __init__(self, cur):
+        self.cur = cur
+        self.counts: dict[str, int] = {}
+        self._restore: dict[str, list[str]] = {}  # table → DDL that rebuilds what was dropped
         cur.execute("DISCARD TEMP")  # staging tables an earlier load, apply or undo left on this pooled connection
         cur.execute("SET LOCAL maintenance_work_mem = '256MB'")
+
+    def add(self, table: str, df: pl.DataFrame, expected_rows: int | None = None) -> int:
+        """Insert ``df`` into ``table``; rows inserted."""
+        if table not in TABLES:
+            raise SeedError(f"load: unknown table {table!r}; Deep Sleep knows {', '.join(TABLES)}")
+        first = table not in self.counts
+        self.counts.setdefault(table, 0)
+        if df.height == 0:
+            return 0
+        cur, known = self.cur, columns(table)
+        stage_cols, selects = [], []
+        for name in df.columns:
+            col = known.get(name)
+            if name == "embedding" or (col is not None and col.kind == "vector"):
+                stage_cols.append(pl.col(name).cast(pl.List(pl.Float32)))
+                selects.append(f'"{name}"::real[]::vector')
+            else:
+                stage_cols.append(pl.col(name))
+                selects.append(col.cast_sql(f'"{name}"') if col is not None else f'"{name}"')
+        t0 = time.perf_counter()
+        stage = f"_ds_seed_{table}"
+        data = df.select(stage_cols).to_arrow(compat_level=pl.CompatLevel.oldest())
+        cur.adbc_ingest(stage, data, mode="create", temporary=True)
+        del data
+        t1 = time.perf_counter()
+        if first and (expected_rows if expected_rows is not None else df.height) >= REBUILD_MIN_ROWS:
+            restore = _detach_indexes(cur, table)
+            if restore:
+                self._restore[table] = restore
+        cols_sql = ", ".join(f'"{c}"' for c in df.columns)
+        cur.execute(f'INSERT INTO {table} ({cols_sql}) SELECT {", ".join(selects)} FROM "{stage}"')
+        n = cur.rowcount if cur.rowcount is not None and cur.rowcount >= 0 else df.height
+        self.counts[table] += n
+        cur.execute(f'DROP TABLE "{stage}"')
+        log.debug("seed load %s: %d rows, stage %.2fs, insert %.2fs", table, df.height, t1 - t0,
+                  time.perf_counter() - t1)
+        return n
+
+    def finish(self) -> dict[str, int]:
+        """Rebuild every dropped index and constraint; rows inserted per table (every table added)."""
+        for table, ddls in self._restore.items():
+            t = time.perf_counter()
+            for ddl in ddls:
+                self.cur.execute(ddl)
+            log.debug("seed load %s: index rebuild %.2fs", table, time.perf_counter() - t)
+        self._restore.clear()
+        return dict(self.counts)
+
+
+def load(store, frames: dict[str, pl.DataFrame]) -> dict[str, int]:
+    """Bulk-insert ``frames`` (as from :func:`generate`) into ``store`` in one transaction
+    (:class:`BulkLoad`).  Columns are taken from the frame, so a frame may leave out columns that
+    have defaults.  Large loads into empty tables rebuild the indexes afterwards (see
+    ``REBUILD_MIN_ROWS``).  Returns rows inserted per table (every table of the input).
+    """
+    with store.transaction() as cur:
+        bulk = BulkLoad(cur)
         for table, df in frames.items():
-            if table not in TABLES:
-                raise SeedError(f"load: unknown table {table!r}; Deep Sleep knows {', '.join(TABLES)}")
-            if df.height == 0:
-                counts[table] = 0
-                continue
-            known = columns(table)
-            stage_cols, selects = [], []
-            for name in df.columns:
-                col = known.get(name)
-                if name == "embedding" or (col is not None and col.kind == "vector"):
-                    stage_cols.append(pl.col(name).cast(pl.List(pl.Float32)))
-                    selects.append(f'"{name}"::real[]::vector')
-                else:
-                    stage_cols.append(pl.col(name))
-                    selects.append(col.cast_sql(f'"{name}"') if col is not None else f'"{name}"')
-            t0 = time.perf_counter()
-            stage = f"_ds_seed_{table}"
-            data = df.select(stage_cols).to_arrow(compat_level=pl.CompatLevel.oldest())
-            cur.adbc_ingest(stage, data, mode="create", temporary=True)
-            del data
-            t1 = time.perf_counter()
-            restore = _detach_indexes(cur, table) if df.height >= REBUILD_MIN_ROWS else None
-            cols_sql = ", ".join(f'"{c}"' for c in df.columns)
-            cur.execute(f'INSERT INTO {table} ({cols_sql}) SELECT {", ".join(selects)} FROM "{stage}"')
-            counts[table] = cur.rowcount if cur.rowcount is not None and cur.rowcount >= 0 else df.height
-            cur.execute(f'DROP TABLE "{stage}"')
-            t2 = time.perf_counter()
-            for ddl in restore or ():
-                cur.execute(ddl)
-            log.debug("seed load %s: %d rows, stage %.2fs, insert %.2fs, index rebuild %s", table, df.height,
-                      t1 - t0, t2 - t1, f"{time.perf_counter() - t2:.2f}s" if restore else "no")
-    return counts
+            bulk.add(table, df)
+        return bulk.finish()

@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 import polars as pl
 
-from deep_sleep.dev.fleet import FleetSpec, fleet_scope, generate_fleet, iter_fleet, iter_fleet_tables
+from deep_sleep.dev.fleet import FleetSpec, fleet_scope, generate_fleet, iter_fleet
 from deep_sleep.dev.seed import load
 
 NOW = datetime(2026, 11, 30, 3, 0, tzinfo=UTC)
@@ -95,11 +95,9 @@ def test_recalls_are_deterministic_and_chunks_add_up():
     whole = generate_fleet(RECALLS)
     again = generate_fleet(RECALLS)
     chunks = list(iter_fleet(RECALLS, scopes_per_chunk=20))
-    tables = dict(iter_fleet_tables(RECALLS))
     for table in whole:
         assert whole[table].equals(again[table]), table
         assert pl.concat([c[table] for c in chunks]).equals(whole[table]), table
-        assert tables[table].equals(whole[table]), table
     off = generate_fleet(SPEC)
     assert "embedding" not in off["memory_nodes"].columns
 
