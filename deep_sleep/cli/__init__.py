@@ -66,8 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=7)
     s.add_argument("--now", default=None, help="ISO time the synthetic history ends at (default: now)")
     s.add_argument("--fleet", type=int, default=None, metavar="SCOPES",
-                   help="instead: a fleet of SCOPES small scopes (org/tNNNNNN/agent/aNN, 20 to a tenant; --nodes each, "
-                        "e.g. --fleet 100000 --nodes 100), generated vectorized and bulk-loaded table by table")
+                   help="instead: a fleet of SCOPES small scopes (org/fNNNNNN/agent/aNNNNNNN, 20 to a tenant; --nodes "
+                        "each, e.g. --fleet 100000 --nodes 100), generated vectorized and bulk-loaded in chunks of "
+                        "10,000 scopes in one transaction")
     s.add_argument("--recalls", action="store_true",
                    help="with --fleet: node embeddings and recall events with explicit feedback, so the recall-quality "
                         "gate has used queries to replay (slower to load: the vector index is built)")
