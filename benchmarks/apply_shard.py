@@ -21,6 +21,8 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from benchmarks.cpu import proc_cpu
+
 
 def _p(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
@@ -77,12 +79,6 @@ def load_plan(path: Path) -> list:
             for d, rs, q in pickle.loads(path.read_bytes())]
 
 
-def _cpu(pid: int) -> float:
-    """CPU seconds (user + system) the process ``pid`` used so far (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 class StepClock(dict):
     """Seconds per step (what apply_shard's ``step_seconds`` adds up) that also adds up, in ``cpu``, the
     CPU seconds the apply's server backend spent on each step — a measure the other load on a shared
@@ -106,10 +102,10 @@ class StepClock(dict):
         if key == "connect" or self._pid is None:
             pid = self._backend()
             if pid != self._pid:
-                self._pid, self._last = pid, _cpu(pid) if pid else 0.0
+                self._pid, self._last = pid, proc_cpu(pid) if pid else 0.0
             return
         try:
-            now = _cpu(self._pid)
+            now = proc_cpu(self._pid)
         except FileNotFoundError:
             self._pid = None
             return

@@ -42,8 +42,24 @@ def _p(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
+def _status_mb(field: str) -> float | None:
+    """A memory figure of this process from ``/proc/self/status`` (``VmHWM``, ``VmRSS``), in MB; None
+    off Linux."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
+    return None
+
+
 def _peak_rss_mb() -> float:
-    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    """This process's peak RSS.  ``VmHWM`` belongs to the address space, so a spawned child starts
+    afresh; ``ru_maxrss`` (the fallback off Linux) survives ``execve`` and would report the parent's
+    peak -- the COPY baseline's -- as the night's."""
+    hwm = _status_mb("VmHWM")
+    return hwm if hwm is not None else round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 
 def seed(admin_dsn: str, spec, reuse: bool):
@@ -123,7 +139,9 @@ def shard_night(dsn: str, as_of: datetime, work: str, shard_rows: int, shard_sco
     apply holding one of ``apply_concurrency`` apply slots in the store), without Prefect:
     ``workers`` threads take the shards in order, and one shard's transform (Python) overlaps
     another's extract or apply (the server).  The stage seconds are summed over the workers, so
-    with more than one worker they add up to more than the wall-clock total."""
+    with more than one worker they add up to more than the wall-clock total.  ``cpu_seconds``: the
+    CPU the client process and the (local) server spent on the night (:mod:`benchmarks.cpu`) -- on
+    a 2-core machine the night is CPU-bound, and these say who spends it."""
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
@@ -131,10 +149,16 @@ def shard_night(dsn: str, as_of: datetime, work: str, shard_rows: int, shard_sco
     from deep_sleep.run import pipeline
     from deep_sleep.store.db import Store
     from deep_sleep.transforms.config import ConsolidationConfig
+    from benchmarks.cpu import postmaster_pid, server_cpu
     from flows.nightly import apply_slot
 
     store, config = Store(dsn), ConsolidationConfig()
     seconds = dict.fromkeys(("gating", "extract", "transform", "validate", "recall_gate", "apply"), 0.0)
+    # the client's CPU seconds per stage: the whole process's (Polars works on a thread pool of its
+    # own), so only with one worker, where the stages do not overlap
+    cpu = dict.fromkeys(seconds, 0.0)
+    postmaster = postmaster_pid(store)
+    server0, client0 = server_cpu(postmaster), time.process_time()
     t0 = time.perf_counter()
     due = [g for g in due_scopes(store, as_of, config.gating) if g.due]
     shards = shards_of([(g.scope_path, g.rows) for g in due], shard_rows, shard_scopes)
@@ -145,10 +169,11 @@ def shard_night(dsn: str, as_of: datetime, work: str, shard_rows: int, shard_sco
     lock = threading.Lock()
 
     def timed(stage: str, fn, *args, **kwargs):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         out = fn(*args, **kwargs)
         with lock:
             seconds[stage] += time.perf_counter() - t
+            cpu[stage] += time.process_time() - c
         return out
 
     def one(i: int, scopes: list[str]) -> None:
@@ -173,13 +198,19 @@ def shard_night(dsn: str, as_of: datetime, work: str, shard_rows: int, shard_sco
                 tally["changes"] += sum(sum(k.values()) for k in r.rows_changed.values())
             tally["shards"] += 1
             done = sum(statuses.values())
-            _p(f"  shard {tally['shards']}/{len(shards)}: {done:,}/{len(due):,} scopes, {time.perf_counter() - t0:.1f}s")
+            _p(f"  shard {tally['shards']}/{len(shards)}: {done:,}/{len(due):,} scopes, {time.perf_counter() - t0:.1f}s, "
+               f"RSS {_status_mb('VmRSS')} MB")
 
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="shard") as pool:
         for f in [pool.submit(one, i, scopes) for i, scopes in enumerate(shards)]:
             f.result()  # a shard's error fails the benchmark
     total = time.perf_counter() - t0
+    server = server_cpu(postmaster)
+    cpu_seconds = {"client": round(time.process_time() - client0, 2),
+                   "server": round(server - server0, 2) if server is not None and server0 is not None else None,
+                   "client_by_stage": {k: round(v, 2) for k, v in cpu.items() if k != "gating"} if workers == 1 else None}
     queue.put({"scopes": len(due), "shards": len(shards), "workers": workers, "seconds": round(total, 2),
+               "cpu_seconds": cpu_seconds,
                "scopes_per_second": round(len(due) / total, 1) if total else None,
                "ms_per_scope": round(total / max(1, len(due)) * 1000, 3),
                "stages_seconds": {k: round(v, 2) for k, v in seconds.items()},
