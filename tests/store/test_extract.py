@@ -57,3 +57,23 @@ def test_each_scope_of_a_shard_is_its_own_extract(store):
 
 def test_array_literal_quotes_what_it_must():
     assert pg_array(['a"b', "c\\d", None, "e\x1ff"]) == '{"a\\"b","c\\\\d",NULL,"e\x1ff"}'
+
+
+def test_every_extracted_table_has_a_full_index_leading_with_scope_path(store):
+    # The extract reads each table by scope_path alone (`scope_path = $1`, or a join on the shard's
+    # scope list): without a b-tree index that starts with scope_path and has no predicate, every
+    # night scans the whole table once per shard -- cost growing with the fleet, not the shard
+    # (pending_connections had only a partial index on open rows until migration 023).
+    from deep_sleep.core import tables
+
+    with store.pg() as con:
+        rows = con.execute(
+            """SELECT c.relname, a.attname, x.indpred IS NULL
+               FROM pg_index x
+               JOIN pg_class c ON c.oid = x.indrelid
+               JOIN pg_class i ON i.oid = x.indexrelid
+               JOIN pg_am am ON am.oid = i.relam AND am.amname = 'btree'
+               JOIN pg_attribute a ON a.attrelid = x.indrelid AND a.attnum = x.indkey[0]
+               WHERE c.relname = ANY(%s)""", (list(tables.TABLES),)).fetchall()
+    served = {table for table, first, full in rows if first == "scope_path" and full}
+    assert set(tables.TABLES) - served == set()
