@@ -56,3 +56,25 @@ def server_cpu(postmaster: int | None) -> float | None:
         if f[1] == str(postmaster):
             total += (int(f[11]) + int(f[12])) / _TICK
     return round(total, 2)
+
+
+def server_counters(store) -> dict[str, float]:
+    """Cumulative counters of ``store``'s server that explain a write-heavy stage: WAL bytes and
+    full-page images (every first change of a page after a checkpoint logs the whole 8 KB page),
+    checkpoints, and the database's shared-buffer hits and reads (a read is a page that had to come
+    from the OS).  Subtract two readings (:func:`counters_delta`)."""
+    with store.pg() as con:
+        wal_bytes, wal_fpi = con.execute("SELECT wal_bytes, wal_fpi FROM pg_stat_wal").fetchone()
+        checkpoints = con.execute("SELECT num_timed + num_requested FROM pg_stat_checkpointer").fetchone()[0]
+        hit, read = con.execute("SELECT blks_hit, blks_read FROM pg_stat_database WHERE datname = current_database()"
+                                ).fetchone()
+    return {"wal_mb": float(wal_bytes) / 2**20, "wal_fpi": float(wal_fpi), "checkpoints": float(checkpoints),
+            "blks_hit": float(hit), "blks_read": float(read)}
+
+
+def counters_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """``after − before`` of :func:`server_counters`, with the shared-buffer hit ratio of the interval."""
+    out = {k: round(after[k] - before[k], 1) for k in before}
+    seen = out["blks_hit"] + out["blks_read"]
+    out["hit_ratio"] = round(out["blks_hit"] / seen, 4) if seen else None
+    return out

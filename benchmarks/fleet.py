@@ -131,7 +131,7 @@ def per_scope_path(store, scopes: list[str], as_of: datetime, work: Path) -> dic
 
 
 def shard_night(dsn: str, as_of: datetime, work: str, shard_rows: int, shard_scopes: int, queue,
-                safety: bool = False, workers: int = 2, apply_slots: int = 2) -> None:
+                safety: bool = False, workers: int = 2, apply_slots: int = 2, max_shards: int | None = None) -> None:
     """One night over every due scope, shard by shard, in this (child) process; puts its figures on
     ``queue``.  ``safety``: with the recall-quality gate and the holds policy (SPEC §9) on.
 
@@ -149,7 +149,7 @@ def shard_night(dsn: str, as_of: datetime, work: str, shard_rows: int, shard_sco
     from deep_sleep.run import pipeline
     from deep_sleep.store.db import Store
     from deep_sleep.transforms.config import ConsolidationConfig
-    from benchmarks.cpu import postmaster_pid, server_cpu
+    from benchmarks.cpu import counters_delta, postmaster_pid, server_counters, server_cpu
     from flows.nightly import apply_slot
 
     store, config = Store(dsn), ConsolidationConfig()
@@ -158,10 +158,21 @@ def shard_night(dsn: str, as_of: datetime, work: str, shard_rows: int, shard_sco
     # own), so only with one worker, where the stages do not overlap
     cpu = dict.fromkeys(seconds, 0.0)
     postmaster = postmaster_pid(store)
+    try:
+        with store.pg(autocommit=True) as con:
+            # start on a clean checkpoint cycle: cloning the fleet (CREATE DATABASE … TEMPLATE, WAL_LOG)
+            # wrote every page of it to the WAL, and the checkpoints that forces would land in the night
+            con.execute("CHECKPOINT")
+    except Exception as exc:  # a user's server may not let this role checkpoint: measure anyway
+        _p(f"  (no CHECKPOINT before the night: {exc})")
+    counters0 = server_counters(store)
     server0, client0 = server_cpu(postmaster), time.process_time()
     t0 = time.perf_counter()
     due = [g for g in due_scopes(store, as_of, config.gating) if g.due]
     shards = shards_of([(g.scope_path, g.rows) for g in due], shard_rows, shard_scopes)
+    if max_shards is not None:  # a partial night, for quick comparisons
+        shards = shards[:max_shards]
+        due = [g for g in due if g.scope_path in {s for shard in shards for s in shard}]
     seconds["gating"] = time.perf_counter() - t0
     statuses: dict[str, int] = {}
     tally = dict.fromkeys(("conflicts", "changes", "held_scopes", "gate_failed", "gated", "queries", "shards"), 0)
@@ -210,7 +221,7 @@ def shard_night(dsn: str, as_of: datetime, work: str, shard_rows: int, shard_sco
                    "server": round(server - server0, 2) if server is not None and server0 is not None else None,
                    "client_by_stage": {k: round(v, 2) for k, v in cpu.items() if k != "gating"} if workers == 1 else None}
     queue.put({"scopes": len(due), "shards": len(shards), "workers": workers, "seconds": round(total, 2),
-               "cpu_seconds": cpu_seconds,
+               "cpu_seconds": cpu_seconds, "server_counters": counters_delta(counters0, server_counters(store)),
                "scopes_per_second": round(len(due) / total, 1) if total else None,
                "ms_per_scope": round(total / max(1, len(due)) * 1000, 3),
                "stages_seconds": {k: round(v, 2) for k, v in seconds.items()},
@@ -218,6 +229,36 @@ def shard_night(dsn: str, as_of: datetime, work: str, shard_rows: int, shard_sco
                "safety": safety, "scopes_with_holds": tally["held_scopes"], "gate_queries": tally["queries"],
                "gate_scopes": tally["gated"], "gate_failed": tally["gate_failed"],
                "peak_rss_mb": _peak_rss_mb()})
+
+
+def _night(admin: str, args, as_of: datetime, safety: bool) -> dict:
+    """One shard night on a fresh clone of the fleet, in a spawned child (its own peak RSS)."""
+    import multiprocessing
+
+    from deep_sleep.store.db import create_database
+
+    # Each night on its own clone of the fleet as seeded (and as the sample left it), so both
+    # nights consolidate the same rows.
+    name = "safe" if safety else "plain"
+    clone = create_database(admin, f"deep_sleep_fleet_{name}", template="deep_sleep_fleet")
+    label = "with the recall gate and holds" if safety else "without the gate and holds"
+    _p(f"shard night {label} (shards of ≤ {args.shard_rows:,} rows, ≤ {args.shard_scopes:,} scopes, "
+       f"{args.workers} at once)")
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    child = ctx.Process(target=shard_night, args=(clone.dsn, as_of, f"{args.work}/{name}", args.shard_rows,
+                                                  args.shard_scopes, queue, safety, args.workers, args.apply_slots,
+                                                  args.max_shards))
+    child.start()
+    night = queue.get()
+    child.join()
+    return night
+
+
+def _night_only(admin: str, args, as_of: datetime) -> int:
+    night = _night(admin, args, as_of, args.safety)
+    print(json.dumps(night, indent=2))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -233,6 +274,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shard-scopes", type=int, default=5_000)
     ap.add_argument("--workers", type=int, default=2, help="shards at once (the nightly's --max-workers, default 2)")
     ap.add_argument("--apply-slots", type=int, default=2, help="applies at once (the nightly's apply_concurrency)")
+    ap.add_argument("--night-only", action="store_true",
+                    help="measure only the shard night (no COPY baseline, no per-scope sample); prints, writes nothing")
+    ap.add_argument("--max-shards", type=int, default=None, help="with --night-only: only the first K shards")
     ap.add_argument("--seed-only", action="store_true", help="seed (or check) the fleet and stop; then measure with --reuse")
     ap.add_argument("--safety", action="store_true", help="also run the night with the recall gate and holds on (a second clone)")
     ap.add_argument("--recalls", action=argparse.BooleanOptionalAction, default=None,
@@ -250,6 +294,10 @@ def main(argv: list[str] | None = None) -> int:
     as_of = datetime.fromisoformat(now)
     if args.seed_only:
         return 0
+    if args.max_shards is not None and not args.night_only:
+        ap.error("--max-shards needs --night-only: a partial night has no ratio to the fleet's COPY")
+    if args.night_only:
+        return _night_only(admin, args, as_of)
 
     _p("COPY baseline (every row out and back in)")
     copy = copy_baseline(store)  # benchmarks.run's, over whole tables
@@ -263,30 +311,14 @@ def main(argv: list[str] | None = None) -> int:
     _p(f"  {old['ms_per_scope']} ms/scope ({old['ms_per_scope_by_stage']}) → {old['extrapolated_fleet_seconds']:,}s "
        f"for the fleet")
 
-    import multiprocessing
-
-    from deep_sleep.store.db import create_database
-
     nights = {}
     for safety in (False, True) if args.safety else (False,):
-        # Each night on its own clone of the fleet as seeded (and as the sample left it), so both
-        # nights consolidate the same rows.
-        clone = create_database(admin, f"deep_sleep_fleet_{'safe' if safety else 'plain'}", template="deep_sleep_fleet")
-        label = "with the recall gate and holds" if safety else "without the gate and holds"
-        _p(f"shard night {label} (shards of ≤ {args.shard_rows:,} rows, ≤ {args.shard_scopes:,} scopes, "
-           f"{args.workers} at once)")
-        ctx = multiprocessing.get_context("spawn")
-        queue = ctx.Queue()
-        child = ctx.Process(target=shard_night, args=(clone.dsn, as_of, f"{args.work}/{'safe' if safety else 'plain'}",
-                                                      args.shard_rows, args.shard_scopes, queue, safety,
-                                                      args.workers, args.apply_slots))
-        child.start()
-        night = queue.get()
-        child.join()
+        night = _night(admin, args, as_of, safety)
         night["ratio_to_copy"] = round(night["seconds"] / copy["copy_total"], 2) if copy["copy_total"] else None
         night["speedup_per_scope"] = round(old["ms_per_scope"] / night["ms_per_scope"], 1) if night["ms_per_scope"] else None
         _p(f"  night {night['seconds']}s for {night['scopes']:,} scopes in {night['shards']} shards "
-           f"({night['scopes_per_second']} scopes/s, {night['stages_seconds']}); ratio to COPY {night['ratio_to_copy']}, "
+           f"({night['scopes_per_second']} scopes/s, {night['stages_seconds']}; CPU s {night['cpu_seconds']}; "
+           f"server {night['server_counters']}); ratio to COPY {night['ratio_to_copy']}, "
            f"{night['speedup_per_scope']}× faster per scope than the per-scope path; peak RSS {night['peak_rss_mb']} MB "
            f"(the child's own)" + (f"; gate: {night['gate_queries']:,} queries replayed in {night['gate_scopes']:,} scopes, "
                                    f"{night['gate_failed']:,} failed" if safety else ""))

@@ -139,11 +139,16 @@ def embedded_dsn(data_dir: str | os.PathLike | None = None, database: str = DEFA
 # that instead of PostgreSQL's tiny defaults: with 128 MB of shared buffers a 1M-node apply reads
 # its indexes back from the OS page cache over and over; a larger WAL budget avoids checkpoints
 # (and the full-page writes after each) in the middle of an apply.  Durability is unchanged.
+# At 100k scopes the night touches random leaf pages of every uuid primary key (15M edges: 0.9 GB)
+# and most of its WAL is full-page images; measured on 10 shards of that night: 4 GB of shared
+# buffers, 16 GB of WAL and 30 min between checkpoints wrote 3.9 GB of WAL instead of 5.7 (FPIs
+# 320k instead of 581k), read 41 % fewer pages from the OS, and cost 7 % less server CPU.
+# (A quarter of this machine's 24 GB; on a user's own server these are the operator's to set.)
 EMBEDDED_SETTINGS = {
-    "shared_buffers": "1GB",
+    "shared_buffers": "4GB",
     "maintenance_work_mem": "256MB",
-    "max_wal_size": "4GB",
-    "checkpoint_timeout": "15min",
+    "max_wal_size": "16GB",
+    "checkpoint_timeout": "30min",
 }
 _SETTINGS_FILE = "deep_sleep.conf"
 
