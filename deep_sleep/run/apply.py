@@ -293,17 +293,22 @@ def _step_key(s: Statement) -> str:
     return ".".join(x for x in (s.step, s.table, s.kind) if x)
 
 
-def _write(cur, s: Statement, guarded: set[str]) -> pa.Table:
+#: At most this many fast inserts per batch: each is a subtransaction that writes, and a transaction
+#: with more than 64 of those (PGPROC_MAX_CACHED_SUBXIDS) makes every concurrent snapshot slower.
+FAST_INSERTS_PER_BATCH = 32
+
+
+def _write(cur, s: Statement, guarded: set[str], fast: bool) -> pa.Table:
     """Run one write of a batch; its ``(scope_path, n)`` rows.
 
-    An insert with a :attr:`~deep_sleep.run.statements.Statement.fast_sql` runs that (a plain INSERT,
-    and the guarded ``INSERT … ON CONFLICT DO NOTHING`` only if a row collides on a unique index — a
-    live writer's row, say; see :func:`~deep_sleep.run.statements.shard_fast_insert_sql`): the rows
-    and counts are exactly the guarded insert's either way.  A table whose insert collided once is
+    ``fast`` (an insert with a :attr:`~deep_sleep.run.statements.Statement.fast_sql`): run that — a
+    plain INSERT, and the guarded ``INSERT … ON CONFLICT DO NOTHING`` only if a row collides on a
+    unique index, a live writer's row say (see :func:`~deep_sleep.run.statements.shard_fast_insert_sql`):
+    the rows and counts are exactly the guarded insert's either way.  A table whose insert collided is
     added to ``guarded``, and its later inserts (of this shard) run guarded straight away, so a store
     where collisions are common pays the wasted attempt once per table and shard.
     """
-    if s.fast_sql is None or s.table in guarded:
+    if not fast:
         cur.execute(s.sql)
         return cur.fetch_arrow_table()
     cur.execute(s.fast_sql)
@@ -320,8 +325,10 @@ def _apply_batch(store: Store, planned: ShardStatements, reports: dict[str, Cons
     """One transaction: the batch's statements and one ledger INSERT of its scopes' rows.  Raises (the
     transaction rolled back) on any error.  ``step_seconds``: each statement's wall time is added under
     :func:`_step_key` (and the commit's under ``commit``) — what ``benchmarks.apply_shard`` prints.
-    ``guarded``: the tables whose inserts skip the fast path (see :func:`_write`); updated in place."""
+    ``guarded``: the tables whose inserts skip the fast path (see :func:`_write`); updated in place.
+    The first :data:`FAST_INSERTS_PER_BATCH` inserts of other tables take it, the rest run guarded."""
     guarded = set() if guarded is None else guarded
+    fast_left = FAST_INSERTS_PER_BATCH
     landed: list[pl.DataFrame] = []
     outcome: dict[str, tuple[dict, int]] = {}
     clock = time.perf_counter()
@@ -337,7 +344,9 @@ def _apply_batch(store: Store, planned: ShardStatements, reports: dict[str, Cons
         tick("connect")
         for s in planned.statements:
             if s.is_write:
-                landed.append(pl.from_arrow(_write(cur, s, guarded)).with_columns(
+                fast = s.fast_sql is not None and s.table not in guarded and fast_left > 0
+                fast_left -= fast
+                landed.append(pl.from_arrow(_write(cur, s, guarded, fast)).with_columns(
                     pl.lit(s.table).alias("table"), pl.lit(s.kind).alias("kind")))
             elif s.step == "lock":
                 cur.execute(s.sql, parameters=_bind(s.params))

@@ -154,10 +154,10 @@ def test_a_collision_sends_the_later_batches_of_that_table_straight_to_the_guard
     ran: list[tuple[str, bool]] = []
     real = apply_mod._write
 
-    def spy(cur, s, guarded):
+    def spy(cur, s, guarded, fast):
         if s.step == "insert":
-            ran.append((s.table, s.table in guarded))
-        return real(cur, s, guarded)
+            ran.append((s.table, not fast))
+        return real(cur, s, guarded, fast)
 
     monkeypatch.setattr(apply_mod, "_write", spy)
     got = apply_shard(store, planned.diff, reports, started_at=STARTED, quarantined=planned.quarantined, batch_scopes=1)
@@ -165,3 +165,28 @@ def test_a_collision_sends_the_later_batches_of_that_table_straight_to_the_guard
     edges = [guarded for table, guarded in ran if table == "memory_edges"]
     assert edges[0] is False and len(edges) > 1 and all(edges[1:])  # tried fast once, then guarded
     assert not any(guarded for table, guarded in ran if table != "memory_edges")
+
+
+def test_past_the_cap_a_batchs_inserts_run_guarded_and_give_the_same(twin_stores, monkeypatch):
+    """More inserts in a batch than FAST_INSERTS_PER_BATCH (each fast one is a subtransaction): the
+    rest run guarded; the store ends as with every insert guarded."""
+    fast_store, guarded_store, scopes = twin_stores
+    planned, reports = _plan(fast_store, scopes)
+    monkeypatch.setattr(apply_mod, "FAST_INSERTS_PER_BATCH", 1)
+    ran: list[bool] = []
+    real = apply_mod._write
+
+    def spy(cur, s, guarded, fast):
+        if s.step == "insert":
+            ran.append(fast)
+        return real(cur, s, guarded, fast)
+
+    monkeypatch.setattr(apply_mod, "_write", spy)
+    fast = apply_shard(fast_store, planned.diff, reports, started_at=STARTED, quarantined=planned.quarantined)
+    assert ran[0] is True and len(ran) > 1 and not any(ran[1:])
+    guarded = apply_shard(guarded_store, planned.diff, reports, started_at=STARTED, quarantined=planned.quarantined,
+                          fast_inserts=False)
+    assert _outcome(fast) == _outcome(guarded)
+    a, b = _store_rows(fast_store), _store_rows(guarded_store)
+    for table in a:
+        assert a[table] == b[table], table
