@@ -164,7 +164,7 @@ def delete_sql(table: str, nodes_deleted: bool = False, source: str | None = Non
         # (Read from the run's own archive rows, not by probing memory_nodes: bounded by the diff.)
         kept = (f"kept AS (SELECT nd.id::uuid AS id FROM {node_source or stage_name('memory_nodes', 'deletes')} nd"
                 f" WHERE NOT EXISTS (SELECT 1 FROM consolidation_archive a WHERE a.run_id = $2::uuid"
-                f" AND a.table_name = 'memory_nodes' AND a.op = 'delete' AND a.row_id = nd.id::uuid::text OFFSET 0)), ")
+                f" AND a.table_name = 'memory_nodes' AND a.op = 'delete' AND a.row_id = nd.id::uuid::text)), ")
         keep_incident = (" AND NOT EXISTS (SELECT 1 FROM kept k WHERE k.id = t.source_id)"
                          " AND NOT EXISTS (SELECT 1 FROM kept k WHERE k.id = t.target_id)")
     return (
