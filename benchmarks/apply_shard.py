@@ -8,7 +8,7 @@ fleet ``deep_sleep_fleet`` as it stands), then per trial clones the fleet afresh
 ``deep_sleep_fleet_apply`` and applies every shard with :func:`deep_sleep.run.apply.apply_shard` (what
 the plain night's apply stage runs), printing the seconds per statement kind summed over the batches.
 ``--explain`` also runs the first batch's statements once inside a transaction that is rolled back,
-each write under ``EXPLAIN (ANALYZE, BUFFERS)``, and prints the plans.  Writes nothing into
+each write under ``EXPLAIN (ANALYZE, BUFFERS, WAL)``, and prints the plans.  Writes nothing into
 ``bench-results.json``.
 """
 
@@ -82,11 +82,19 @@ def load_plan(path: Path) -> list:
 class StepClock(dict):
     """Seconds per step (what apply_shard's ``step_seconds`` adds up) that also adds up, in ``cpu``, the
     CPU seconds the apply's server backend spent on each step — a measure the other load on a shared
-    machine disturbs far less than wall time.  The backend is the one client session on ``database``."""
+    machine disturbs far less than wall time.  The backend is the one client session on ``database``.
+    ``wal``: the bytes of WAL written during each step (the server's insert position, read from a
+    second session: on the benchmark's own embedded server nothing else writes much)."""
 
     def __init__(self, store, database: str):
         super().__init__()
         self.store, self.database, self.cpu, self._pid, self._last = store, database, {}, None, 0.0
+        self.wal: dict[str, int] = {}
+        self._wal_con = store.pg(autocommit=True)
+        self._wal_last = self._lsn()
+
+    def _lsn(self) -> int:
+        return int(self._wal_con.execute("SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')").fetchone()[0])
 
     def _backend(self) -> int | None:
         with self.store.pg(autocommit=True) as con:
@@ -99,6 +107,9 @@ class StepClock(dict):
         super().__setitem__(key, value)
         if key == "plan":
             return
+        lsn = self._lsn()
+        self.wal[key] = self.wal.get(key, 0) + lsn - self._wal_last
+        self._wal_last = lsn
         if key == "connect" or self._pid is None:
             pid = self._backend()
             if pid != self._pid:
@@ -133,7 +144,7 @@ def apply_night(store, shards: list, batch_scopes: int, database: str) -> tuple[
 
 
 def explain_first_batch(store, shard, batch_scopes: int) -> None:
-    """The first batch's statements in one rolled-back transaction, each write under EXPLAIN (ANALYZE, BUFFERS)."""
+    """The first batch's statements in one rolled-back transaction, each write under EXPLAIN (ANALYZE, BUFFERS, WAL)."""
     from deep_sleep.run import apply as ap
 
     diff, reports, _ = shard
@@ -148,7 +159,7 @@ def explain_first_batch(store, shard, batch_scopes: int) -> None:
                 if s.is_write:
                     # ADBC wraps a query in COPY … TO STDOUT, which EXPLAIN cannot be inside
                     cur.adbc_statement.set_options(**{"adbc.postgresql.use_copy": "false"})
-                    cur.execute("EXPLAIN (ANALYZE, BUFFERS) " + s.sql)
+                    cur.execute("EXPLAIN (ANALYZE, BUFFERS, WAL) " + s.sql)
                     plan = "\n".join(r[0] for r in cur.fetchall())
                     print(f"\n-- {ap._step_key(s)} ({s.rows} rows, {time.perf_counter() - t:.3f}s)\n{plan}")
                 elif s.step == "ledger":
@@ -207,9 +218,9 @@ def main(argv: list[str] | None = None) -> int:
         own = time.process_time() - own
         _p(f"trial {trial + 1}: apply {seconds:.2f}s wall, backend CPU {sum(steps.cpu.values()):.2f}s, "
            f"client CPU {own:.2f}s (batch_scopes={args.batch_scopes}) {statuses}")
-        print(f"    {'step':45s} {'wall':>8s} {'backend CPU':>12s}")
+        print(f"    {'step':45s} {'wall':>8s} {'backend CPU':>12s} {'WAL MB':>8s}")
         for key, s in sorted(steps.items(), key=lambda kv: -kv[1]):
-            print(f"    {key:45s} {s:7.3f}s {steps.cpu.get(key, 0.0):11.2f}s")
+            print(f"    {key:45s} {s:7.3f}s {steps.cpu.get(key, 0.0):11.2f}s {steps.wal.get(key, 0) / 1e6:8.1f}")
     return 0
 
 

@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 import polars as pl
 import pyarrow as pa
 
+from deep_sleep.core import tables
 from deep_sleep.core.diff import Diff
 from deep_sleep.core.errors import InputError
 from deep_sleep.core.report import ConsolidationReport
@@ -30,6 +31,7 @@ from deep_sleep.run.statements import (  # noqa: F401 - re-exported: callers and
     KEY_COLUMNS,
     LEDGER_SQL,
     QUARANTINE_SQL,
+    SHARD_LANDED_SQL,
     SMALL_STAGE_ROWS,
     Rows,
     ShardStatements,
@@ -291,11 +293,42 @@ def _step_key(s: Statement) -> str:
     return ".".join(x for x in (s.step, s.table, s.kind) if x)
 
 
+#: At most this many fast inserts per batch: each is a subtransaction that writes, and a transaction
+#: with more than 64 of those (PGPROC_MAX_CACHED_SUBXIDS) makes every concurrent snapshot slower.
+FAST_INSERTS_PER_BATCH = 32
+
+
+def _write(cur, s: Statement, guarded: set[str], fast: bool) -> pa.Table:
+    """Run one write of a batch; its ``(scope_path, n)`` rows.
+
+    ``fast`` (an insert with a :attr:`~deep_sleep.run.statements.Statement.fast_sql`): run that — a
+    plain INSERT, and the guarded ``INSERT … ON CONFLICT DO NOTHING`` only if a row collides on a
+    unique index, a live writer's row say (see :func:`~deep_sleep.run.statements.shard_fast_insert_sql`):
+    the rows and counts are exactly the guarded insert's either way.  A table whose insert collided is
+    added to ``guarded``, and its later inserts (of this shard) run guarded straight away, so a store
+    where collisions are common pays the wasted attempt once per table and shard.
+    """
+    if not fast:
+        cur.execute(s.sql)
+        return cur.fetch_arrow_table()
+    cur.execute(s.fast_sql)
+    cur.execute(SHARD_LANDED_SQL)
+    got = pl.from_arrow(cur.fetch_arrow_table())
+    if got.get_column("guarded").any():
+        guarded.add(s.table)
+    return got.filter(pl.col("scope_path").is_not_null()).select("scope_path", "n").to_arrow()
+
+
 def _apply_batch(store: Store, planned: ShardStatements, reports: dict[str, ConsolidationReport],
-                 mode: str, started_at: datetime, step_seconds: dict[str, float] | None = None) -> dict[str, tuple[dict, int]]:
+                 mode: str, started_at: datetime, step_seconds: dict[str, float] | None = None,
+                 guarded: set[str] | None = None) -> dict[str, tuple[dict, int]]:
     """One transaction: the batch's statements and one ledger INSERT of its scopes' rows.  Raises (the
     transaction rolled back) on any error.  ``step_seconds``: each statement's wall time is added under
-    :func:`_step_key` (and the commit's under ``commit``) — what ``benchmarks.apply_shard`` prints."""
+    :func:`_step_key` (and the commit's under ``commit``) — what ``benchmarks.apply_shard`` prints.
+    ``guarded``: the tables whose inserts skip the fast path (see :func:`_write`); updated in place.
+    The first :data:`FAST_INSERTS_PER_BATCH` inserts of other tables take it, the rest run guarded."""
+    guarded = set() if guarded is None else guarded
+    fast_left = FAST_INSERTS_PER_BATCH
     landed: list[pl.DataFrame] = []
     outcome: dict[str, tuple[dict, int]] = {}
     clock = time.perf_counter()
@@ -311,8 +344,9 @@ def _apply_batch(store: Store, planned: ShardStatements, reports: dict[str, Cons
         tick("connect")
         for s in planned.statements:
             if s.is_write:
-                cur.execute(s.sql)
-                landed.append(pl.from_arrow(cur.fetch_arrow_table()).with_columns(
+                fast = s.fast_sql is not None and s.table not in guarded and fast_left > 0
+                fast_left -= fast
+                landed.append(pl.from_arrow(_write(cur, s, guarded, fast)).with_columns(
                     pl.lit(s.table).alias("table"), pl.lit(s.kind).alias("kind")))
             elif s.step == "lock":
                 cur.execute(s.sql, parameters=_bind(s.params))
@@ -379,6 +413,7 @@ def apply_shard(
     quarantined: pl.DataFrame | None = None,
     batch_scopes: int = 500,
     step_seconds: dict[str, float] | None = None,
+    fast_inserts: bool = True,
 ) -> dict[str, ShardApplied]:
     """Apply a shard's ``diff`` (every frame with a ``scope_path`` column) for the scopes of ``reports``
     (scope_path → report with its own ``run_id``), each scope atomically, and record one run per scope.
@@ -402,6 +437,11 @@ def apply_shard(
 
     ``step_seconds`` (a dict, for benchmarks): the batches' wall time per statement kind is added to it
     (see :func:`_apply_batch`), plus ``plan`` (building the statements).
+
+    ``fast_inserts``: each insert first runs as a plain INSERT under a savepoint, and only if a row
+    collides on a unique index as the guarded ``INSERT … ON CONFLICT DO NOTHING`` (see :func:`_write`);
+    False runs every insert guarded (the plain version the fast path is tested against).  The rows and
+    counts are the same either way.
     """
     if batch_scopes < 1:
         raise InputError(f"apply_shard: batch_scopes must be >= 1, got {batch_scopes}")
@@ -411,6 +451,8 @@ def apply_shard(
     marked = {s for s, r in reports.items() if r.status == "failed"}
     diffs, held = _batches(diff, quarantined, scopes, batch_scopes, marked)
     out: dict[str, ShardApplied] = {}
+    # tables whose inserts run guarded: every one without the fast path, else those that collided before
+    guarded: set[str] = set() if fast_inserts else set(tables.TABLES)
     for b, start in enumerate(range(0, len(scopes), batch_scopes)):
         mine = {s: reports[s] for s in scopes[start:start + batch_scopes]}
         part, q = diffs.get(b, Diff.empty()), held.get(b)
@@ -419,7 +461,7 @@ def apply_shard(
         if step_seconds is not None:
             step_seconds["plan"] = step_seconds.get("plan", 0.0) + time.perf_counter() - clock
         try:
-            outcome = _apply_batch(store, planned, mine, mode, started_at, step_seconds)
+            outcome = _apply_batch(store, planned, mine, mode, started_at, step_seconds, guarded)
         except Exception as e:  # noqa: BLE001 - retried scope by scope below; each scope's own error is recorded
             batch_error = f"{type(e).__name__}: {e}".strip()
             alone = part.by_scope()

@@ -301,5 +301,9 @@ def test_a_batchs_updates_and_deletes_probe_each_store_table_by_index_never_scan
             assert f"Seq Scan on {table} " not in plan, f"{table}.{kind}:\n{plan}"
             assert not re.search(r"(Hash|Merge)( \w+)* Join", plan), f"{table}.{kind}:\n{plan}"
             assert "Nested Loop" in plan and f"Index Scan using {table}_" in plan, f"{table}.{kind}:\n{plan}"
+        # the edge delete's check for node deletes this run skipped probes the archive once per staged
+        # node by (run_id, table_name), never reads the batch's archived nodes once per staged node
+        kept = probed[("memory_edges", "deletes")]
+        assert "SubPlan" in kept and re.search(r"Index Cond: \(\(run_id = \(nd\._ds_run_id\)::uuid\)", kept), kept
     finally:
         drop_database(admin_dsn, name)
