@@ -6,7 +6,10 @@
 Plans the night of ``benchmarks.fleet`` once (gating, shards, extract → transform → validate on the
 fleet ``deep_sleep_fleet`` as it stands), then per trial clones the fleet afresh into
 ``deep_sleep_fleet_apply`` and applies every shard with :func:`deep_sleep.run.apply.apply_shard` (what
-the plain night's apply stage runs), printing the seconds per statement kind summed over the batches.
+the plain night's apply stage runs), printing the seconds per statement kind summed over the batches,
+the WAL the apply wrote (bytes, full-page images) and the node and edge tables' updates and how many
+of them were HOT (``pg_stat_user_tables``).  ``--fleet NAME`` clones another seeded database instead
+(e.g. a copy of the fleet rewritten with other storage settings, to compare the two back to back).
 ``--explain`` also runs the first batch's statements once inside a transaction that is rolled back,
 each write under ``EXPLAIN (ANALYZE, BUFFERS, WAL)``, and prints the plans.  Writes nothing into
 ``bench-results.json``.
@@ -143,6 +146,38 @@ def apply_night(store, shards: list, batch_scopes: int, database: str) -> tuple[
     return time.perf_counter() - t0, steps, statuses
 
 
+_WAL_SQL = "SELECT wal_bytes, wal_fpi FROM pg_stat_wal"
+_UPDATES_SQL = ("SELECT relname, n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables"
+                " WHERE relname IN ('memory_nodes', 'memory_edges') ORDER BY relname")
+
+
+def wal_now(store) -> tuple[int, int]:
+    """(WAL bytes, full-page images) the server has written so far (pg_stat_wal, server-wide)."""
+    with store.pg(autocommit=True) as con:
+        con.execute("SELECT pg_stat_clear_snapshot()")
+        b, f = con.execute(_WAL_SQL).fetchone()
+    return int(b), int(f)
+
+
+def hot_updates(store) -> dict[str, tuple[int, int]]:
+    """(updates, HOT updates) per node and edge table of ``store`` — the clone's own counts, so the
+    night's — once the apply's connection has flushed its statistics (asked to on its next commit;
+    read again for up to ~3 s until the counts stop moving)."""
+    with store.transaction() as cur:
+        cur.execute("SELECT pg_stat_force_next_flush()")
+        cur.fetch_arrow_table()
+    last = None
+    with store.pg(autocommit=True) as con:
+        for _ in range(30):
+            con.execute("SELECT pg_stat_clear_snapshot()")
+            got = {r[0]: (r[1], r[2]) for r in con.execute(_UPDATES_SQL)}
+            if got == last:
+                break
+            last = got
+            time.sleep(0.1)
+    return last or {}
+
+
 def explain_first_batch(store, shard, batch_scopes: int) -> None:
     """The first batch's statements in one rolled-back transaction, each write under EXPLAIN (ANALYZE, BUFFERS, WAL)."""
     from deep_sleep.run import apply as ap
@@ -182,6 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shard-rows", type=int, default=500_000)
     ap.add_argument("--shard-scopes", type=int, default=5_000)
     ap.add_argument("--plan-cache", help="a file: the planned night is read from it if it exists, else written to it")
+    ap.add_argument("--fleet", default="deep_sleep_fleet",
+                    help="the seeded fleet database the trials clone (e.g. a copy with other storage settings)")
     args = ap.parse_args(argv)
 
     import json
@@ -190,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
 
     admin = os.environ.get("DEEP_SLEEP_BENCH_DSN") or embedded_dsn(
         data_dir=os.path.join(".deep_sleep", "bench-pgdata"), database="postgres")
-    fleet = Store(with_database(admin, "deep_sleep_fleet"))
+    fleet = Store(with_database(admin, args.fleet))
     with fleet.pg() as con:
         row = con.execute("SELECT obj_description('memory_nodes'::regclass)").fetchone()
     if not row or not row[0]:
@@ -208,16 +245,20 @@ def main(argv: list[str] | None = None) -> int:
     _p(f"planned {sum(len(r) for _, r, _ in shards):,} scopes in {len(shards)} shard(s), {rows:,} diff rows, "
        f"in {time.perf_counter() - t:.1f}s")
     for trial in range(args.trials):
-        store = create_database(admin, "deep_sleep_fleet_apply", template="deep_sleep_fleet")
+        store = create_database(admin, "deep_sleep_fleet_apply", template=args.fleet)
         with store.pg(autocommit=True) as con:
             con.execute("CHECKPOINT")  # the clone's copy is not charged to the apply
         if args.explain and trial == 0:
             explain_first_batch(store, shards[0], args.batch_scopes)
-        own = time.process_time()
+        own, wal = time.process_time(), wal_now(store)
         seconds, steps, statuses = apply_night(store, shards, args.batch_scopes, "deep_sleep_fleet_apply")
         own = time.process_time() - own
+        hot = hot_updates(store)  # also has the apply's backend flush its WAL counts
+        wal = tuple(a - b for a, b in zip(wal_now(store), wal))
         _p(f"trial {trial + 1}: apply {seconds:.2f}s wall, backend CPU {sum(steps.cpu.values()):.2f}s, "
            f"client CPU {own:.2f}s (batch_scopes={args.batch_scopes}) {statuses}")
+        _p(f"    WAL {wal[0] / 2**20:,.0f} MB, {wal[1]:,} full-page images; "
+           + ", ".join(f"{t} {u:,} updates, {h:,} HOT ({h / max(u, 1):.1%})" for t, (u, h) in hot.items()))
         print(f"    {'step':45s} {'wall':>8s} {'backend CPU':>12s} {'WAL MB':>8s}")
         for key, s in sorted(steps.items(), key=lambda kv: -kv[1]):
             print(f"    {key:45s} {s:7.3f}s {steps.cpu.get(key, 0.0):11.2f}s {steps.wal.get(key, 0) / 1e6:8.1f}")

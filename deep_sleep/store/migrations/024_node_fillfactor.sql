@@ -1,0 +1,13 @@
+-- Consolidation's node updates (decay, reinforcement, …: importance, properties, last_decayed_at)
+-- touch none of memory_nodes' indexed columns, so each can be a HOT update — but only if the new
+-- row version fits on its page.  A node with an embedding is ~1.2 KB (vector(256) is 1 KB inline:
+-- the row is under the 2 KB TOAST threshold, and toast_tuple_target below it moves nothing), so at
+-- fillfactor 70 a page holds 4 nodes and room for 2 more versions: a night that updates 3 or 4
+-- nodes of one page (~7 % of its node updates on the benchmark fleet) moves the rest to other pages,
+-- and each such update inserts into every index — the HNSW index on embedding above all (~1 ms a
+-- row, most of the apply's node-update time).  At fillfactor 50 a page keeps at least as much free
+-- space as its rows use, so every node of it can be updated once in one transaction and stay HOT,
+-- whatever the row size; the next night's first read prunes the dead versions.  The table takes
+-- ~1/3 more pages.  Existing pages keep their packing until the table is rewritten (VACUUM FULL
+-- memory_nodes, or pg_repack, at a quiet time); new and moved rows get the room now.
+ALTER TABLE memory_nodes SET (fillfactor = 50);
