@@ -66,7 +66,7 @@ class BulkLoad:
 
     :meth:`add` stages a frame through ADBC into a temporary table and moves it with one
     ``INSERT … SELECT`` that applies :meth:`Column.cast_sql` (uuid/json as text, embeddings as
-    ``list<float32>``).  On a table's first frame, when the table is empty and ``expected_rows``
+    ``list<float32>``).  On a table's first rows, when the table is empty and ``expected_rows``
     (default: the frame's height) reaches ``REBUILD_MIN_ROWS``, its indexes and constraints are
     dropped; :meth:`finish` rebuilds them from their own definitions, once, after the last chunk.
     So a fleet loaded in chunks of scopes (bounded memory) costs one index build per table, as one
@@ -78,6 +78,7 @@ class BulkLoad:
         self.cur = cur
         self.counts: dict[str, int] = {}
         self._restore: dict[str, list[str]] = {}  # table → DDL that rebuilds what was dropped
+        self._loaded: set[str] = set()  # tables that got rows
         cur.execute("DISCARD TEMP")  # staging tables an earlier load, apply or undo left on this pooled connection
         cur.execute("SET LOCAL maintenance_work_mem = '256MB'")
 
@@ -85,10 +86,11 @@ class BulkLoad:
         """Insert ``df`` into ``table``; rows inserted."""
         if table not in TABLES:
             raise SeedError(f"load: unknown table {table!r}; Deep Sleep knows {', '.join(TABLES)}")
-        first = table not in self.counts
         self.counts.setdefault(table, 0)
         if df.height == 0:
             return 0
+        first = table not in self._loaded  # its first rows: whether to detach is decided now
+        self._loaded.add(table)
         cur, known = self.cur, columns(table)
         stage_cols, selects = [], []
         for name in df.columns:
