@@ -14,7 +14,7 @@ export PREFECT_LOGGING_LEVEL ?= WARNING
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --disable-pip-version-check uv
-	$(VENV)/bin/uv pip install -q -p $(PY) -e '.[dev]'
+	$(VENV)/bin/uv pip install -q --compile-bytecode -p $(PY) -e '.[dev]'
 	touch $@
 
 setup: $(VENV)/.installed

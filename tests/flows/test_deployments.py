@@ -55,7 +55,8 @@ def test_served_deployments_run_through_a_real_prefect_server(store, scope, tmp_
     api = f"http://127.0.0.1:{port}/api"
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home"), "PREFECT_API_URL": api,
            "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1", "PREFECT_LOGGING_LEVEL": "WARNING",
-           "PYTHONPATH": str(Path.cwd())}
+           "PYTHONPATH": str(Path.cwd()),
+           "PREFECT_RUNNER_POLL_FREQUENCY": "1"}  # serve picks the run up within a second, not ten
     bin_dir = Path(sys.executable).parent
     server = subprocess.Popen([str(bin_dir / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
