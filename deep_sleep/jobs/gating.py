@@ -16,26 +16,31 @@ from deep_sleep.store.db import Store
 
 DUE_SQL = """
 WITH counted AS (
-    SELECT scope_path, count(*) AS n FROM memory_nodes WHERE scope_path IS NOT NULL GROUP BY scope_path
-    UNION ALL SELECT scope_path, count(*) FROM episodic_events WHERE scope_path IS NOT NULL GROUP BY scope_path
+    SELECT scope_path, count(*) AS n, true AS listed FROM memory_nodes WHERE scope_path IS NOT NULL GROUP BY scope_path
+    UNION ALL SELECT scope_path, count(*), true FROM episodic_events WHERE scope_path IS NOT NULL GROUP BY scope_path
+    UNION ALL SELECT scope_path, count(*), false FROM memory_edges WHERE scope_path IS NOT NULL GROUP BY scope_path
 ),
-scopes AS (SELECT scope_path, sum(n) AS n FROM counted GROUP BY scope_path),
-edges AS (SELECT scope_path, count(*) AS n FROM memory_edges WHERE scope_path IS NOT NULL GROUP BY scope_path),
+scopes AS (SELECT scope_path, sum(n) AS n FROM counted GROUP BY scope_path HAVING bool_or(listed)),
 last AS (
     SELECT scope_path, max(as_of) AS as_of FROM consolidation_runs
     WHERE status = 'applied' AND mode = 'nightly' GROUP BY scope_path
-),
-sessions AS (
-    SELECT e.scope_path, count(DISTINCT e.session_id) AS n
-    FROM episodic_events e JOIN last l ON l.scope_path = e.scope_path
-    WHERE e.created_at > l.as_of AND e.created_at <= %(as_of)s
-    GROUP BY e.scope_path
 )
-SELECT s.scope_path, l.as_of AS last_as_of, coalesce(x.n, 0) AS sessions, s.n + coalesce(g.n, 0) AS rows
-FROM scopes s LEFT JOIN last l USING (scope_path) LEFT JOIN sessions x USING (scope_path)
-LEFT JOIN edges g USING (scope_path)
+SELECT s.scope_path, l.as_of AS last_as_of,
+       CASE WHEN l.as_of IS NULL THEN 0 ELSE (
+           SELECT count(DISTINCT e.session_id) FROM episodic_events e
+           WHERE e.scope_path = s.scope_path AND e.created_at > l.as_of AND e.created_at <= %(as_of)s) END AS sessions,
+       s.n AS rows
+FROM scopes s LEFT JOIN last l USING (scope_path)
 ORDER BY s.scope_path
 """
+
+#: The counts above are index-only scans of the tables' ``scope_path`` indexes (a fifth of the heaps'
+#: pages), and a scope's new sessions one range of ``episodic_events_scope_created``.  Postgres's
+#: default ``random_page_cost = 4`` (a spinning disk's) makes the planner read the whole heaps
+#: instead.  On the 100k-scope benchmark fleet (37M counted rows), beside a running test suite:
+#: 16–19 s → 6 s warm, 19 → 10 s cold (server restarted, OS page cache dropped).  Set for the gating
+#: query's own transaction only.
+DUE_PLANNER = "SET LOCAL random_page_cost = 1.1"
 
 
 @dataclass(frozen=True)
@@ -66,6 +71,7 @@ def gate(last_as_of: datetime | None, sessions: int, as_of: datetime, config: Ga
 def due_scopes(store: Store, as_of: datetime, config: GatingConfig) -> list[Gate]:
     """Every scope of the store with its verdict, in scope_path order."""
     with store.pg() as con:
+        con.execute(DUE_PLANNER)
         rows = con.execute(DUE_SQL, {"as_of": as_of}).fetchall()
     out = []
     for scope_path, last, sessions, size in rows:
