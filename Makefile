@@ -8,13 +8,17 @@ FUZZ_RUNS ?= 3
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export DO_NOT_TRACK := 1
 export PREFECT_LOGGING_LEVEL ?= WARNING
+# Python may cache the bytecode it compiles (in .venv and __pycache__/): with PYTHONDONTWRITEBYTECODE
+# set, as on the CI machines, every process the tests start (CLI runs, killed applies, the Prefect
+# server, notebooks) compiled prefect, pandas and polars from source again — 3-5 s each.
+export PYTHONDONTWRITEBYTECODE :=
 
 .PHONY: setup demo test fuzz bench notebooks clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --disable-pip-version-check uv
-	$(VENV)/bin/uv pip install -q --compile-bytecode -p $(PY) -e '.[dev]'
+	$(VENV)/bin/uv pip install -q -p $(PY) -e '.[dev]'
 	touch $@
 
 setup: $(VENV)/.installed
