@@ -29,7 +29,6 @@ from deep_sleep.core.report import ConsolidationReport
 from deep_sleep.run.statements import (  # noqa: F401 - re-exported: callers and tests name them here
     BIG_DIFF_ROWS,
     KEY_COLUMNS,
-    LANDED_SQL,
     LEDGER_SQL,
     QUARANTINE_SQL,
     SHARD_LANDED_SQL,
@@ -64,7 +63,6 @@ class ApplyResult:
     applied: dict[str, dict[str, int]]
     conflicts: int
     seconds: dict[str, float] | None = None  # "stage" (ingest into temp tables), "<table>.<kind>", "ledger"
-    guarded_inserts: tuple[str, ...] = ()  # tables whose fast insert met a unique violation and ran guarded
 
 
 _TAIL = ("quarantine", "ledger")  # timed together with the commit
@@ -97,15 +95,6 @@ def _run(cur, s: Statement) -> None:
 def _scalar(cur, sql: str, params: tuple) -> int:
     cur.execute(sql, parameters=params)
     return int(cur.fetch_arrow_table().column(0)[0].as_py())
-
-
-def _fast_insert(cur, s: Statement) -> tuple[int, bool]:
-    """Run a single scope's insert by its fast path (:func:`~deep_sleep.run.statements.fast_insert_sql`):
-    (rows inserted, whether the guarded insert ran because a row collided)."""
-    cur.execute(s.fast_sql)
-    cur.execute(LANDED_SQL)
-    n, guarded = cur.fetch_arrow_table().column(0)[0].as_py().split()
-    return int(n), guarded == "true"
 
 
 def ledger_params(report: ConsolidationReport, mode: str, started_at: datetime, status: str) -> tuple:
@@ -141,15 +130,9 @@ def apply_diff(
     mode: str = "nightly",
     started_at: datetime | None = None,
     quarantined: pl.DataFrame | None = None,
-    fast_inserts: bool = True,
 ) -> ApplyResult:
     """Apply ``diff`` for ``report.scope_path`` in one transaction and record the run as applied,
     with the rows it ``quarantined`` (table, id, reason, row JSON) if any.
-
-    ``fast_inserts``: a staged insert of :data:`~deep_sleep.run.statements.FAST_INSERT_ROWS` rows or more
-    runs as a plain INSERT, and the guarded ``INSERT … ON CONFLICT DO NOTHING`` only if a row collides
-    (the same rows and counts; see :func:`~deep_sleep.run.statements.shard_fast_insert_sql`); False runs
-    every insert guarded.
 
     ``report.run_id`` must be set.  On any error the transaction rolls back: the store is as before.
     ``seconds``: ``stage`` (building the statements, session settings, the lock, staging), each
@@ -164,7 +147,6 @@ def apply_diff(
     started_at = started_at or datetime.now(UTC)
     applied: dict[str, dict[str, int]] = {}
     conflicts = 0
-    guarded: tuple[str, ...] = ()
     seconds: dict[str, float] = {}
     clock = time.perf_counter()
     todo = planned_statements(diff, report.scope_path, report.run_id, quarantined)
@@ -175,18 +157,14 @@ def apply_diff(
                 seconds["stage"] = round(time.perf_counter() - clock, 6)
             if s.is_write:
                 clock = time.perf_counter()
-                if s.fast_sql and fast_inserts:
-                    n, collided = _fast_insert(cur, s)
-                    guarded += (s.table,) * collided
-                else:
-                    n = _scalar(cur, s.sql, _bind(s.params))
+                n = _scalar(cur, s.sql, _bind(s.params))
                 applied.setdefault(s.table, {})[s.kind] = n
                 conflicts += s.rows - n
                 seconds[f"{s.table}.{s.kind}"] = round(time.perf_counter() - clock, 6)
                 continue
             if s.step in _TAIL and tail is None:
                 tail = time.perf_counter()
-            if s.step in ("lock", "scope_setting"):
+            if s.step == "lock":
                 cur.execute(s.sql, parameters=_bind(s.params))
                 cur.fetch_arrow_table()
             elif s.step == "quarantine" and s.sql is not None:
@@ -197,7 +175,7 @@ def apply_diff(
             else:
                 _run(cur, s)
     seconds["quarantine_and_ledger_and_commit"] = round(time.perf_counter() - (tail or clock), 6)
-    return ApplyResult(applied=applied, conflicts=conflicts, seconds=seconds, guarded_inserts=guarded)
+    return ApplyResult(applied=applied, conflicts=conflicts, seconds=seconds)
 
 
 # -- many scopes at once (SPEC §2 "Scale"; issue 12 item 6) -----------------------------------------
@@ -390,13 +368,12 @@ def _apply_batch(store: Store, planned: ShardStatements, reports: dict[str, Cons
 
 
 def _apply_alone(store: Store, diff: Diff, report: ConsolidationReport, mode: str, started_at: datetime,
-                 quarantined: pl.DataFrame | None, fast_inserts: bool = True) -> tuple[str, dict, int, str | None]:
+                 quarantined: pl.DataFrame | None) -> tuple[str, dict, int, str | None]:
     """One scope in its own transaction (:func:`apply_diff`), a transient error tried again up to
     :data:`TRANSIENT_ATTEMPTS` times; any other error (or the last) is recorded as the scope's failed run."""
     for attempt in range(1, TRANSIENT_ATTEMPTS + 1):
         try:
-            result = apply_diff(store, diff, report, mode=mode, started_at=started_at, quarantined=quarantined,
-                                fast_inserts=fast_inserts)
+            result = apply_diff(store, diff, report, mode=mode, started_at=started_at, quarantined=quarantined)
             return "applied", result.applied, result.conflicts, None
         except Exception as e:  # noqa: BLE001 - a bad scope never blocks the others: recorded, not raised
             if is_transient(e) and attempt < TRANSIENT_ATTEMPTS:
@@ -491,7 +468,7 @@ def apply_shard(
             q_by = ({s: f.drop("scope_path") for (s,), f in q.partition_by("scope_path", as_dict=True).items()}
                     if q is not None and q.height else {})
             results = {s: _record_failed(store, r, mode, started_at) if s in marked else
-                       _apply_alone(store, alone.get(s, Diff.empty()), r, mode, started_at, q_by.get(s), fast_inserts)
+                       _apply_alone(store, alone.get(s, Diff.empty()), r, mode, started_at, q_by.get(s))
                        for s, r in mine.items()}
             seconds = round(time.perf_counter() - clock, 6)
             for s, (status, applied, conflicts, error) in results.items():

@@ -106,8 +106,8 @@ class Rows:
 class Statement:
     """One statement of an apply, in execution order.
 
-    step: ``discard_temp`` | ``work_mem`` | ``lock`` | ``scope_setting`` | ``stage`` | ``planner`` |
-        ``delete`` | ``update`` | ``insert`` | ``quarantine`` | ``ledger``.
+    step: ``discard_temp`` | ``work_mem`` | ``lock`` | ``stage`` | ``planner`` | ``delete`` | ``update`` |
+        ``insert`` | ``quarantine`` | ``ledger``.
     sql: the SQL text, or None for an ADBC ingest of ``params[0]`` into the temporary table ``staged``.
     params: positional parameters ``$1, $2, …``: strings, and :class:`Rows` (sent as one JSON text
         each; an ingest sends them as Arrow).  The ledger's parameters are the run's outcome, so the
@@ -119,10 +119,8 @@ class Statement:
     staged: the temporary table a ``stage`` creates or a write reads, else None.
     rows: the rows fed; for a write, rows applied + rows skipped as conflicts.
     fast_sql: for a shard's insert, its fast path (:func:`shard_fast_insert_sql`), which an executor
-        may run instead of ``sql`` and then read the counts with :data:`SHARD_LANDED_SQL`; for a single
-        scope's staged insert of :data:`FAST_INSERT_ROWS` or more, :func:`fast_insert_sql` (counts by
-        :data:`LANDED_SQL`).  ``sql`` is the statement whose result is the contract, and any executor
-        may run it alone.
+        may run instead of ``sql`` and then read the counts with :data:`SHARD_LANDED_SQL`; ``sql`` is
+        the statement whose result is the contract, and any executor may run it alone.
     """
 
     step: str
@@ -210,48 +208,15 @@ def update_sql(table: str, changed: list[str], source: str | None = None) -> str
     )
 
 
-def _insert(table: str, present: list[str], source: str, where: str, guard: str, returning: str = "1") -> str:
-    """``INSERT INTO table (present) SELECT … FROM source s WHERE where{guard} RETURNING returning``."""
+def insert_sql(table: str, present: list[str], source: str | None = None) -> str:
+    """Insert staged rows, skipping any that collide with a live write; returns one count."""
     cols = tables.columns(table)
     names = ", ".join(present)
     values = ", ".join(cols[c].cast_sql("s." + c) for c in present)
-    return f"INSERT INTO {table} ({names}) SELECT {values} FROM {source} s WHERE {where}{guard} RETURNING {returning}"
-
-
-def insert_sql(table: str, present: list[str], source: str | None = None) -> str:
-    """Insert staged rows, skipping any that collide with a live write; returns one count."""
-    body = _insert(table, present, source or stage_name(table, "inserts"), "s.scope_path = $1", " ON CONFLICT DO NOTHING")
-    return f"WITH done AS ({body}) SELECT count(*) AS n FROM done"
-
-
-#: A single scope's staged insert of at least this many rows takes its fast path
-#: (:func:`fast_insert_sql`); below it the fast path's subtransaction would cost more than it saves.
-FAST_INSERT_ROWS = 1_000
-#: Transaction-local settings of a single scope's apply: the scope its fast inserts read (set from a
-#: parameter by the ``scope_setting`` step: a ``DO`` block takes none), and what the last one landed.
-APPLY_SCOPE_SETTING = "deep_sleep.apply_scope"
-APPLY_LANDED_SETTING = "deep_sleep.apply_landed"
-SCOPE_SETTING_SQL = f"SELECT set_config('{APPLY_SCOPE_SETTING}', $1, true)"
-#: '<rows inserted> <true if the guarded insert ran>', left by :func:`fast_insert_sql`.
-LANDED_SQL = f"SELECT current_setting('{APPLY_LANDED_SETTING}')"
-
-
-def fast_insert_sql(table: str, present: list[str]) -> str:
-    """The fast path of a single scope's staged :func:`insert_sql`, as :func:`shard_fast_insert_sql`
-    is a shard's: one ``DO`` block that runs the same INSERT without ``ON CONFLICT DO NOTHING`` and,
-    only if that raises a unique violation, the guarded insert — the same rows, counts and waits on a
-    live writer's uncommitted insert (see there why).  No parameters: the scope is the transaction's
-    :data:`APPLY_SCOPE_SETTING`; the count and whether the guarded insert ran are left in
-    :data:`APPLY_LANDED_SETTING`, read by :data:`LANDED_SQL`."""
-    source, where = stage_name(table, "inserts"), f"s.scope_path = current_setting('{APPLY_SCOPE_SETTING}')"
-
-    def counted(guard: str) -> str:
-        return f"WITH done AS ({_insert(table, present, source, where, guard)}) SELECT count(*) INTO n FROM done;"
-
     return (
-        f"DO $ds$ DECLARE n bigint; guarded boolean := false; BEGIN"
-        f" BEGIN {counted('')} EXCEPTION WHEN unique_violation THEN {counted(' ON CONFLICT DO NOTHING')} guarded := true; END;"
-        f" PERFORM set_config('{APPLY_LANDED_SETTING}', n || ' ' || guarded, true); END $ds$"
+        f"WITH done AS (INSERT INTO {table} ({names}) SELECT {values} FROM {source or stage_name(table, 'inserts')} s"
+        f" WHERE s.scope_path = $1 ON CONFLICT DO NOTHING RETURNING 1)"
+        f" SELECT count(*) AS n FROM done"
     )
 
 
@@ -313,7 +278,6 @@ def _write(table: str, kind: str, body: pl.DataFrame, scope_path: str, run_id: s
     """The guarded write of one (table, kind), reading its rows inline or from its staged table."""
     staged = None if inline else stage_name(table, kind)
     source = "inline_json" if inline else "staged_table"
-    fast = None
     if kind == "deletes":
         params: tuple = (scope_path, run_id)
         src = node_src = None
@@ -330,10 +294,8 @@ def _write(table: str, kind: str, body: pl.DataFrame, scope_path: str, run_id: s
         present = [c for c in body.columns if c in tables.columns(table)]
         sql = insert_sql(table, present, json_source(body.schema, 2) if inline else None)
         params = (scope_path, Rows(body)) if inline else (scope_path,)
-        if not inline and body.height >= FAST_INSERT_ROWS:
-            fast = fast_insert_sql(table, present)
     return Statement(_WRITE_OF_KIND[kind], sql, params, table=table, kind=kind, source=source, staged=staged,
-                     rows=body.height, fast_sql=fast)
+                     rows=body.height)
 
 
 def statements(
@@ -370,11 +332,7 @@ def statements(
         out += [stage_statement(stage_name(table, kind), body, small_rows, table, kind) for (table, kind), body in bodies.items()]
     order = sorted(bodies, key=lambda tk: (("deletes", "updates", "inserts").index(tk[1]), tk[0] != "memory_nodes", tk[0]))
     node_deletes = bodies.get(("memory_nodes", "deletes"))
-    writes = [_write(table, kind, bodies[(table, kind)], scope_path, run_id, inline, node_deletes) for table, kind in order]
-    if any(w.fast_sql for w in writes):
-        out.insert(out.index(next(x for x in out if x.step == "lock")) + 1,
-                   Statement("scope_setting", SCOPE_SETTING_SQL, (scope_path,)))
-    out += writes
+    out += [_write(table, kind, bodies[(table, kind)], scope_path, run_id, inline, node_deletes) for table, kind in order]
     if has_quarantine:
         out.append(Statement("quarantine", None, (Rows(quarantined),), table="consolidation_quarantine",
                              source="adbc_copy", staged="_ds_quarantine", rows=quarantined.height))
@@ -406,8 +364,6 @@ def explain(stmts: Iterable[Statement]) -> str:
             lines.append(f"-- (no SQL: ADBC ingest of $1 into TEMPORARY TABLE {s.staged})")
         else:
             lines.append(s.sql + ";")
-        if s.fast_sql:
-            lines += ["-- fast path, run instead of the statement above (the same rows and counts):", s.fast_sql + ";"]
         parts.append("\n".join(lines))
     return "\n\n".join(parts) + "\n"
 
@@ -418,7 +374,7 @@ def explain(stmts: Iterable[Statement]) -> str:
 # ones above, with two differences: every row carries its own ``scope_path`` (and, where the archive or
 # the quarantine needs it, its scope's run id in ``_ds_run_id``), and every write joins on it — a row
 # only ever matches a store row of its own scope — and returns ``(scope_path, n)`` rows, so rows
-# applied and conflicts are counted per scope.
+# applied and conflicts are counted per scope.  The single-scope statements' SQL is left as it is.
 
 RUN_ID_COLUMN = "_ds_run_id"  # each staged delete / quarantined row's own scope's run id
 SIGNATURE_COLUMN = "_ds_sig"  # which columns an inserted row's scope gives values for (see shard_bodies)
@@ -515,9 +471,13 @@ def shard_insert_sql(table: str, present: list[str], signature: int) -> str:
 
 
 def _shard_insert(table: str, present: list[str], signature: int, guard: str) -> str:
-    body = _insert(table, present, shard_stage_name(table, "inserts"), f"s.{SIGNATURE_COLUMN} = {int(signature)}", guard,
-                   returning="scope_path")
-    return f"WITH done AS ({body})"
+    cols = tables.columns(table)
+    names = ", ".join(present)
+    values = ", ".join(cols[c].cast_sql("s." + c) for c in present)
+    return (
+        f"WITH done AS (INSERT INTO {table} ({names}) SELECT {values} FROM {shard_stage_name(table, 'inserts')} s"
+        f" WHERE s.{SIGNATURE_COLUMN} = {int(signature)}{guard} RETURNING scope_path)"
+    )
 
 
 #: Where :func:`shard_fast_insert_sql` leaves its per-scope counts; :data:`SHARD_LANDED_SQL` takes them.

@@ -1,6 +1,6 @@
-"""Fast inserts (a plain INSERT under a savepoint, the guarded ``ON CONFLICT DO NOTHING`` only when a row
-collides), of the shard apply and of a single scope's apply: the same store rows, archive, ledger and
-(per-scope) counts as every insert run guarded, whether nothing collides, a live writer's row collides (committed before the apply, or still
+"""The shard apply's fast inserts (a plain INSERT under a savepoint, the guarded ``ON CONFLICT DO NOTHING``
+only when a row collides): the same store rows, archive, ledger and per-scope counts as every insert run
+guarded, whether nothing collides, a live writer's row collides (committed before the apply, or still
 being inserted while the apply runs and then committed or rolled back), or a row reuses a stored id."""
 
 from __future__ import annotations
@@ -13,8 +13,7 @@ import pytest
 
 from deep_sleep.core.diff import Diff, TableDiff
 from deep_sleep.run import apply as apply_mod
-from deep_sleep.run import statements as statements_mod
-from deep_sleep.run.apply import apply_diff, apply_shard
+from deep_sleep.run.apply import apply_shard
 from deep_sleep.run.statements import shard_statements
 from tests.run import test_apply_shard as shard_tests
 from tests.run.test_apply_shard import STARTED, _plan, _store_rows
@@ -88,73 +87,14 @@ def test_fast_inserts_give_what_guarded_inserts_give_when_rows_collide(twin_stor
         assert a[table] == b[table], table
 
 
-@pytest.fixture
-def single_scope_fast(monkeypatch):
-    """A single scope's apply (:func:`apply_diff`) stages every table and takes the fast path for every
-    insert (the fleet's scopes are far below the thresholds)."""
-    monkeypatch.setattr(apply_mod, "SMALL_STAGE_ROWS", 0)
-    monkeypatch.setattr(statements_mod, "FAST_INSERT_ROWS", 1)
-
-
-def _scope_diff(planned, scope: str) -> Diff:
-    return planned.diff.by_scope([scope])[scope]
-
-
-@pytest.mark.parametrize("collision", ["none", "live_edge", "reused_id"])
-def test_a_single_scopes_fast_inserts_give_what_guarded_inserts_give(twin_stores, single_scope_fast, collision):
-    """One scope applied alone: nothing collides, a committed live edge has a planned edge's natural key,
-    or a planned edge reuses a stored id — the same rows, counts and store as every insert guarded, and
-    only a collision runs the guarded insert."""
-    fast_store, guarded_store, scopes = twin_stores
-    planned, reports = _plan(fast_store, scopes)
-    scope = "org\x1facme"
-    diff = _scope_diff(planned, scope)
-    if collision == "reused_id":
-        reused = scalar(fast_store, "SELECT id::text FROM memory_edges WHERE scope_path = %s LIMIT 1", scope)
-        frames = diff.table("memory_edges").frames()
-        frames["inserts"] = frames["inserts"].with_columns(
-            pl.when(pl.int_range(pl.len()) == 0).then(pl.lit(reused)).otherwise(pl.col("id")).alias("id"))
-        diff = Diff({**diff.tables, "memory_edges": TableDiff(**frames)})
-    if collision == "live_edge":
-        for store in (fast_store, guarded_store):
-            with store.pg() as live:
-                _live_edge(live, _planned_edge(planned, scope))
-                live.commit()
-    todo = apply_mod.planned_statements(diff, scope, reports[scope].run_id)
-    assert {s.table for s in todo if s.fast_sql} >= {"memory_edges", "memory_nodes"}
-    fast = apply_diff(fast_store, diff, reports[scope], started_at=STARTED)
-    guarded = apply_diff(guarded_store, diff, reports[scope], started_at=STARTED, fast_inserts=False)
-    assert (fast.applied, fast.conflicts) == (guarded.applied, guarded.conflicts)
-    assert fast.conflicts == (0 if collision == "none" else 1)
-    assert fast.guarded_inserts == (() if collision == "none" else ("memory_edges",)) and guarded.guarded_inserts == ()
-    a, b = _store_rows(fast_store), _store_rows(guarded_store)
-    for table in a:
-        assert a[table] == b[table], table
-
-
 @pytest.mark.parametrize("live_outcome", ["commit", "rollback"])
-@pytest.mark.parametrize("path", ["shard", "single_scope"])
-def test_an_apply_waits_for_a_live_insert_of_the_same_natural_key_and_respects_its_outcome(
-        twin_stores, live_outcome, path, monkeypatch):
+def test_an_apply_waits_for_a_live_insert_of_the_same_natural_key_and_respects_its_outcome(twin_stores, live_outcome):
     """A live writer inserts a planned edge's natural key and has not committed when the apply reaches it:
     the apply's insert waits for it; committed, the live edge stays and the planned one is its scope's
-    conflict; rolled back, the planned edge lands.  Every other row applies, as with guarded inserts.
-    ``path``: the shard apply, or one scope applied alone (every insert on its fast path)."""
+    conflict; rolled back, the planned edge lands.  Every other row applies, as with guarded inserts."""
     store, guarded_store, scopes = twin_stores
     planned, reports = _plan(store, scopes)
     live_scope = "org\x1facme"
-    if path == "single_scope":
-        monkeypatch.setattr(apply_mod, "SMALL_STAGE_ROWS", 0)
-        monkeypatch.setattr(statements_mod, "FAST_INSERT_ROWS", 1)
-        diff = _scope_diff(planned, live_scope)
-
-        def applied(target, fast: bool = True) -> dict:
-            got = apply_diff(target, diff, reports[live_scope], started_at=STARTED, fast_inserts=fast)
-            return {live_scope: ("applied", False, got.applied, got.conflicts)}
-    else:
-        def applied(target, fast: bool = True) -> dict:
-            return _outcome(apply_shard(target, planned.diff, reports, started_at=STARTED,
-                                        quarantined=planned.quarantined, fast_inserts=fast))
     edge = _planned_edge(planned, live_scope)
     live = store.pg()
     _live_edge(live, edge)
@@ -163,7 +103,7 @@ def test_an_apply_waits_for_a_live_insert_of_the_same_natural_key_and_respects_i
 
     def run() -> None:
         try:
-            result["got"] = applied(store)
+            result["got"] = apply_shard(store, planned.diff, reports, started_at=STARTED, quarantined=planned.quarantined)
         except BaseException as e:  # noqa: BLE001 - reported by the main thread
             result["error"] = e
 
@@ -183,20 +123,22 @@ def test_an_apply_waits_for_a_live_insert_of_the_same_natural_key_and_respects_i
     worker.join(120)
     assert not worker.is_alive() and "error" not in result, result.get("error")
     got = result["got"]
-    assert all(status == "applied" and not retried for status, retried, _, _ in got.values())
+    assert all(g.status == "applied" and not g.retried for g in got.values())
     key = (edge["scope_path"], edge["source_id"], edge["target_id"], edge["relation"])
     stored = store.pg().execute("SELECT id::text, weight FROM memory_edges WHERE scope_path = %s AND source_id = %s"
                                 " AND target_id = %s AND relation = %s", key).fetchall()
     if live_outcome == "commit":
-        assert stored == [(LIVE_ID, 0.125)] and got[live_scope][3] == 1
+        assert stored == [(LIVE_ID, 0.125)] and got[live_scope].conflicts == 1
         with guarded_store.pg() as other:  # the same live edge, committed before a guarded apply: same counts
             _live_edge(other, edge)
             other.commit()
     else:
         assert stored == [(edge["id"], edge["weight"] if edge.get("weight") is not None else 1.0)]
-        assert got[live_scope][3] == 0
-    assert got == applied(guarded_store, fast=False)
-    assert all(conflicts == 0 for s, (_, _, _, conflicts) in got.items() if s != live_scope)
+        assert got[live_scope].conflicts == 0
+    guarded = apply_shard(guarded_store, planned.diff, reports, started_at=STARTED, quarantined=planned.quarantined,
+                          fast_inserts=False)
+    assert _outcome(got) == _outcome(guarded)
+    assert all(g.conflicts == 0 for s, g in got.items() if s != live_scope)
     a, b = _store_rows(store), _store_rows(guarded_store)
     for table in a:
         assert a[table] == b[table], table

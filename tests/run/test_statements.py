@@ -124,24 +124,12 @@ def quarantine() -> pl.DataFrame:
                          "row": ['{"importance": "NaN"}']})
 
 
-def fast_insert_diff() -> Diff:
-    """Staged inserts on both sides of FAST_INSERT_ROWS: 2,100 nodes take the fast path, 3 events do not."""
-    return Diff.combine([
-        Diff.of("memory_nodes", "meta_nodes", inserts=_inserts(
-            "memory_nodes", _ids("meta", 2_100), layer=["semantic"] * 2_100, label=["META:x"] * 2_100,
-            properties=["{}"] * 2_100, importance=[5.0] * 2_100)),
-        Diff.of("episodic_events", "episodic_summary", inserts=_inserts(
-            "episodic_events", _ids("summary", 3), session_id=["s1"] * 3, content=["summary"] * 3, metadata=["{}"] * 3)),
-    ])
-
-
 CASES = {
     "empty": lambda: statements(Diff.empty(), SCOPE, RUN_ID),
     "small_inline": lambda: statements(small_diff(), SCOPE, RUN_ID),
     "small_inline_quarantine": lambda: statements(small_diff(), SCOPE, RUN_ID, quarantined=quarantine()),
     "staged": lambda: statements(staged_diff(), SCOPE, RUN_ID),
     "big_staged_work_mem": lambda: statements(big_diff(), SCOPE, RUN_ID, work_mem="1GB"),
-    "staged_fast_inserts": lambda: statements(fast_insert_diff(), SCOPE, RUN_ID),
 }
 
 
@@ -260,18 +248,3 @@ def test_replay_explain_with_compare_config_is_bad_input(tmp_path, capsys):
             "--explain", "--compare-config", "b.toml"]
     assert main(argv) == 2
     assert "--explain prints the statements of one diff" in capsys.readouterr().err
-
-
-def test_a_single_scopes_big_staged_insert_has_a_plain_fast_path_beside_its_guarded_sql():
-    stmts = statements(fast_insert_diff(), SCOPE, RUN_ID)
-    fast = [s for s in stmts if s.fast_sql]
-    assert [(s.table, s.rows) for s in fast] == [("memory_nodes", 2_100)]  # the 3 events stay guarded only
-    (s,) = fast
-    plain, guarded = s.fast_sql.split("EXCEPTION WHEN unique_violation THEN")
-    insert = s.sql.split("WITH done AS (")[1].split(") SELECT count(*)")[0].replace(
-        "s.scope_path = $1", "s.scope_path = current_setting('deep_sleep.apply_scope')")
-    assert insert.replace(" ON CONFLICT DO NOTHING", "") in plain and "ON CONFLICT" not in plain
-    assert insert in guarded
-    steps = [x.step for x in stmts]  # the scope the DO block reads is set from a parameter, after the lock
-    assert steps[steps.index("lock") + 1] == "scope_setting" and stmts[steps.index("scope_setting")].params == (SCOPE,)
-    assert "scope_setting" not in [x.step for x in statements(staged_diff(), SCOPE, RUN_ID)]
