@@ -9,7 +9,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export DO_NOT_TRACK := 1
 export PREFECT_LOGGING_LEVEL ?= WARNING
 # Python may cache the bytecode it compiles (in .venv and __pycache__/): with PYTHONDONTWRITEBYTECODE
-# set, as on the CI machines, every process the tests start (CLI runs, killed applies, the Prefect
+# set (it is, on these machines), every process the tests start (CLI runs, killed applies, the Prefect
 # server, notebooks) compiled prefect, pandas and polars from source again — 3-5 s each.
 export PYTHONDONTWRITEBYTECODE :=
 
