@@ -78,7 +78,6 @@ class BulkLoad:
         self.cur = cur
         self.counts: dict[str, int] = {}
         self._restore: dict[str, list[str]] = {}  # table → DDL that rebuilds what was dropped
-        self._loaded: set[str] = set()  # tables that got rows
         cur.execute("DISCARD TEMP")  # staging tables an earlier load, apply or undo left on this pooled connection
         cur.execute("SET LOCAL maintenance_work_mem = '256MB'")
 
@@ -89,8 +88,7 @@ class BulkLoad:
         self.counts.setdefault(table, 0)
         if df.height == 0:
             return 0
-        first = table not in self._loaded  # its first rows: whether to detach is decided now
-        self._loaded.add(table)
+        first = self.counts[table] == 0  # its first rows: whether to detach is decided now
         cur, known = self.cur, columns(table)
         stage_cols, selects = [], []
         for name in df.columns:
