@@ -22,6 +22,7 @@ environment (``DEEP_SLEEP_<SECTION>__<KNOB>``, e.g. ``DEEP_SLEEP_STRENGTHEN__INC
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -175,3 +176,12 @@ def load(model: type[C], path: str | Path | None = None, overrides: dict[str, An
         problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         src = f" (from {path})" if path else ""
         raise ConfigError(f"invalid configuration{src}: {problems}") from exc
+
+
+def work_mem_size(value: str | None, variable: str, default: str) -> str:
+    """``value`` (the environment variable ``variable``) as a PostgreSQL ``work_mem`` size such as
+    ``256MB``, ``default`` when unset; a :class:`ConfigError` naming the variable otherwise."""
+    value = (default if value is None else value).strip()
+    if not re.fullmatch(r"\d+\s*(kB|MB|GB)", value):
+        raise ConfigError(f"{variable}={value!r}: expected a size such as 256MB or 1GB")
+    return value

@@ -38,15 +38,15 @@ and is counted in ``conflicts``; the next run sees it again.  Every write also f
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 import polars as pl
 
 from deep_sleep.core import tables
+from deep_sleep.core.config import work_mem_size
 from deep_sleep.core.diff import Diff, _fold_updates
-from deep_sleep.core.errors import ConfigError, InputError
+from deep_sleep.core.errors import InputError
 from deep_sleep.core.scope import Scope
 
 KEY_COLUMNS = ("id", "expected_version", "phase")
@@ -144,10 +144,7 @@ def stage_name(table: str, kind: str) -> str:
 
 def check_work_mem(value: str | None) -> str:
     """``value`` (``DEEP_SLEEP_APPLY_WORK_MEM``) as a ``work_mem`` size, :data:`DEFAULT_WORK_MEM` when unset."""
-    value = (DEFAULT_WORK_MEM if value is None else value).strip()
-    if not re.fullmatch(r"\d+\s*(kB|MB|GB)", value):
-        raise ConfigError(f"DEEP_SLEEP_APPLY_WORK_MEM={value!r}: expected a size such as 256MB or 1GB")
-    return value
+    return work_mem_size(value, "DEEP_SLEEP_APPLY_WORK_MEM", DEFAULT_WORK_MEM)
 
 
 def delete_sql(table: str, nodes_deleted: bool = False, source: str | None = None, node_source: str | None = None) -> str:

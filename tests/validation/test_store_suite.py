@@ -232,3 +232,23 @@ def test_sqlalchemy_url_keeps_the_unix_socket():
     assert sqlalchemy_url("postgresql+psycopg://u@h/db") == "postgresql+psycopg://u@h/db"
     url = sqlalchemy_url("host=/abs/sock dbname=db user=postgres")
     assert url.startswith("postgresql+psycopg://postgres@/db?") and "host=%2Fabs%2Fsock" in url
+
+
+def test_suite_connections_get_their_work_mem(suite_db, monkeypatch, tmp_path):
+    """The suite's engine connects with ``work_mem`` 256MB (its dangling-edge hash join spills at
+    4MB) or ``DEEP_SLEEP_SUITE_WORK_MEM``; a malformed value stops the suite before any query."""
+    from deep_sleep.core.errors import ConfigError
+    from deep_sleep.validation.store_suite import run_store_suite, suite_connect_args
+
+    def shown() -> str:
+        with psycopg.connect(suite_db, **suite_connect_args()) as con:
+            return con.execute("SHOW work_mem").fetchone()[0]
+
+    monkeypatch.delenv("DEEP_SLEEP_SUITE_WORK_MEM", raising=False)
+    assert shown() == "256MB"
+    monkeypatch.setenv("DEEP_SLEEP_SUITE_WORK_MEM", "64 MB")
+    assert shown() == "64MB"
+    monkeypatch.setenv("DEEP_SLEEP_SUITE_WORK_MEM", "lots")
+    with pytest.raises(ConfigError, match="DEEP_SLEEP_SUITE_WORK_MEM='lots'"):
+        run_store_suite(suite_db, tmp_path / "never")
+    assert not (tmp_path / "never").exists()
