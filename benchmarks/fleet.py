@@ -145,10 +145,65 @@ def per_scope_path(store, scopes: list[str], as_of: datetime, work: Path) -> dic
     }
 
 
+STAGES = ("gating", "extract", "transform", "validate", "recall_gate", "apply")
+
+
+def run_shard(dsn: str, i: int, scopes: list[str], as_of: datetime, work: str, started: datetime,
+              safety: bool, apply_slots: int) -> dict:
+    """One shard through the pipeline (extract → transform → validate [→ gate] → apply in one of the
+    store-held apply slots): its stage seconds (and this process's CPU seconds in each), the reports'
+    statuses and tallies, and this process's peak RSS.  Module-level, so a worker process can run it."""
+    from deep_sleep.run import pipeline
+    from deep_sleep.store.db import Store
+    from deep_sleep.transforms.config import ConsolidationConfig
+    from deep_sleep.flows.nightly import apply_slot
+
+    store, config = Store(dsn), ConsolidationConfig()
+    seconds, cpu = dict.fromkeys(STAGES, 0.0), dict.fromkeys(STAGES, 0.0)
+
+    def timed(stage: str, fn, *args, **kwargs):
+        t, c = time.perf_counter(), time.process_time()
+        out = fn(*args, **kwargs)
+        seconds[stage] += time.perf_counter() - t
+        cpu[stage] += time.process_time() - c
+        return out
+
+    base = Path(work) / "night" / f"shard-{i:05d}"
+    extracted = timed("extract", pipeline.extract, store, scopes, as_of, config, base / "snapshot")
+    planned = timed("transform", pipeline.transform, extracted, config, as_of, base / "diff")
+    del extracted
+    validated = timed("validate", pipeline.validate, planned, config)
+    if safety:
+        validated = timed("recall_gate", pipeline.gate, store, validated, config)
+    with apply_slot(dsn, apply_slots):
+        applied = timed("apply", pipeline.apply, store, validated, started_at=started,
+                        holds=config.holds if safety else None, gate_failed=None if safety else {})
+    statuses: dict[str, int] = {}
+    tally = dict.fromkeys(("conflicts", "changes", "held_scopes", "gate_failed", "gated", "queries"), 0)
+    for r in applied.reports.values():
+        statuses[r.status] = statuses.get(r.status, 0) + 1
+        tally["held_scopes"] += bool(r.held)
+        tally["gate_failed"] += bool(r.gate and r.gate.get("failed"))
+        tally["gated"] += bool(r.gate)
+        tally["queries"] += (r.gate or {}).get("queries", 0)
+        tally["conflicts"] += r.conflicts
+        tally["changes"] += sum(sum(k.values()) for k in r.rows_changed.values())
+    return {"seconds": seconds, "cpu": cpu, "statuses": statuses, "tally": tally, "peak_rss_mb": _peak_rss_mb(),
+            "pid": os.getpid()}
+
+
+def _worker_init() -> None:
+    """A shard worker process: the imports once, not in its first shard's stage times."""
+    import deep_sleep.flows.nightly  # noqa: F401  (imports the pipeline too)
+
+
 def shard_night(dsn: str, as_of: datetime, work: str, shard_rows: int, shard_scopes: int, queue,
-                safety: bool = False, workers: int = 2, apply_slots: int = 2, max_shards: int | None = None) -> None:
+                safety: bool = False, workers: int = 2, apply_slots: int = 2, max_shards: int | None = None,
+                processes: bool = False) -> None:
     """One night over every due scope, shard by shard, in this (child) process; puts its figures on
     ``queue``.  ``safety``: with the recall-quality gate and the holds policy (SPEC §9) on.
+    ``processes``: the shards in ``workers`` worker processes instead of threads (as the nightly's
+    ``task_runner="processes"`` runs them), so no two shards share a GIL.
 
     As the nightly runs it (``flows/nightly.py``: ``max_workers`` shards at once on threads, each
     apply holding one of ``apply_concurrency`` apply slots in the store), without Prefect:
@@ -157,18 +212,16 @@ def shard_night(dsn: str, as_of: datetime, work: str, shard_rows: int, shard_sco
     with more than one worker they add up to more than the wall-clock total.  ``cpu_seconds``: the
     CPU the client process and the (local) server spent on the night (:mod:`benchmarks.cpu`) -- on
     a 2-core machine the night is CPU-bound, and these say who spends it."""
-    import threading
-    from concurrent.futures import ThreadPoolExecutor
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_completed
 
     from deep_sleep.jobs.gating import due_scopes, shards_of
-    from deep_sleep.run import pipeline
     from deep_sleep.store.db import Store
     from deep_sleep.transforms.config import ConsolidationConfig
     from benchmarks.cpu import counters_delta, postmaster_pid, server_counters, server_cpu
-    from flows.nightly import apply_slot
 
     store, config = Store(dsn), ConsolidationConfig()
-    seconds = dict.fromkeys(("gating", "extract", "transform", "validate", "recall_gate", "apply"), 0.0)
+    seconds = dict.fromkeys(STAGES, 0.0)
     # the client's CPU seconds per stage: the whole process's (Polars works on a thread pool of its
     # own), so only with one worker, where the stages do not overlap
     cpu = dict.fromkeys(seconds, 0.0)
@@ -180,59 +233,48 @@ def shard_night(dsn: str, as_of: datetime, work: str, shard_rows: int, shard_sco
             con.execute("CHECKPOINT")
     except Exception as exc:  # a user's server may not let this role checkpoint: measure anyway
         _p(f"  (no CHECKPOINT before the night: {exc})")
+    pool = (ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
+                                initializer=_worker_init) if processes
+            else ThreadPoolExecutor(max_workers=workers, thread_name_prefix="shard"))
+    if processes:  # start the workers (and their imports) before the clock
+        list(pool.map(abs, range(workers)))
     counters0 = server_counters(store)
     server0, client0 = server_cpu(postmaster), time.process_time()
+    children0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     due = [g for g in due_scopes(store, as_of, config.gating) if g.due]
     shards = shards_of([(g.scope_path, g.rows) for g in due], shard_rows, shard_scopes)
     if max_shards is not None:  # a partial night, for quick comparisons
         shards = shards[:max_shards]
-        due = [g for g in due if g.scope_path in {s for shard in shards for s in shard}]
+        taken = {s for shard in shards for s in shard}
+        due = [g for g in due if g.scope_path in taken]
     seconds["gating"] = time.perf_counter() - t0
     statuses: dict[str, int] = {}
     tally = dict.fromkeys(("conflicts", "changes", "held_scopes", "gate_failed", "gated", "queries", "shards"), 0)
     started = datetime.now(UTC)
-    lock = threading.Lock()
-
-    def timed(stage: str, fn, *args, **kwargs):
-        t, c = time.perf_counter(), time.process_time()
-        out = fn(*args, **kwargs)
-        with lock:
-            seconds[stage] += time.perf_counter() - t
-            cpu[stage] += time.process_time() - c
-        return out
-
-    def one(i: int, scopes: list[str]) -> None:
-        base = Path(work) / "night" / f"shard-{i:05d}"
-        extracted = timed("extract", pipeline.extract, store, scopes, as_of, config, base / "snapshot")
-        planned = timed("transform", pipeline.transform, extracted, config, as_of, base / "diff")
-        del extracted
-        validated = timed("validate", pipeline.validate, planned, config)
-        if safety:
-            validated = timed("recall_gate", pipeline.gate, store, validated, config)
-        with apply_slot(dsn, apply_slots):
-            applied = timed("apply", pipeline.apply, store, validated, started_at=started,
-                            holds=config.holds if safety else None, gate_failed=None if safety else {})
-        with lock:
-            for r in applied.reports.values():
-                statuses[r.status] = statuses.get(r.status, 0) + 1
-                tally["held_scopes"] += bool(r.held)
-                tally["gate_failed"] += bool(r.gate and r.gate.get("failed"))
-                tally["gated"] += bool(r.gate)
-                tally["queries"] += (r.gate or {}).get("queries", 0)
-                tally["conflicts"] += r.conflicts
-                tally["changes"] += sum(sum(k.values()) for k in r.rows_changed.values())
+    worker_peaks: dict[int, float] = {}
+    with pool:
+        futures = [pool.submit(run_shard, dsn, i, scopes, as_of, work, started, safety, apply_slots)
+                   for i, scopes in enumerate(shards)]
+        for f in as_completed(futures):
+            got = f.result()  # a shard's error fails the benchmark
+            for k in STAGES:
+                seconds[k] += got["seconds"][k]
+                cpu[k] += got["cpu"][k]
+            for k, v in got["statuses"].items():
+                statuses[k] = statuses.get(k, 0) + v
+            for k, v in got["tally"].items():
+                tally[k] += v
             tally["shards"] += 1
+            worker_peaks[got["pid"]] = max(worker_peaks.get(got["pid"], 0.0), got["peak_rss_mb"])
             done = sum(statuses.values())
             _p(f"  shard {tally['shards']}/{len(shards)}: {done:,}/{len(due):,} scopes, {time.perf_counter() - t0:.1f}s, "
-               f"RSS {_status_mb('VmRSS')} MB")
-
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="shard") as pool:
-        for f in [pool.submit(one, i, scopes) for i, scopes in enumerate(shards)]:
-            f.result()  # a shard's error fails the benchmark
+               f"RSS {_status_mb('VmRSS')} MB" + (f" + workers' peaks {round(sum(worker_peaks.values()))} MB" if processes else ""))
     total = time.perf_counter() - t0
     server = server_cpu(postmaster)
-    cpu_seconds = {"client": round(time.process_time() - client0, 2),
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)  # the worker processes, once the pool is shut down
+    child_cpu = (children.ru_utime + children.ru_stime) - (children0.ru_utime + children0.ru_stime)
+    cpu_seconds = {"client": round(time.process_time() - client0 + child_cpu, 2),
                    "server": round(server - server0, 2) if server is not None and server0 is not None else None,
                    "client_by_stage": {k: round(v, 2) for k, v in cpu.items() if k != "gating"} if workers == 1 else None}
     queue.put({"scopes": len(due), "shards": len(shards), "workers": workers, "seconds": round(total, 2),
@@ -243,7 +285,9 @@ def shard_night(dsn: str, as_of: datetime, work: str, shard_rows: int, shard_sco
                "statuses": statuses, "conflicts": tally["conflicts"], "rows_changed": tally["changes"],
                "safety": safety, "scopes_with_holds": tally["held_scopes"], "gate_queries": tally["queries"],
                "gate_scopes": tally["gated"], "gate_failed": tally["gate_failed"],
-               "peak_rss_mb": _peak_rss_mb()})
+               "processes": processes,
+               # with worker processes: this process's peak plus each worker's (an upper bound of the night's)
+               "peak_rss_mb": round(_peak_rss_mb() + sum(worker_peaks.values()), 1) if processes else _peak_rss_mb()})
 
 
 def _night(admin: str, args, as_of: datetime, safety: bool) -> dict:
@@ -263,7 +307,7 @@ def _night(admin: str, args, as_of: datetime, safety: bool) -> dict:
     queue = ctx.Queue()
     child = ctx.Process(target=shard_night, args=(clone.dsn, as_of, f"{args.work}/{name}", args.shard_rows,
                                                   args.shard_scopes, queue, safety, args.workers, args.apply_slots,
-                                                  args.max_shards))
+                                                  args.max_shards, args.processes))
     child.start()
     night = queue.get()
     child.join()
@@ -288,6 +332,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shard-rows", type=int, default=500_000)
     ap.add_argument("--shard-scopes", type=int, default=5_000)
     ap.add_argument("--workers", type=int, default=2, help="shards at once (the nightly's --max-workers, default 2)")
+    ap.add_argument("--processes", action="store_true",
+                    help="run the shards in --workers worker processes instead of threads (no shared GIL)")
     ap.add_argument("--apply-slots", type=int, default=2, help="applies at once (the nightly's apply_concurrency)")
     ap.add_argument("--night-only", action="store_true",
                     help="measure only the shard night (no COPY baseline, no per-scope sample); prints, writes nothing")
