@@ -17,8 +17,10 @@
 3. The data-quality suite over the whole store, once for the night.
 4. A summary table artifact and a summary dict.
 
-Concurrency comes from the task runner: threads by default (``max_workers`` bounded), or a
-Dask cluster (``task_runner="dask"``, ``dask_address`` or a local cluster).
+Concurrency comes from the task runner: threads by default (``max_workers`` bounded), ``max_workers``
+worker processes (``task_runner="processes"``: Prefect's ``ProcessPoolTaskRunner``; shards do not
+share a GIL, for large nights), or a Dask cluster (``task_runner="dask"``, ``dask_address`` or a
+local cluster).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.futures import as_completed
 from prefect.states import Failed
-from prefect.task_runners import ThreadPoolTaskRunner
+from prefect.task_runners import ProcessPoolTaskRunner, ThreadPoolTaskRunner
 from pydantic import BaseModel, Field
 
 from deep_sleep.core import files
@@ -80,7 +82,9 @@ class NightlyParameters(BaseModel):
     prefect_apply_limit: bool = Field(True, description="also cap applies with the Prefect tag concurrency limit "
                                       "'deep-sleep-apply' (visible in the UI; costs slot-polling time per apply)")
     data_quality: bool = Field(True, description="run the great-expectations suite over the store after the night")
-    task_runner: Literal["threads", "dask"] = "threads"
+    task_runner: Literal["threads", "processes", "dask"] = Field(
+        "threads", description="threads (one process), processes (max_workers worker processes: no shared GIL, "
+        "for large nights) or dask")
     dask_address: str | None = Field(None, description="scheduler address; default: a local cluster")
     dask_workers: int = Field(2, ge=1, description="workers of the local Dask cluster")
     progress: bool = Field(False, description="print progress (scopes done / due, rows changed, elapsed) to stderr")
@@ -438,6 +442,11 @@ def retention_task(dsn: str, runs_dir: str | None, config: ConsolidationConfig) 
             "marked_not_undoable": len(result.runs_marked_not_undoable)}
 
 
+def _import_worker() -> None:
+    """A worker process of ``task_runner="processes"``: import the pipeline once, when it starts."""
+    import deep_sleep.run.pipeline  # noqa: F401
+
+
 def run_nightly(params: NightlyParameters) -> dict[str, Any]:
     """Run the nightly flow with the task runner the parameters ask for; the night's summary.
 
@@ -451,6 +460,8 @@ def run_nightly(params: NightlyParameters) -> dict[str, Any]:
         else:
             runner = DaskTaskRunner(cluster_kwargs={"n_workers": params.dask_workers, "threads_per_worker": 1,
                                                     "processes": True, "dashboard_address": None})
+    elif params.task_runner == "processes":
+        runner = ProcessPoolTaskRunner(max_workers=params.max_workers, initializer=_import_worker)
     else:
         runner = ThreadPoolTaskRunner(max_workers=params.max_workers)
     state = deep_sleep_nightly.with_options(task_runner=runner)(params, return_state=True)

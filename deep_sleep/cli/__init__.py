@@ -175,7 +175,9 @@ def build_parser() -> argparse.ArgumentParser:
     ni.add_argument("--no-data-quality", action="store_true")
     ni.add_argument("--no-prefect-apply-limit", action="store_true",
                     help="cap applies only with the store's apply slots, not also with the Prefect tag limit")
-    ni.add_argument("--task-runner", choices=["threads", "dask"], default="threads")
+    ni.add_argument("--task-runner", choices=["threads", "processes", "dask"], default="threads",
+                    help="threads (one process), processes (--max-workers worker processes: no shared GIL, "
+                         "faster for large nights) or dask")
     ni.add_argument("--dask-address", default=None)
     ni.set_defaults(func=cmd_nightly)
 
