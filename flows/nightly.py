@@ -304,6 +304,22 @@ def _night_plan(as_of: datetime, night_id: str, gates: list, due: list, rows: li
             "held_rows": sum(s["held"] for s in scopes if s["status"] == "planned"), "markdown": markdown, "rows": rows}
 
 
+_RUNNERS = {"threads": "ThreadPoolTaskRunner", "processes": "ProcessPoolTaskRunner", "dask": "DaskTaskRunner"}
+
+
+def _warn_other_runner(params: NightlyParameters, logger) -> None:
+    """Warn when the flow runs on another task runner than ``params.task_runner`` asks for: the runner
+    is chosen by :func:`run_nightly`; a deployment of this flow runs the flow's own (threads)."""
+    from prefect.context import FlowRunContext
+
+    ctx = FlowRunContext.get()
+    active = type(ctx.task_runner).__name__ if ctx is not None and ctx.task_runner is not None else None
+    if active is not None and active != _RUNNERS[params.task_runner]:
+        logger.warning("task_runner=%r is chosen by run_nightly (deep-sleep nightly); this flow run uses its own %s. "
+                       "Start the night with run_nightly / `deep-sleep nightly --task-runner %s` to use it.",
+                       params.task_runner, active, params.task_runner)
+
+
 def _error_of(future) -> str:
     try:
         future.result()
@@ -323,6 +339,7 @@ def deep_sleep_nightly(params: NightlyParameters) -> dict[str, Any]:
     night_id = str(uuid.uuid4())
     if params.prefect_apply_limit:
         ensure_apply_limit(params.apply_concurrency)
+    _warn_other_runner(params, logger)
 
     gates = due_scopes(store, as_of, config.gating)
     if params.scopes is not None:

@@ -135,6 +135,30 @@ def test_nightly_in_two_worker_processes(prefect_harness, store, tmp_path):
                            ([s.path for s in scopes],)).fetchone()[0] == 4
 
 
+@pytest.mark.flow
+def test_the_flow_called_directly_warns_that_task_runner_is_not_its_own(prefect_harness, store, tmp_path):
+    """A deployment runs deep_sleep_nightly itself (its own thread pool): a task_runner parameter
+    asking for processes cannot take effect there, and the run's log says so instead of ignoring it."""
+    import logging
+
+    from deep_sleep.flows.nightly import NightlyParameters, deep_sleep_nightly
+
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    logger = logging.getLogger("prefect.flow_runs")
+    logger.addHandler(handler)
+    try:
+        for runner in ("threads", "processes"):
+            deep_sleep_nightly(NightlyParameters(
+                as_of=NOW, dsn=store.dsn, runs_dir=str(tmp_path / "runs"), scopes=["org/nobody-here"],
+                data_quality=False, prefect_apply_limit=False, task_runner=runner))
+    finally:
+        logger.removeHandler(handler)
+    warned = [r.getMessage() for r in records if "is chosen by run_nightly" in r.getMessage()]
+    assert len(warned) == 1 and "task_runner='processes'" in warned[0] and "ThreadPoolTaskRunner" in warned[0], warned
+
+
 def _lock_timeout(store, table: str) -> None:
     """Raise a real lock timeout: another connection holds the row's lock."""
     with store.pg() as holder, store.pg() as waiter:
