@@ -87,52 +87,43 @@ def test_nightly_over_200_scopes(prefect_harness, fleet, tmp_path):
     assert fourth["due"] == 0 and fourth["skipped"] == 200
 
 
-@pytest.mark.flow
-def test_nightly_on_a_local_dask_cluster_with_two_worker_processes(prefect_harness, store, tmp_path, monkeypatch):
-    """The same flow, distributed: tasks run in two Dask worker processes."""
+def _night_in_workers(store, tmp_path, prefix: str, **options) -> dict:
+    """Four seeded scopes through run_nightly with ``options``; checks what every worker-process
+    runner must give: all applied (and in the ledger), planned outside this process."""
     from deep_sleep.flows.nightly import NightlyParameters, run_nightly
 
     from tests.storeutil import small_graph
 
-    monkeypatch.setenv("DASK_TEMPORARY_DIRECTORY", str(tmp_path / "dask"))
     tag = uuid.uuid4().hex[:8]
-    scopes = [Scope.root("org", f"dask{tag}").child("brand", f"b{i}") for i in range(4)]
+    scopes = [Scope.root("org", f"{prefix}{tag}").child("brand", f"b{i}") for i in range(4)]
     for s in scopes:
         small_graph(store, s, NOW)
     summary = run_nightly(NightlyParameters(
         as_of=NOW, dsn=store.dsn, runs_dir=str(tmp_path / "runs"), scopes=[s.display() for s in scopes],
-        data_quality=False, task_runner="dask", dask_workers=2))
+        data_quality=False, **options))
     assert summary["due"] == 4 and summary["applied"] == 4 and summary["failed"] == 0, summary["rows"]
     assert all(r["counters"] for r in summary["rows"])
     pids = {r["worker_pid"] for r in summary["rows"]}
-    assert os.getpid() not in pids  # planned in the Dask worker processes, not here
+    assert os.getpid() not in pids  # planned (and applied) in the worker processes, not here
     with store.pg() as con:
         assert con.execute("SELECT count(*) FROM consolidation_runs WHERE scope_path = ANY(%s) AND status = 'applied'",
                            ([s.path for s in scopes],)).fetchone()[0] == 4
+    return summary
+
+
+@pytest.mark.flow
+def test_nightly_on_a_local_dask_cluster_with_two_worker_processes(prefect_harness, store, tmp_path, monkeypatch):
+    """The same flow, distributed: tasks run in two Dask worker processes."""
+    monkeypatch.setenv("DASK_TEMPORARY_DIRECTORY", str(tmp_path / "dask"))
+    _night_in_workers(store, tmp_path, "dask", task_runner="dask", dask_workers=2)
 
 
 @pytest.mark.flow
 def test_nightly_in_two_worker_processes(prefect_harness, store, tmp_path):
     """task_runner="processes": the shards run in Prefect's process pool (no shared GIL), and every
     scope of every shard is applied and in the ledger."""
-    from deep_sleep.flows.nightly import NightlyParameters, run_nightly
-
-    from tests.storeutil import small_graph
-
-    tag = uuid.uuid4().hex[:8]
-    scopes = [Scope.root("org", f"proc{tag}").child("brand", f"b{i}") for i in range(4)]
-    for s in scopes:
-        small_graph(store, s, NOW)
-    summary = run_nightly(NightlyParameters(
-        as_of=NOW, dsn=store.dsn, runs_dir=str(tmp_path / "runs"), scopes=[s.display() for s in scopes],
-        data_quality=False, task_runner="processes", max_workers=2, shard_scopes=2))
-    assert summary["due"] == 4 and summary["shards"] == 2 and summary["applied"] == 4, summary["rows"]
-    assert all(r["counters"] for r in summary["rows"])
-    pids = {r["worker_pid"] for r in summary["rows"]}
-    assert os.getpid() not in pids  # planned and applied in the worker processes, not here
-    with store.pg() as con:
-        assert con.execute("SELECT count(*) FROM consolidation_runs WHERE scope_path = ANY(%s) AND status = 'applied'",
-                           ([s.path for s in scopes],)).fetchone()[0] == 4
+    summary = _night_in_workers(store, tmp_path, "proc", task_runner="processes", max_workers=2, shard_scopes=2)
+    assert summary["shards"] == 2
 
 
 @pytest.mark.flow
