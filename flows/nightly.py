@@ -17,10 +17,11 @@
 3. The data-quality suite over the whole store, once for the night.
 4. A summary table artifact and a summary dict.
 
-Concurrency comes from the task runner: threads by default (``max_workers`` bounded), ``max_workers``
-worker processes (``task_runner="processes"``: Prefect's ``ProcessPoolTaskRunner``; shards do not
-share a GIL, for large nights), or a Dask cluster (``task_runner="dask"``, ``dask_address`` or a
-local cluster).
+Concurrency comes from the shards' task runner, which the flow run builds from its parameters
+(:func:`shard_runner`; so a deployment's run honours them as ``deep-sleep nightly`` does): threads by
+default (``max_workers`` bounded), ``max_workers`` worker processes (``task_runner="processes"``:
+Prefect's ``ProcessPoolTaskRunner``; shards do not share a GIL, for large nights), or a Dask cluster
+(``task_runner="dask"``, ``dask_address`` or a local cluster).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.futures import as_completed
 from prefect.states import Failed
-from prefect.task_runners import ProcessPoolTaskRunner, ThreadPoolTaskRunner
+from prefect.task_runners import ProcessPoolTaskRunner, TaskRunner, ThreadPoolTaskRunner
 from pydantic import BaseModel, Field
 
 from deep_sleep.core import files
@@ -304,20 +305,20 @@ def _night_plan(as_of: datetime, night_id: str, gates: list, due: list, rows: li
             "held_rows": sum(s["held"] for s in scopes if s["status"] == "planned"), "markdown": markdown, "rows": rows}
 
 
-_RUNNERS = {"threads": "ThreadPoolTaskRunner", "processes": "ProcessPoolTaskRunner", "dask": "DaskTaskRunner"}
+def shard_runner(params: NightlyParameters) -> TaskRunner:
+    """The task runner the night's shards run on, built from ``params`` (``task_runner``, ``max_workers``,
+    ``dask_*``) inside the flow run — not the flow's own runner, so a deployment's flow run (which runs
+    :func:`deep_sleep_nightly` with its decorator's runner) honours them exactly as ``deep-sleep nightly`` does."""
+    if params.task_runner == "dask":
+        from prefect_dask import DaskTaskRunner
 
-
-def _warn_other_runner(params: NightlyParameters, logger) -> None:
-    """Warn when the flow runs on another task runner than ``params.task_runner`` asks for: the runner
-    is chosen by :func:`run_nightly`; a deployment of this flow runs the flow's own (threads)."""
-    from prefect.context import FlowRunContext
-
-    ctx = FlowRunContext.get()
-    active = type(ctx.task_runner).__name__ if ctx is not None and ctx.task_runner is not None else None
-    if active is not None and active != _RUNNERS[params.task_runner]:
-        logger.warning("task_runner=%r is chosen by run_nightly (deep-sleep nightly); this flow run uses its own %s. "
-                       "Start the night with run_nightly / `deep-sleep nightly --task-runner %s` to use it.",
-                       params.task_runner, active, params.task_runner)
+        if params.dask_address:
+            return DaskTaskRunner(address=params.dask_address)
+        return DaskTaskRunner(cluster_kwargs={"n_workers": params.dask_workers, "threads_per_worker": 1,
+                                              "processes": True, "dashboard_address": None})
+    if params.task_runner == "processes":
+        return ProcessPoolTaskRunner(max_workers=params.max_workers, initializer=_import_worker)
+    return ThreadPoolTaskRunner(max_workers=params.max_workers)
 
 
 def _error_of(future) -> str:
@@ -328,7 +329,8 @@ def _error_of(future) -> str:
     return ""
 
 
-@flow(name="deep_sleep_nightly", log_prints=True, task_runner=ThreadPoolTaskRunner(max_workers=4))
+# The flow's own runner runs nothing: the shards go to shard_runner(params), built inside the run.
+@flow(name="deep_sleep_nightly", log_prints=True, task_runner=ThreadPoolTaskRunner(max_workers=1))
 def deep_sleep_nightly(params: NightlyParameters) -> dict[str, Any]:
     """Consolidate every due scope; returns the night's summary (counts and one row per scope)."""
     logger = get_run_logger()
@@ -339,7 +341,6 @@ def deep_sleep_nightly(params: NightlyParameters) -> dict[str, Any]:
     night_id = str(uuid.uuid4())
     if params.prefect_apply_limit:
         ensure_apply_limit(params.apply_concurrency)
-    _warn_other_runner(params, logger)
 
     gates = due_scopes(store, as_of, config.gating)
     if params.scopes is not None:
@@ -350,25 +351,29 @@ def deep_sleep_nightly(params: NightlyParameters) -> dict[str, Any]:
 
     shards = shards_of([(g.scope_path, g.rows) for g in due], params.shard_rows, params.shard_scopes)
     logger.info("%d due scopes in %d shard(s)", len(due), len(shards))
-    futures = [shard_task.submit(store.dsn, scopes, as_of, config, params.runs_dir, started, params.apply_concurrency,
-                                 params.plan, params.plan_scopes, params.plan_per_phase) for scopes in shards]
     results: dict[str, dict] = {}
     failed_shard: dict[str, str] = {}
     digests: list[PreviewDigest] = []  # with plan: each shard's bounded preview
     clock = time.perf_counter()
-    for done, fut in enumerate(as_completed(futures), 1):
-        scopes = shards[futures.index(fut)]
-        error = _error_of(fut)
-        if error:
-            failed_shard.update(dict.fromkeys(scopes, error))
-        else:
-            out = fut.result()
-            if isinstance(out, dict):  # a plan: the rows and the shard's preview digest
-                digests.append(out["digest"])
-                out = out["rows"]
-            results.update({r["scope_path"]: r for r in out})
-        if params.progress:
-            _progress_line(done, len(shards), len(results) + len(failed_shard), len(due), results, clock)
+    with shard_runner(params) if shards else contextlib.nullcontext() as runner:
+        futures = [runner.submit(shard_task, parameters={
+            "dsn": store.dsn, "scopes": scopes, "as_of": as_of, "config": config, "runs_dir": params.runs_dir,
+            "started_at": started, "apply_concurrency": params.apply_concurrency, "plan_only": params.plan,
+            "plan_scopes": params.plan_scopes, "plan_per_phase": params.plan_per_phase}) for scopes in shards]
+        index = {fut.task_run_id: i for i, fut in enumerate(futures)}
+        for done, fut in enumerate(as_completed(futures), 1):
+            scopes = shards[index[fut.task_run_id]]
+            error = _error_of(fut)
+            if error:
+                failed_shard.update(dict.fromkeys(scopes, error))
+            else:
+                out = fut.result()
+                if isinstance(out, dict):  # a plan: the rows and the shard's preview digest
+                    digests.append(out["digest"])
+                    out = out["rows"]
+                results.update({r["scope_path"]: r for r in out})
+            if params.progress:
+                _progress_line(done, len(shards), len(results) + len(failed_shard), len(due), results, clock)
 
     rows: list[dict[str, Any]] = []
     for g in gates:
@@ -465,23 +470,11 @@ def _import_worker() -> None:
 
 
 def run_nightly(params: NightlyParameters) -> dict[str, Any]:
-    """Run the nightly flow with the task runner the parameters ask for; the night's summary.
+    """Run the nightly flow in this process; the night's summary.
 
     A night whose run-health alerts fail it (``health.fail_nightly``) ends in a Failed flow run and
     still returns its summary (``summary["health"]`` lists the alerts); any other failure raises."""
-    if params.task_runner == "dask":
-        from prefect_dask import DaskTaskRunner
-
-        if params.dask_address:
-            runner = DaskTaskRunner(address=params.dask_address)
-        else:
-            runner = DaskTaskRunner(cluster_kwargs={"n_workers": params.dask_workers, "threads_per_worker": 1,
-                                                    "processes": True, "dashboard_address": None})
-    elif params.task_runner == "processes":
-        runner = ProcessPoolTaskRunner(max_workers=params.max_workers, initializer=_import_worker)
-    else:
-        runner = ThreadPoolTaskRunner(max_workers=params.max_workers)
-    state = deep_sleep_nightly.with_options(task_runner=runner)(params, return_state=True)
+    state = deep_sleep_nightly(params, return_state=True)
     result = state.result(raise_on_failure=False)
     if isinstance(result, NightFailedHealth):
         return result.summary

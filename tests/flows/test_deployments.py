@@ -85,7 +85,8 @@ def test_served_deployments_run_through_a_real_prefect_server(store, scope, tmp_
             run = run_deployment(
                 "deep_sleep_nightly/nightly",
                 parameters={"params": {"as_of": NOW.isoformat(), "dsn": store.dsn, "scopes": [scope.display()],
-                                       "data_quality": False, "runs_dir": str(tmp_path / "runs")}},
+                                       "data_quality": False, "runs_dir": str(tmp_path / "runs"),
+                                       "task_runner": "processes", "max_workers": 1}},
                 timeout=300,
             )
         assert run.state is not None and run.state.is_completed(), (run.state, (tmp_path / "serve.log").read_text()[-3000:])

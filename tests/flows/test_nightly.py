@@ -87,9 +87,9 @@ def test_nightly_over_200_scopes(prefect_harness, fleet, tmp_path):
     assert fourth["due"] == 0 and fourth["skipped"] == 200
 
 
-def _night_in_workers(store, tmp_path, prefix: str, **options) -> dict:
-    """Four seeded scopes through run_nightly with ``options``; checks what every worker-process
-    runner must give: all applied (and in the ledger), planned outside this process."""
+def _night_in_workers(store, tmp_path, prefix: str, call=None, **options) -> dict:
+    """Four seeded scopes through run_nightly (or ``call``) with ``options``; checks what every
+    worker-process runner must give: all applied (and in the ledger), planned outside this process."""
     from deep_sleep.flows.nightly import NightlyParameters, run_nightly
 
     from tests.storeutil import small_graph
@@ -98,7 +98,7 @@ def _night_in_workers(store, tmp_path, prefix: str, **options) -> dict:
     scopes = [Scope.root("org", f"{prefix}{tag}").child("brand", f"b{i}") for i in range(4)]
     for s in scopes:
         small_graph(store, s, NOW)
-    summary = run_nightly(NightlyParameters(
+    summary = (call or run_nightly)(NightlyParameters(
         as_of=NOW, dsn=store.dsn, runs_dir=str(tmp_path / "runs"), scopes=[s.display() for s in scopes],
         data_quality=False, **options))
     assert summary["due"] == 4 and summary["applied"] == 4 and summary["failed"] == 0, summary["rows"]
@@ -127,27 +127,14 @@ def test_nightly_in_two_worker_processes(prefect_harness, store, tmp_path):
 
 
 @pytest.mark.flow
-def test_the_flow_called_directly_warns_that_task_runner_is_not_its_own(prefect_harness, store, tmp_path):
-    """A deployment runs deep_sleep_nightly itself (its own thread pool): a task_runner parameter
-    asking for processes cannot take effect there, and the run's log says so instead of ignoring it."""
-    import logging
+def test_the_flow_called_as_a_deployment_runs_it_honours_task_runner(prefect_harness, store, tmp_path):
+    """A deployment's flow run calls deep_sleep_nightly itself (not run_nightly): the shards still go
+    to the task runner its parameters ask for — worker processes here, one per shard."""
+    from deep_sleep.flows.nightly import deep_sleep_nightly
 
-    from deep_sleep.flows.nightly import NightlyParameters, deep_sleep_nightly
-
-    records: list[logging.LogRecord] = []
-    handler = logging.Handler()
-    handler.emit = records.append  # type: ignore[method-assign]
-    logger = logging.getLogger("prefect.flow_runs")
-    logger.addHandler(handler)
-    try:
-        for runner in ("threads", "processes"):
-            deep_sleep_nightly(NightlyParameters(
-                as_of=NOW, dsn=store.dsn, runs_dir=str(tmp_path / "runs"), scopes=["org/nobody-here"],
-                data_quality=False, prefect_apply_limit=False, task_runner=runner))
-    finally:
-        logger.removeHandler(handler)
-    warned = [r.getMessage() for r in records if "is chosen by run_nightly" in r.getMessage()]
-    assert len(warned) == 1 and "task_runner='processes'" in warned[0] and "ThreadPoolTaskRunner" in warned[0], warned
+    summary = _night_in_workers(store, tmp_path, "depl", call=deep_sleep_nightly, task_runner="processes",
+                                max_workers=2, shard_scopes=2)
+    assert summary["shards"] == 2
 
 
 def _lock_timeout(store, table: str) -> None:
