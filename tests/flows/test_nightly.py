@@ -88,8 +88,9 @@ def test_nightly_over_200_scopes(prefect_harness, fleet, tmp_path):
 
 
 def _night_in_workers(store, tmp_path, prefix: str, call=None, **options) -> dict:
-    """Four seeded scopes through run_nightly (or ``call``) with ``options``; checks what every
-    worker-process runner must give: all applied (and in the ledger), planned outside this process."""
+    """Four seeded scopes through run_nightly (or ``call``: the flow itself, as a deployment's run calls
+    it) with ``options``; checks what every worker-process runner must give: all applied (and in the
+    ledger), planned outside this process."""
     from deep_sleep.flows.nightly import NightlyParameters, run_nightly
 
     from tests.storeutil import small_graph
@@ -121,18 +122,11 @@ def test_nightly_on_a_local_dask_cluster_with_two_worker_processes(prefect_harne
 @pytest.mark.flow
 def test_nightly_in_two_worker_processes(prefect_harness, store, tmp_path):
     """task_runner="processes": the shards run in Prefect's process pool (no shared GIL), and every
-    scope of every shard is applied and in the ledger."""
-    summary = _night_in_workers(store, tmp_path, "proc", task_runner="processes", max_workers=2, shard_scopes=2)
-    assert summary["shards"] == 2
-
-
-@pytest.mark.flow
-def test_the_flow_called_as_a_deployment_runs_it_honours_task_runner(prefect_harness, store, tmp_path):
-    """A deployment's flow run calls deep_sleep_nightly itself (not run_nightly): the shards still go
-    to the task runner its parameters ask for — worker processes here, one per shard."""
+    scope of every shard is applied and in the ledger — with the flow called itself, as a deployment's
+    run calls it (not through run_nightly), so the flow, not its caller, picks the runner."""
     from deep_sleep.flows.nightly import deep_sleep_nightly
 
-    summary = _night_in_workers(store, tmp_path, "depl", call=deep_sleep_nightly, task_runner="processes",
+    summary = _night_in_workers(store, tmp_path, "proc", call=deep_sleep_nightly, task_runner="processes",
                                 max_workers=2, shard_scopes=2)
     assert summary["shards"] == 2
 
