@@ -353,7 +353,9 @@ def explain(stmts: Iterable[Statement]) -> str:
         if s.source:
             head += f": {s.rows} row(s), {SOURCES[s.source].format(staged=s.staged)}"
         lines = [head]
-        if s.step == "ledger":
+        if s.step == "ledger" and s.sql == SHARD_LEDGER_SQL:
+            lines.append("-- params: $1 = the ledger rows (JSON), bound from the reports after the writes (rows_changed, conflicts)")
+        elif s.step == "ledger":
             lines.append("-- params: $1…$19 bound from the run's report after the writes (rows_changed, conflicts)")
         elif s.params:
             lines += [f"-- ${n} = {_param(p, s.sql is None)}" for n, p in enumerate(s.params, 1)]
@@ -389,14 +391,14 @@ LEDGER_FIELDS = (("run_id", "uuid"), ("scope_path", "text"), ("mode", "text"), (
                  ("started_at", "timestamptz"), ("status", "text"), ("counters", "jsonb"), ("phases_run", "jsonb"),
                  ("phases_skipped", "jsonb"), ("timings", "jsonb"), ("rows_changed", "jsonb"), ("conflicts", "bigint"),
                  ("diff_hash", "text"), ("snapshot_uri", "text"), ("diff_uri", "text"), ("errors", "jsonb"),
-                 ("quarantined", "jsonb"))
+                 ("quarantined", "jsonb"), ("recall_before", "float8"), ("recall_after", "float8"))
 SHARD_LEDGER_SQL = (
     "INSERT INTO consolidation_runs (run_id, scope_path, mode, as_of, started_at, finished_at, status, counters,"
     " phases_run, phases_skipped, timings, rows_changed, conflicts, diff_hash, snapshot_uri, diff_uri, errors,"
-    " quarantined)"
+    " quarantined, recall_before, recall_after)"
     " SELECT x.run_id::uuid, x.scope_path, x.mode, x.as_of, x.started_at, now(), x.status, x.counters, x.phases_run,"
     " x.phases_skipped, x.timings, x.rows_changed, x.conflicts, x.diff_hash, x.snapshot_uri, x.diff_uri, x.errors,"
-    " x.quarantined FROM jsonb_to_recordset($1::jsonb) AS x("
+    " x.quarantined, x.recall_before, x.recall_after FROM jsonb_to_recordset($1::jsonb) AS x("
     + ", ".join(f"{name} {'text' if kind == 'uuid' else kind}" for name, kind in LEDGER_FIELDS) + ")"
 )
 

@@ -86,6 +86,10 @@ def test_a_shard_applies_exactly_as_each_scope_alone(twin_stores, batch_scopes):
     alone_store, shard_store, scopes = twin_stores
     assert "org\x1fac" in scopes and "org\x1facme" in scopes and any(s.startswith("org\x1facme\x1f") for s in scopes)
     planned, reports = _plan(alone_store, scopes)
+    # one scope carries the recall-quality gate's verdict: its ledger row records the recall figures
+    gated = scopes[1]
+    reports[gated] = reports[gated].with_(gate={"queries": 3, "recall_before": 0.75, "recall_after": 0.5,
+                                                "drop_pp": 25.0, "failed": True})
     assert planned.diff.has_changes and planned.quarantined.height == 1
     assert _store_rows(alone_store) == _store_rows(shard_store)  # the twins start equal
     for s, d in planned.scope_diffs().items():
@@ -104,8 +108,66 @@ def test_a_shard_applies_exactly_as_each_scope_alone(twin_stores, batch_scopes):
     ledger = {r[0]: (r[1], r[2]) for r in shard_store.pg().execute(
         "SELECT scope_path, rows_changed, conflicts FROM consolidation_runs WHERE status = 'applied'").fetchall()}
     assert {s: (g.applied, g.conflicts) for s, g in got.items()} == ledger
+    recall = {r[0]: (r[1], r[2]) for r in shard_store.pg().execute(
+        "SELECT scope_path, recall_before, recall_after FROM consolidation_runs").fetchall()}
+    assert recall == {s: (0.75, 0.5) if s == gated else (None, None) for s in scopes}
     assert sum(n for g in got.values() for kinds in g.applied.values() for n in kinds.values()) > 100
     assert all(g.conflicts == 0 for g in got.values())  # no live writer: every row landed
+
+
+def test_a_single_scopes_diff_as_a_shard_of_one_applies_exactly_as_the_plain_statements(twin_stores, monkeypatch):
+    """apply_diff's fast path for a big diff (the batch transaction of apply_shard, a shard of one) against
+    its plain statements, scope by scope on twin stores: the same store rows, archive, quarantine, ledger
+    (a gate verdict included) and counts — with a live write the plan did not see counted as a conflict."""
+    import deep_sleep.run.apply as apply_mod
+
+    plain_store, fast_store, scopes = twin_stores
+    planned, reports = _plan(plain_store, scopes)
+    gated = "org\x1facme"
+    reports[gated] = reports[gated].with_(gate={"queries": 2, "recall_before": 1.0, "recall_after": 0.5,
+                                                "drop_pp": 50.0, "failed": True})
+    target = planned.diff.table("memory_nodes").updates.filter(pl.col("scope_path") == gated).get_column("id")[0]
+    for st in (plain_store, fast_store):
+        with st.pg() as live:
+            live.execute("UPDATE memory_nodes SET label = 'project: edited live' WHERE id = %s", (target,))
+            live.commit()
+    # the automatic choice: every diff here is small, so lower the threshold to the biggest scope's rows
+    rows = {s: sum(n for kinds in d.row_counts().values() for n in kinds.values()) for s, d in planned.scope_diffs().items()}
+    monkeypatch.setattr(apply_mod, "SHARD_OF_ONE_ROWS", max(rows.values()))
+    big = max(rows, key=rows.get)
+    results = {}
+    for s, d in planned.scope_diffs().items():  # a scope's own diff, as a single-scope run hands it over
+        q = planned.scope_plan(s).quarantined
+        plain = apply_diff(plain_store, d, reports[s], started_at=STARTED, quarantined=q, as_shard=False)
+        fast = apply_diff(fast_store, d, reports[s], started_at=STARTED, quarantined=q, as_shard=True if s != big else None)
+        assert (fast.applied, fast.conflicts) == (plain.applied, plain.conflicts), s
+        results[s] = (plain, fast)
+    assert results[gated][0].conflicts >= 1  # the live write, counted alike
+    # the fast path's seconds come under apply_diff's names (the benchmarks and reports print them)
+    plain_keys, fast_keys = set(results[big][0].seconds), set(results[big][1].seconds)
+    assert "stage" in fast_keys and "quarantine_and_ledger_and_commit" in fast_keys
+    assert {k for k in fast_keys if "." in k} <= {k for k in plain_keys if "." in k} | {
+        f"{t}.{k}" for t, kinds in results[big][1].applied.items() for k in kinds}
+    plain_rows, fast_rows = _store_rows(plain_store), _store_rows(fast_store)
+    for table in plain_rows:
+        assert fast_rows[table] == plain_rows[table], table
+    recall = plain_store.pg().execute("SELECT recall_before, recall_after FROM consolidation_runs WHERE scope_path = %s",
+                                      (gated,)).fetchone()
+    assert recall == (1.0, 0.5)
+    assert scalar(fast_store, "SELECT count(*) FROM consolidation_quarantine") == 1
+    assert scalar(fast_store, "SELECT count(*) FROM consolidation_archive") > 0
+
+
+def test_a_diff_with_a_row_of_another_scope_keeps_the_plain_statements():
+    """The batch refuses a row of a scope without a report; the plain statements skip it (a conflict),
+    so such a diff is never turned into a shard of one."""
+    from deep_sleep.run.apply import _shard_of_one
+
+    row = pl.DataFrame({"id": [str(uuid.uuid4())], "scope_path": ["org\x1fother"], "label": ["x"]})
+    mine = pl.DataFrame({"id": [str(uuid.uuid4())], "expected_version": [1], "importance": [1.0]})
+    assert _shard_of_one(Diff({"memory_nodes": TableDiff(inserts=row)}), "org\x1facme") is None
+    one = _shard_of_one(Diff({"memory_nodes": TableDiff(updates=mine)}), "org\x1facme")
+    assert one.table("memory_nodes").updates.get_column("scope_path").to_list() == ["org\x1facme"]
 
 
 def _with_row(diff: Diff, table: str, kind: str, row: pl.DataFrame) -> Diff:
@@ -302,8 +364,11 @@ def test_a_batchs_updates_and_deletes_probe_each_store_table_by_index_never_scan
             assert not re.search(r"(Hash|Merge)( \w+)* Join", plan), f"{table}.{kind}:\n{plan}"
             assert "Nested Loop" in plan and f"Index Scan using {table}_" in plan, f"{table}.{kind}:\n{plan}"
         # the edge delete's check for node deletes this run skipped probes the archive once per staged
-        # node by (run_id, table_name), never reads the batch's archived nodes once per staged node
+        # node for that node's own entry (run_id, table_name, row_id): never reads the batch's archived
+        # nodes once per staged node, nor the scope's (quadratic in a scope's node deletes: migration 025)
         kept = probed[("memory_edges", "deletes")]
-        assert "SubPlan" in kept and re.search(r"Index Cond: \(\(run_id = \(nd\._ds_run_id\)::uuid\)", kept), kept
+        assert "SubPlan" in kept and re.search(
+            r"Index Cond: \(\(run_id = \(nd\._ds_run_id\)::uuid\) AND \(table_name = 'memory_nodes'::text\)"
+            r" AND \(row_id = \(\(nd\.id\)::uuid\)::text\)\)", kept), kept
     finally:
         drop_database(admin_dsn, name)

@@ -248,3 +248,24 @@ def test_replay_explain_with_compare_config_is_bad_input(tmp_path, capsys):
             "--explain", "--compare-config", "b.toml"]
     assert main(argv) == 2
     assert "--explain prints the statements of one diff" in capsys.readouterr().err
+
+
+def test_a_big_single_scope_diff_is_explained_and_applied_as_a_shard_of_one():
+    """What ``replay --explain`` prints is what apply_diff runs: a diff of SHARD_OF_ONE_ROWS rows or
+    more as one batch of the shard apply (staged rows carry the scope; one JSON ledger row), a small
+    one (a quick nap's) as the plain statements; ``as_shard`` forces either."""
+    from deep_sleep.run.apply import SHARD_OF_ONE_ROWS, planned_statements
+    from deep_sleep.run.statements import LEDGER_SQL, SHARD_LEDGER_SQL
+
+    big, small = big_diff(), small_diff()
+    assert sum(n for k in big.row_counts().values() for n in k.values()) >= SHARD_OF_ONE_ROWS
+    as_shard = planned_statements(big, SCOPE, RUN_ID)
+    ledger = [s for s in as_shard if s.step == "ledger"]
+    assert [s.sql for s in ledger] == [SHARD_LEDGER_SQL]
+    assert any(s.staged and s.staged.startswith("_ds_shard_") for s in as_shard)
+    assert "-- params: $1 = the ledger rows (JSON)" in explain(as_shard)
+    plain = planned_statements(big, SCOPE, RUN_ID, as_shard=False)
+    assert plain == statements(big, SCOPE, RUN_ID) and [s.sql for s in plain if s.step == "ledger"] == [LEDGER_SQL]
+    assert planned_statements(small, SCOPE, RUN_ID) == statements(small, SCOPE, RUN_ID)
+    forced = planned_statements(small, SCOPE, RUN_ID, as_shard=True)
+    assert [s.sql for s in forced if s.step == "ledger"] == [SHARD_LEDGER_SQL]
