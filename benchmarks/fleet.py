@@ -397,7 +397,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     out = Path(args.out)
     doc = json.loads(out.read_text()) if out.exists() else {}
-    doc["fleet"] = result
+    # the fleet's other records (earlier nights measured another way: processes, the Prefect nightly, …) stay
+    doc["fleet"] = {**{k: v for k, v in doc.get("fleet", {}).items() if k not in result and k != "note"}, **result}
     out.write_text(json.dumps(doc, indent=2) + "\n")
     print(json.dumps(result, indent=2))
     print(f"written to {out}")
