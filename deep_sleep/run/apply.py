@@ -23,7 +23,7 @@ import polars as pl
 import pyarrow as pa
 
 from deep_sleep.core import tables
-from deep_sleep.core.diff import Diff
+from deep_sleep.core.diff import Diff, TableDiff
 from deep_sleep.core.errors import InputError
 from deep_sleep.core.report import ConsolidationReport
 from deep_sleep.run.statements import (  # noqa: F401 - re-exported: callers and tests name them here
@@ -148,7 +148,7 @@ def apply_diff(
     (:func:`_apply_batch`: index probes instead of hash joins, fast inserts) — which gives exactly the
     same store rows, archive, quarantine, ledger row and counts.  None (the default): a diff of
     :data:`SHARD_OF_ONE_ROWS` rows or more whose rows are all of the report's scope takes it (at 1M
-    nodes ~12 % faster); a smaller one (a quick nap's, a small scope's) the plain statements below.
+    nodes ~13 % faster); a smaller one (a quick nap's, a small scope's) the plain statements below.
     """
     if not report.run_id:
         raise InputError("apply_diff needs report.run_id (a UUID) to archive and record the run")
@@ -206,8 +206,6 @@ def _takes_shard_path(diff: Diff, as_shard: bool | None) -> bool:
 def _shard_of_one(diff: Diff, scope_path: str) -> Diff | None:
     """``diff`` as a shard diff of its one scope (a ``scope_path`` on every row), or None when a row
     names another scope (the plain statements skip such a row as a conflict; a batch refuses it)."""
-    from deep_sleep.core.diff import TableDiff
-
     out = {}
     for name, td in diff.tables.items():
         frames = td.frames()
@@ -226,8 +224,7 @@ def _one_batch_statements(diff: Diff, scope_path: str, run_id: str, quarantined:
     """The batch statements of a shard diff of one scope (its quarantined rows given a ``scope_path``)."""
     q = (quarantined.with_columns(pl.lit(scope_path).alias("scope_path"))
          if quarantined is not None and quarantined.height else None)
-    return shard_statements(diff, {scope_path: run_id}, quarantined=q, small_rows=SMALL_STAGE_ROWS,
-                            big_rows=BIG_DIFF_ROWS, work_mem=os.environ.get("DEEP_SLEEP_APPLY_WORK_MEM"))
+    return _shard_statements(diff, {scope_path: run_id}, q)
 
 
 def _apply_one_batch(store: Store, diff: Diff, report: ConsolidationReport, mode: str, started_at: datetime,
@@ -296,7 +293,6 @@ def _batches(diff: Diff, quarantined: pl.DataFrame | None, scopes: list[str], ba
     (of ``scopes``) — one partition per frame, no filter per batch — without the rows of the scopes
     ``not_applied`` (reports marked failed).  A row of no listed scope (or without a ``scope_path``)
     raises :class:`InputError`."""
-    from deep_sleep.core.diff import TableDiff
 
     batch_of = pl.DataFrame({"scope_path": scopes, "_ds_batch": [None if s in not_applied else i // batch_scopes
                                                                   for i, s in enumerate(scopes)]},
@@ -355,9 +351,12 @@ def planned_shard_statements(diff: Diff, reports: dict[str, ConsolidationReport]
                              quarantined: pl.DataFrame | None = None) -> ShardStatements:
     """The statements :func:`apply_shard` runs for one batch (the thresholds read at call time, as
     :func:`planned_statements` does)."""
-    return shard_statements(diff, {s: r.run_id for s, r in reports.items()}, quarantined=quarantined,
-                            small_rows=SMALL_STAGE_ROWS, big_rows=BIG_DIFF_ROWS,
-                            work_mem=os.environ.get("DEEP_SLEEP_APPLY_WORK_MEM"))
+    return _shard_statements(diff, {s: r.run_id for s, r in reports.items()}, quarantined)
+
+
+def _shard_statements(diff: Diff, run_ids: dict[str, str], quarantined: pl.DataFrame | None) -> ShardStatements:
+    return shard_statements(diff, run_ids, quarantined=quarantined, small_rows=SMALL_STAGE_ROWS,
+                            big_rows=BIG_DIFF_ROWS, work_mem=os.environ.get("DEEP_SLEEP_APPLY_WORK_MEM"))
 
 
 def _step_key(s: Statement) -> str:
