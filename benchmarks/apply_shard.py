@@ -1,7 +1,7 @@
 """The shard apply alone, per statement, on fresh clones of the benchmark fleet (issue 12).
 
     python -m benchmarks.fleet --scopes 2000 --nodes 100 --sample 100   # seeds deep_sleep_fleet once
-    python -m benchmarks.apply_shard --trials 2 [--batch-scopes 500] [--explain]
+    python -m benchmarks.apply_shard --trials 2 [--batch-scopes 500] [--explain] [--max-shards K]
 
 Plans the night of ``benchmarks.fleet`` once (gating, shards, extract → transform → validate on the
 fleet ``deep_sleep_fleet`` as it stands), then per trial clones the fleet afresh into
@@ -31,9 +31,11 @@ def _p(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def plan_night(store, as_of: datetime, work: Path, shard_rows: int, shard_scopes: int) -> list:
+def plan_night(store, as_of: datetime, work: Path, shard_rows: int, shard_scopes: int,
+               max_shards: int | None = None) -> list:
     """The night's shards (as ``benchmarks.fleet.shard_night`` plans them), each as the (diff, reports,
-    quarantined rows) its apply is given."""
+    quarantined rows) its apply is given; ``max_shards``: only the first K (a 100k-scope fleet's
+    night is 74 shards)."""
     from deep_sleep.transforms.config import ConsolidationConfig
 
     from deep_sleep.jobs.gating import due_scopes, shards_of
@@ -42,7 +44,7 @@ def plan_night(store, as_of: datetime, work: Path, shard_rows: int, shard_scopes
     config = ConsolidationConfig()
     due = [g for g in due_scopes(store, as_of, config.gating) if g.due]
     out = []
-    for i, scopes in enumerate(shards_of([(g.scope_path, g.rows) for g in due], shard_rows, shard_scopes)):
+    for i, scopes in enumerate(shards_of([(g.scope_path, g.rows) for g in due], shard_rows, shard_scopes)[:max_shards]):
         base = work / f"shard-{i:05d}"
         extracted = pipeline.extract(store, scopes, as_of, config, base / "snapshot")
         v = pipeline.validate(pipeline.transform(extracted, config, as_of, base / "diff"), config)
@@ -217,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shard-rows", type=int, default=500_000)
     ap.add_argument("--shard-scopes", type=int, default=5_000)
     ap.add_argument("--plan-cache", help="a file: the planned night is read from it if it exists, else written to it")
+    ap.add_argument("--max-shards", type=int, default=None,
+                    help="plan and apply only the night's first K shards (a 100k-scope fleet's night is 74)")
     ap.add_argument("--fleet", default="deep_sleep_fleet",
                     help="the seeded fleet database the trials clone (e.g. a copy with other storage settings)")
     args = ap.parse_args(argv)
@@ -238,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     if cache is not None and cache.exists():
         shards = load_plan(cache)
     else:
-        shards = plan_night(fleet, as_of, Path(args.work), args.shard_rows, args.shard_scopes)
+        shards = plan_night(fleet, as_of, Path(args.work), args.shard_rows, args.shard_scopes, args.max_shards)
         if cache is not None:
             save_plan(cache, shards)
     rows = sum(f.height for d, _, _ in shards for td in d.tables.values() for f in td.frames().values())
