@@ -18,10 +18,12 @@
 4. A summary table artifact and a summary dict.
 
 Concurrency comes from the shards' task runner, which the flow run builds from its parameters
-(:func:`shard_runner`; so a deployment's run honours them as ``deep-sleep nightly`` does): threads by
-default (``max_workers`` bounded), ``max_workers`` worker processes (``task_runner="processes"``:
-Prefect's ``ProcessPoolTaskRunner``; shards do not share a GIL, for large nights), or a Dask cluster
-(``task_runner="dask"``, ``dask_address`` or a local cluster).
+(:func:`shard_runner`; so a deployment's run honours them as ``deep-sleep nightly`` does): threads
+(``max_workers`` bounded), ``max_workers`` worker processes (``task_runner="processes"``: Prefect's
+``ProcessPoolTaskRunner``; shards do not share a GIL, for large nights), or a Dask cluster
+(``task_runner="dask"``, ``dask_address`` or a local cluster).  The default, ``"auto"``, takes
+processes for a night of :data:`AUTO_PROCESSES_ROWS` due rows or more in two or more shards, else
+threads (:func:`runner_kind`).
 """
 
 from __future__ import annotations
@@ -83,9 +85,10 @@ class NightlyParameters(BaseModel):
     prefect_apply_limit: bool = Field(True, description="also cap applies with the Prefect tag concurrency limit "
                                       "'deep-sleep-apply' (visible in the UI; costs slot-polling time per apply)")
     data_quality: bool = Field(True, description="run the great-expectations suite over the store after the night")
-    task_runner: Literal["threads", "processes", "dask"] = Field(
-        "threads", description="threads (one process), processes (max_workers worker processes: no shared GIL, "
-        "for large nights) or dask")
+    task_runner: Literal["auto", "threads", "processes", "dask"] = Field(
+        "auto", description="auto (processes for a night of at least AUTO_PROCESSES_ROWS due rows in two or more "
+        "shards with max_workers >= 2, else threads), threads (one process), processes (max_workers worker "
+        "processes: no shared GIL, for large nights) or dask")
     dask_address: str | None = Field(None, description="scheduler address; default: a local cluster")
     dask_workers: int = Field(2, ge=1, description="workers of the local Dask cluster")
     progress: bool = Field(False, description="print progress (scopes done / due, rows changed, elapsed) to stderr")
@@ -305,18 +308,38 @@ def _night_plan(as_of: datetime, night_id: str, gates: list, due: list, rows: li
             "held_rows": sum(s["held"] for s in scopes if s["status"] == "planned"), "markdown": markdown, "rows": rows}
 
 
-def shard_runner(params: NightlyParameters) -> TaskRunner:
+#: ``task_runner="auto"`` runs the shards in worker processes from this many due rows (nodes + edges +
+#: events) on: four full default shards.  Measured on the 100k fleet's first K shards (benchmarks/README,
+#: *Threads or processes*), two threads against two processes whose start (~2 s: each imports the
+#: pipeline) is not in the figures: 2 shards 24.5, 26.8 s against 23.4, 24.1 s (even, once started);
+#: 4 shards 51.4, 60.1 s against 44.5, 42.1 s; 12 shards −24 %.  Tests and the demo stay in one process.
+AUTO_PROCESSES_ROWS = 2_000_000
+
+
+def runner_kind(params: NightlyParameters, shards: int, rows: int) -> str:
+    """The shards' runner for a night of ``shards`` shards and ``rows`` due rows: ``params.task_runner``,
+    or for ``"auto"`` ``"processes"`` when at least two shards can run at once (``max_workers`` >= 2,
+    two or more shards) and the night has :data:`AUTO_PROCESSES_ROWS` rows or more, else ``"threads"``."""
+    if params.task_runner != "auto":
+        return params.task_runner
+    parallel = params.max_workers >= 2 and shards >= 2
+    return "processes" if parallel and rows >= AUTO_PROCESSES_ROWS else "threads"
+
+
+def shard_runner(params: NightlyParameters, kind: str | None = None) -> TaskRunner:
     """The task runner the night's shards run on, built from ``params`` (``task_runner``, ``max_workers``,
     ``dask_*``) inside the flow run — not the flow's own runner, so a deployment's flow run (which runs
-    :func:`deep_sleep_nightly` with its decorator's runner) honours them exactly as ``deep-sleep nightly`` does."""
-    if params.task_runner == "dask":
+    :func:`deep_sleep_nightly` with its decorator's runner) honours them exactly as ``deep-sleep nightly`` does.
+    ``kind``: the runner :func:`runner_kind` chose (default ``params.task_runner``; ``"auto"`` alone is threads)."""
+    kind = kind or params.task_runner
+    if kind == "dask":
         from prefect_dask import DaskTaskRunner
 
         if params.dask_address:
             return DaskTaskRunner(address=params.dask_address)
         return DaskTaskRunner(cluster_kwargs={"n_workers": params.dask_workers, "threads_per_worker": 1,
                                               "processes": True, "dashboard_address": None})
-    if params.task_runner == "processes":
+    if kind == "processes":
         return ProcessPoolTaskRunner(max_workers=params.max_workers, initializer=_import_worker)
     return ThreadPoolTaskRunner(max_workers=params.max_workers)
 
@@ -350,12 +373,14 @@ def deep_sleep_nightly(params: NightlyParameters) -> dict[str, Any]:
     logger.info("%d scopes, %d due, %d skipped", len(gates), len(due), len(gates) - len(due))
 
     shards = shards_of([(g.scope_path, g.rows) for g in due], params.shard_rows, params.shard_scopes)
-    logger.info("%d due scopes in %d shard(s)", len(due), len(shards))
+    kind = runner_kind(params, len(shards), sum(g.rows for g in due))
+    logger.info("%d due scopes in %d shard(s), on %s%s", len(due), len(shards), kind,
+                " (auto)" if params.task_runner == "auto" else "")
     results: dict[str, dict] = {}
     failed_shard: dict[str, str] = {}
     digests: list[PreviewDigest] = []  # with plan: each shard's bounded preview
     clock = time.perf_counter()
-    with shard_runner(params) if shards else contextlib.nullcontext() as runner:
+    with shard_runner(params, kind) if shards else contextlib.nullcontext() as runner:
         futures = [runner.submit(shard_task, parameters={
             "dsn": store.dsn, "scopes": scopes, "as_of": as_of, "config": config, "runs_dir": params.runs_dir,
             "started_at": started, "apply_concurrency": params.apply_concurrency, "plan_only": params.plan,
@@ -415,7 +440,7 @@ def deep_sleep_nightly(params: NightlyParameters) -> dict[str, Any]:
 
     counts = {s: sum(r["status"] == s for r in rows) for s in ("applied", "failed", "skipped")}
     summary = {"night_id": night_id, "as_of": as_of.isoformat(), "scopes": len(gates), "due": len(due),
-               "shards": len(shards), **counts, "gate": gate_distribution(list(results.values())),
+               "shards": len(shards), "task_runner": kind, **counts, "gate": gate_distribution(list(results.values())),
                "held_rows": sum(r.get("held") or 0 for r in results.values()),
                "data_quality": quality, "health": alerts, "retention": removed, "rows": rows}
     create_table_artifact(

@@ -175,9 +175,10 @@ def build_parser() -> argparse.ArgumentParser:
     ni.add_argument("--no-data-quality", action="store_true")
     ni.add_argument("--no-prefect-apply-limit", action="store_true",
                     help="cap applies only with the store's apply slots, not also with the Prefect tag limit")
-    ni.add_argument("--task-runner", choices=["threads", "processes", "dask"], default="threads",
-                    help="threads (one process), processes (--max-workers worker processes: no shared GIL, "
-                         "faster for large nights) or dask")
+    ni.add_argument("--task-runner", choices=["auto", "threads", "processes", "dask"], default="auto",
+                    help="auto (default: processes for a night of >= 2M due rows in 2+ shards with --max-workers "
+                         ">= 2, else threads), threads (one process), processes (--max-workers worker processes: "
+                         "no shared GIL, faster for large nights) or dask")
     ni.add_argument("--dask-address", default=None)
     ni.set_defaults(func=cmd_nightly)
 

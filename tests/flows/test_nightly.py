@@ -120,15 +120,33 @@ def test_nightly_on_a_local_dask_cluster_with_two_worker_processes(prefect_harne
 
 
 @pytest.mark.flow
-def test_nightly_in_two_worker_processes(prefect_harness, store, tmp_path):
-    """task_runner="processes": the shards run in Prefect's process pool (no shared GIL), and every
-    scope of every shard is applied and in the ledger — with the flow called itself, as a deployment's
-    run calls it (not through run_nightly), so the flow, not its caller, picks the runner."""
-    from deep_sleep.flows.nightly import deep_sleep_nightly
+def test_nightly_in_two_worker_processes(prefect_harness, store, tmp_path, monkeypatch):
+    """task_runner="auto" on a night big enough (here: the threshold lowered to its 4 scopes): the
+    shards run in Prefect's process pool (no shared GIL), and every scope of every shard is applied
+    and in the ledger — with the flow called itself, as a deployment's run calls it (not through
+    run_nightly), so the flow, not its caller, picks the runner.  (An explicit "processes" runs in
+    test_deployments' served deployment.)"""
+    from deep_sleep.flows import nightly
 
-    summary = _night_in_workers(store, tmp_path, "proc", call=deep_sleep_nightly, task_runner="processes",
-                                max_workers=2, shard_scopes=2)
-    assert summary["shards"] == 2
+    monkeypatch.setattr(nightly, "AUTO_PROCESSES_ROWS", 1)
+    summary = _night_in_workers(store, tmp_path, "proc", call=nightly.deep_sleep_nightly, max_workers=2, shard_scopes=2)
+    assert summary["shards"] == 2 and summary["task_runner"] == "processes"
+
+
+def test_auto_runs_processes_only_for_a_big_night_that_can_run_two_shards_at_once():
+    from deep_sleep.flows.nightly import AUTO_PROCESSES_ROWS as BIG
+    from deep_sleep.flows.nightly import NightlyParameters, runner_kind
+
+    auto = NightlyParameters()
+    assert auto.task_runner == "auto" and auto.max_workers == 2
+    assert runner_kind(auto, shards=74, rows=37_000_000) == "processes"
+    assert runner_kind(auto, shards=2, rows=BIG) == "processes"
+    assert runner_kind(auto, shards=2, rows=BIG - 1) == "threads"  # small night: workers' start not worth it
+    assert runner_kind(auto, shards=1, rows=BIG * 5) == "threads"  # one shard: nothing runs beside it
+    assert runner_kind(auto.model_copy(update={"max_workers": 1}), shards=74, rows=BIG * 37) == "threads"
+    for kind in ("threads", "processes", "dask"):  # an explicit choice is kept, whatever the night
+        assert runner_kind(auto.model_copy(update={"task_runner": kind}), shards=1, rows=0) == kind
+        assert runner_kind(auto.model_copy(update={"task_runner": kind}), shards=74, rows=BIG * 37) == kind
 
 
 def _lock_timeout(store, table: str) -> None:
