@@ -1,7 +1,7 @@
 """The shard apply alone, per statement, on fresh clones of the benchmark fleet (issue 12).
 
     python -m benchmarks.fleet --scopes 2000 --nodes 100 --sample 100   # seeds deep_sleep_fleet once
-    python -m benchmarks.apply_shard --trials 2 [--batch-scopes 500] [--explain] [--max-shards K]
+    python -m benchmarks.apply_shard --trials 2 [--batch-scopes 500] [--explain] [--max-shards K] [--no-fast-inserts]
 
 Plans the night of ``benchmarks.fleet`` once (gating, shards, extract → transform → validate on the
 fleet ``deep_sleep_fleet`` as it stands), then per trial clones the fleet afresh into
@@ -129,7 +129,8 @@ class StepClock(dict):
         self._last = now
 
 
-def apply_night(store, shards: list, batch_scopes: int, database: str) -> tuple[float, StepClock, dict[str, int]]:
+def apply_night(store, shards: list, batch_scopes: int, database: str,
+                fast_inserts: bool = True) -> tuple[float, StepClock, dict[str, int]]:
     """Every shard through apply_shard; (seconds, seconds and backend CPU per statement kind, statuses)."""
     from deep_sleep.run.apply import apply_shard
 
@@ -142,7 +143,8 @@ def apply_night(store, shards: list, batch_scopes: int, database: str) -> tuple[
     t0 = time.perf_counter()
     for diff, reports, q in shards:
         got = apply_shard(store, diff, reports, started_at=started,
-                          quarantined=q if q.height else None, batch_scopes=batch_scopes, step_seconds=steps)
+                          quarantined=q if q.height else None, batch_scopes=batch_scopes, step_seconds=steps,
+                          fast_inserts=fast_inserts)
         for r in got.values():
             statuses[r.status] = statuses.get(r.status, 0) + 1
     return time.perf_counter() - t0, steps, statuses
@@ -219,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shard-rows", type=int, default=500_000)
     ap.add_argument("--shard-scopes", type=int, default=5_000)
     ap.add_argument("--plan-cache", help="a file: the planned night is read from it if it exists, else written to it")
+    ap.add_argument("--no-fast-inserts", action="store_true",
+                    help="every insert guarded (INSERT … ON CONFLICT DO NOTHING): apply_shard(fast_inserts=False)")
     ap.add_argument("--max-shards", type=int, default=None,
                     help="plan and apply only the night's first K shards (a 100k-scope fleet's night is 74)")
     ap.add_argument("--fleet", default="deep_sleep_fleet",
@@ -255,7 +259,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.explain and trial == 0:
             explain_first_batch(store, shards[0], args.batch_scopes)
         own, wal = time.process_time(), wal_now(store)
-        seconds, steps, statuses = apply_night(store, shards, args.batch_scopes, "deep_sleep_fleet_apply")
+        seconds, steps, statuses = apply_night(store, shards, args.batch_scopes, "deep_sleep_fleet_apply",
+                                                 fast_inserts=not args.no_fast_inserts)
         own = time.process_time() - own
         hot = hot_updates(store)  # also has the apply's backend flush its WAL counts
         wal = tuple(a - b for a, b in zip(wal_now(store), wal))
