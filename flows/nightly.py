@@ -309,7 +309,7 @@ def _night_plan(as_of: datetime, night_id: str, gates: list, due: list, rows: li
 
 
 #: ``task_runner="auto"`` runs the shards in worker processes from this many due rows (nodes + edges +
-#: events) on: four full default shards.  Measured on the 100k fleet's first K shards (benchmarks/README,
+#: events) on: four full default shards.  Measured on the 100k fleet's first K shards (README,
 #: *Threads or processes*), two threads against two processes whose start (~2 s: each imports the
 #: pipeline) is not in the figures: 2 shards 24.5, 26.8 s against 23.4, 24.1 s (even, once started);
 #: 4 shards 51.4, 60.1 s against 44.5, 42.1 s; 12 shards −24 %.  Tests and the demo stay in one process.
