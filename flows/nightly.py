@@ -326,12 +326,11 @@ def runner_kind(params: NightlyParameters, shards: int, rows: int) -> str:
     return "processes" if parallel and rows >= AUTO_PROCESSES_ROWS else "threads"
 
 
-def shard_runner(params: NightlyParameters, kind: str | None = None) -> TaskRunner:
+def shard_runner(params: NightlyParameters, kind: str) -> TaskRunner:
     """The task runner the night's shards run on, built from ``params`` (``task_runner``, ``max_workers``,
     ``dask_*``) inside the flow run — not the flow's own runner, so a deployment's flow run (which runs
     :func:`deep_sleep_nightly` with its decorator's runner) honours them exactly as ``deep-sleep nightly`` does.
-    ``kind``: the runner :func:`runner_kind` chose (default ``params.task_runner``; ``"auto"`` alone is threads)."""
-    kind = kind or params.task_runner
+    ``kind``: the runner :func:`runner_kind` chose for the night."""
     if kind == "dask":
         from prefect_dask import DaskTaskRunner
 
@@ -352,7 +351,7 @@ def _error_of(future) -> str:
     return ""
 
 
-# The flow's own runner runs nothing: the shards go to shard_runner(params), built inside the run.
+# The flow's own runner runs nothing: the shards go to shard_runner(params, kind), built inside the run.
 @flow(name="deep_sleep_nightly", log_prints=True, task_runner=ThreadPoolTaskRunner(max_workers=1))
 def deep_sleep_nightly(params: NightlyParameters) -> dict[str, Any]:
     """Consolidate every due scope; returns the night's summary (counts and one row per scope)."""
