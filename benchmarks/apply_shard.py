@@ -227,11 +227,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="plan and apply only the night's first K shards (a 100k-scope fleet's night is 74)")
     ap.add_argument("--fleet", default="deep_sleep_fleet",
                     help="the seeded fleet database the trials clone (e.g. a copy with other storage settings)")
+    ap.add_argument("--keep-clone", action="store_true",
+                    help="keep the last trial's clone (deep_sleep_fleet_apply) for inspection; by default it is dropped")
     args = ap.parse_args(argv)
 
     import json
 
-    from deep_sleep.store.db import Store, create_database, embedded_dsn, with_database
+    from deep_sleep.store.db import Store, create_database, drop_database, embedded_dsn, with_database
 
     admin = os.environ.get("DEEP_SLEEP_BENCH_DSN") or embedded_dsn(
         data_dir=os.path.join(".deep_sleep", "bench-pgdata"), database="postgres")
@@ -271,6 +273,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"    {'step':45s} {'wall':>8s} {'backend CPU':>12s} {'WAL MB':>8s}")
         for key, s in sorted(steps.items(), key=lambda kv: -kv[1]):
             print(f"    {key:45s} {s:7.3f}s {steps.cpu.get(key, 0.0):11.2f}s {steps.wal.get(key, 0) / 1e6:8.1f}")
+    if not args.keep_clone:
+        drop_database(admin, "deep_sleep_fleet_apply")  # ~18 GB after 4 shards of the 100k fleet
     return 0
 
 

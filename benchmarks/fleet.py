@@ -294,10 +294,11 @@ def _night(admin: str, args, as_of: datetime, safety: bool) -> dict:
     """One shard night on a fresh clone of the fleet, in a spawned child (its own peak RSS)."""
     import multiprocessing
 
-    from deep_sleep.store.db import create_database
+    from deep_sleep.store.db import create_database, drop_database
 
     # Each night on its own clone of the fleet as seeded (and as the sample left it), so both
-    # nights consolidate the same rows.
+    # nights consolidate the same rows.  The clone is dropped afterwards (--keep-clones keeps it):
+    # after a 100k-scope night it holds ~29 GB, and the next night's clone would need as much again.
     name = "safe" if safety else "plain"
     clone = create_database(admin, f"deep_sleep_fleet_{name}", template="deep_sleep_fleet")
     label = "with the recall gate and holds" if safety else "without the gate and holds"
@@ -309,8 +310,12 @@ def _night(admin: str, args, as_of: datetime, safety: bool) -> dict:
                                                   args.shard_scopes, queue, safety, args.workers, args.apply_slots,
                                                   args.max_shards, args.processes))
     child.start()
-    night = queue.get()
-    child.join()
+    try:
+        night = queue.get()
+        child.join()
+    finally:
+        if not args.keep_clones:
+            drop_database(admin, f"deep_sleep_fleet_{name}")
     return night
 
 
@@ -339,6 +344,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="measure only the shard night (no COPY baseline, no per-scope sample); prints, writes nothing")
     ap.add_argument("--max-shards", type=int, default=None, help="with --night-only: only the first K shards")
     ap.add_argument("--seed-only", action="store_true", help="seed (or check) the fleet and stop; then measure with --reuse")
+    ap.add_argument("--keep-clones", action="store_true",
+                    help="keep each night's clone of the fleet (deep_sleep_fleet_plain, _safe) for inspection; "
+                         "by default it is dropped after the night")
     ap.add_argument("--safety", action="store_true", help="also run the night with the recall gate and holds on (a second clone)")
     ap.add_argument("--recalls", action=argparse.BooleanOptionalAction, default=None,
                     help="seed node embeddings and recall events with feedback (FleetSpec.recalls; default: with --safety)")
