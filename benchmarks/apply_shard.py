@@ -254,27 +254,29 @@ def main(argv: list[str] | None = None) -> int:
     rows = sum(f.height for d, _, _ in shards for td in d.tables.values() for f in td.frames().values())
     _p(f"planned {sum(len(r) for _, r, _ in shards):,} scopes in {len(shards)} shard(s), {rows:,} diff rows, "
        f"in {time.perf_counter() - t:.1f}s")
-    for trial in range(args.trials):
-        store = create_database(admin, "deep_sleep_fleet_apply", template=args.fleet)
-        with store.pg(autocommit=True) as con:
-            con.execute("CHECKPOINT")  # the clone's copy is not charged to the apply
-        if args.explain and trial == 0:
-            explain_first_batch(store, shards[0], args.batch_scopes)
-        own, wal = time.process_time(), wal_now(store)
-        seconds, steps, statuses = apply_night(store, shards, args.batch_scopes, "deep_sleep_fleet_apply",
-                                                 fast_inserts=not args.no_fast_inserts)
-        own = time.process_time() - own
-        hot = hot_updates(store)  # also has the apply's backend flush its WAL counts
-        wal = tuple(a - b for a, b in zip(wal_now(store), wal))
-        _p(f"trial {trial + 1}: apply {seconds:.2f}s wall, backend CPU {sum(steps.cpu.values()):.2f}s, "
-           f"client CPU {own:.2f}s (batch_scopes={args.batch_scopes}) {statuses}")
-        _p(f"    WAL {wal[0] / 2**20:,.0f} MB, {wal[1]:,} full-page images; "
-           + ", ".join(f"{t} {u:,} updates, {h:,} HOT ({h / max(u, 1):.1%})" for t, (u, h) in hot.items()))
-        print(f"    {'step':45s} {'wall':>8s} {'backend CPU':>12s} {'WAL MB':>8s}")
-        for key, s in sorted(steps.items(), key=lambda kv: -kv[1]):
-            print(f"    {key:45s} {s:7.3f}s {steps.cpu.get(key, 0.0):11.2f}s {steps.wal.get(key, 0) / 1e6:8.1f}")
-    if not args.keep_clone:
-        drop_database(admin, "deep_sleep_fleet_apply")  # ~18 GB after 4 shards of the 100k fleet
+    try:
+        for trial in range(args.trials):
+            store = create_database(admin, "deep_sleep_fleet_apply", template=args.fleet)
+            with store.pg(autocommit=True) as con:
+                con.execute("CHECKPOINT")  # the clone's copy is not charged to the apply
+            if args.explain and trial == 0:
+                explain_first_batch(store, shards[0], args.batch_scopes)
+            own, wal = time.process_time(), wal_now(store)
+            seconds, steps, statuses = apply_night(store, shards, args.batch_scopes, "deep_sleep_fleet_apply",
+                                                     fast_inserts=not args.no_fast_inserts)
+            own = time.process_time() - own
+            hot = hot_updates(store)  # also has the apply's backend flush its WAL counts
+            wal = tuple(a - b for a, b in zip(wal_now(store), wal))
+            _p(f"trial {trial + 1}: apply {seconds:.2f}s wall, backend CPU {sum(steps.cpu.values()):.2f}s, "
+               f"client CPU {own:.2f}s (batch_scopes={args.batch_scopes}) {statuses}")
+            _p(f"    WAL {wal[0] / 2**20:,.0f} MB, {wal[1]:,} full-page images; "
+               + ", ".join(f"{t} {u:,} updates, {h:,} HOT ({h / max(u, 1):.1%})" for t, (u, h) in hot.items()))
+            print(f"    {'step':45s} {'wall':>8s} {'backend CPU':>12s} {'WAL MB':>8s}")
+            for key, s in sorted(steps.items(), key=lambda kv: -kv[1]):
+                print(f"    {key:45s} {s:7.3f}s {steps.cpu.get(key, 0.0):11.2f}s {steps.wal.get(key, 0) / 1e6:8.1f}")
+    finally:  # a clone of the whole fleet (~18 GB for the 100k fleet): not left behind by a failed trial either
+        if not args.keep_clone:
+            drop_database(admin, "deep_sleep_fleet_apply")
     return 0
 
 
