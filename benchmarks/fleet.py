@@ -313,9 +313,37 @@ def _night(admin: str, args, as_of: datetime, safety: bool) -> dict:
     try:
         night = queue.get()
         child.join()
+        if args.next_day:
+            night["next_day"] = _next_day(clone, args, as_of, safety, name)
     finally:
         if not args.keep_clones:
             drop_database(admin, f"deep_sleep_fleet_{name}")
+    return night
+
+
+def _next_day(clone, args, as_of: datetime, safety: bool, name: str) -> dict:
+    """The steady state after a first night: a day of live turns in every scope of the consolidated
+    clone (:func:`deep_sleep.dev.fleet.live_day`, set-based, not timed as part of any night), then
+    the next night at ``as_of`` + 24 h on the same clone, measured as the first."""
+    import multiprocessing
+    from datetime import timedelta
+
+    from deep_sleep.dev.fleet import live_day
+
+    _p(f"a day of live turns ({args.turns} a scope) on the consolidated clone")
+    t = time.perf_counter()
+    written = live_day(clone, as_of, turns=args.turns)
+    day_s = round(time.perf_counter() - t, 1)
+    _p(f"  {written} in {day_s}s; the next night at as_of + 24 h")
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    child = ctx.Process(target=shard_night, args=(clone.dsn, as_of + timedelta(days=1), f"{args.work}/{name}-day2",
+                                                  args.shard_rows, args.shard_scopes, queue, safety, args.workers,
+                                                  args.apply_slots, args.max_shards, args.processes))
+    child.start()
+    night = queue.get()
+    child.join()
+    night["live_day"] = {"turns_per_scope": args.turns, "rows_written": written, "seconds": day_s}
     return night
 
 
@@ -348,6 +376,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="keep each night's clone of the fleet (deep_sleep_fleet_plain, _safe) for inspection; "
                          "by default it is dropped after the night")
     ap.add_argument("--safety", action="store_true", help="also run the night with the recall gate and holds on (a second clone)")
+    ap.add_argument("--next-day", action="store_true",
+                    help="after each night, a day of live turns on its clone, then the next night (the steady state)")
+    ap.add_argument("--turns", type=int, default=10, help="with --next-day: live turns per scope in the day")
     ap.add_argument("--recalls", action=argparse.BooleanOptionalAction, default=None,
                     help="seed node embeddings and recall events with feedback (FleetSpec.recalls; default: with --safety)")
     args = ap.parse_args(argv)
@@ -390,6 +421,11 @@ def main(argv: list[str] | None = None) -> int:
            f"{night['speedup_per_scope']}× faster per scope than the per-scope path; peak RSS {night['peak_rss_mb']} MB "
            f"(the child's own)" + (f"; gate: {night['gate_queries']:,} queries replayed in {night['gate_scopes']:,} scopes, "
                                    f"{night['gate_failed']:,} failed" if safety else ""))
+        if night.get("next_day"):
+            nxt = night["next_day"]
+            nxt["ratio_to_copy"] = round(nxt["seconds"] / copy["copy_total"], 2) if copy["copy_total"] else None
+            _p(f"  next night {nxt['seconds']}s for {nxt['scopes']:,} scopes ({nxt['stages_seconds']}; CPU s "
+               f"{nxt['cpu_seconds']}; {nxt['rows_changed']:,} rows changed); ratio to COPY {nxt['ratio_to_copy']}")
         nights["safe" if safety else "plain"] = night
     night = nights["plain"]
 
@@ -399,7 +435,8 @@ def main(argv: list[str] | None = None) -> int:
         "rows": copy["rows"],
         "copy_seconds": {k: v for k, v in copy.items() if k != "rows"},
         "per_scope_path": old,
-        "shard_night": night,
+        "shard_night": {k: v for k, v in night.items() if k != "next_day"},
+        "shard_night_next_day": night.get("next_day"),
         "shard_night_with_gate_and_holds": nights.get("safe"),
         "peak_rss_mb": _peak_rss_mb(),
     }

@@ -301,5 +301,82 @@ def seed_fleet(store, spec: FleetSpec, progress=None, scopes_per_chunk: int = SE
     return counts
 
 
-__all__ = ["FleetSpec", "fleet_scope", "fleet_scopes", "generate_fleet", "iter_fleet", "seed_fleet",
+# -- a day of live turns over the whole fleet (the benchmark's second night) -----------------------
+#: The statements of :func:`live_day`, in order.  ``%(start)s``: the day's start (the first night's
+#: ``as_of``); ``%(turns)s``: turns per scope; ``%(day)s``: a day number (ids and labels of
+#: different days differ).  Turn ``t`` of a scope happens at ``start + t · 24 h / (turns + 1)``.
+_DAY_SQL = (
+    # the scopes (every scope of the store with nodes, if none are named), and their tenants
+    ("CREATE TEMP TABLE _day_scopes ON COMMIT DROP AS SELECT scope_path, min(tenant_id) AS tenant_id"
+     " FROM memory_nodes WHERE scope_path IS NOT NULL AND (%(scopes)s::text[] IS NULL OR scope_path = ANY(%(scopes)s::text[]))"
+     " GROUP BY scope_path"),
+    ("CREATE TEMP TABLE _day_turns ON COMMIT DROP AS SELECT s.scope_path, s.tenant_id, t.turn,"
+     " %(start)s::timestamptz + make_interval(secs => t.turn * 86400.0 / (%(turns)s + 1)) AS at,"
+     " md5(s.scope_path || '/day' || %(day)s || '/turn/' || t.turn) AS key"
+     " FROM _day_scopes s CROSS JOIN generate_series(1, %(turns)s) AS t(turn)"),
+    # the semantic nodes a scope's turns revisit: 2 per turn, in an order fixed by (id, day); never
+    # a protected node (SOUL:, AGENT_IDENTITY:, META:), which the online path does not write either
+    ("CREATE TEMP TABLE _day_picks ON COMMIT DROP AS SELECT scope_path, id, label, k FROM ("
+     " SELECT scope_path, id, label, row_number() OVER (PARTITION BY scope_path ORDER BY md5(id::text || %(day)s)) AS k"
+     " FROM memory_nodes JOIN _day_scopes USING (scope_path) WHERE layer = 'semantic' AND label NOT LIKE 'SOUL:%%'"
+     " AND label NOT LIKE 'AGENT_IDENTITY:%%' AND label NOT LIKE 'META:%%') AS ranked WHERE k <= 2 * %(turns)s"),
+    # every turn learns a new fact (a new node) and revisits a known one (an update: version + 1)
+    ("INSERT INTO memory_nodes (id, scope_path, tenant_id, layer, label, properties, importance, access_count,"
+     " created_at, updated_at) SELECT key::uuid, scope_path, tenant_id, 'semantic',"
+     " 'day ' || %(day)s || ' fact ' || turn, jsonb_build_object('text', 'learned in turn ' || turn), 5.0, 1, at, at"
+     " FROM _day_turns"),
+    ("UPDATE memory_nodes AS n SET access_count = n.access_count + 1, updated_at = t.at,"
+     " properties = n.properties || jsonb_build_object('last_turn', t.turn)"
+     " FROM _day_turns t JOIN _day_picks p ON p.scope_path = t.scope_path AND p.k = t.turn"
+     " WHERE n.id = p.id"),
+    # the first turn leaves a scratch note in working memory that expires two hours later
+    ("INSERT INTO memory_nodes (id, scope_path, tenant_id, layer, label, properties, importance, access_count,"
+     " created_at, updated_at) SELECT md5(key || '/working')::uuid, scope_path, tenant_id, 'working',"
+     " 'scratch of day ' || %(day)s, jsonb_build_object('ttl_hours', 2), 5.0, 1, at, at FROM _day_turns WHERE turn = 1"),
+    # each turn's summary event (as record_turn writes it), two sessions a day
+    ("INSERT INTO episodic_events (id, scope_path, tenant_id, session_id, content, metadata, created_at)"
+     " SELECT md5(key || '/event')::uuid, scope_path, tenant_id, 'day' || %(day)s || '-s' || ((turn - 1) * 2 / %(turns)s),"
+     " 'turn ' || turn || ': 2 nodes written, 1 read', jsonb_build_object('kind', 'turn_summary', 'turn', turn), at"
+     " FROM _day_turns"),
+    # the access log: the two nodes each turn wrote, and one more it read
+    ("INSERT INTO memory_access_log (scope_path, tenant_id, node_id, accessed_at, kind)"
+     " SELECT scope_path, tenant_id, key::uuid, at, 'write' FROM _day_turns"
+     " UNION ALL SELECT t.scope_path, t.tenant_id, w.id, t.at, 'write'"
+     " FROM _day_turns t JOIN _day_picks w ON w.scope_path = t.scope_path AND w.k = t.turn"
+     " UNION ALL SELECT t.scope_path, t.tenant_id, r.id, t.at, 'read'"
+     " FROM _day_turns t JOIN _day_picks r ON r.scope_path = t.scope_path AND r.k = %(turns)s + t.turn"),
+)
+
+
+def live_day(store, start: datetime, turns: int = 10, day: int = 1, scopes: list[str] | None = None) -> dict[str, int]:
+    """Write one day of live turns into every scope of ``store`` in one transaction, set-based (the
+    online path, one turn at a time, would take ~10 ms a turn: 3 hours for 100k scopes × 10 turns).
+
+    Per scope, ``turns`` turns spread over the 24 hours after ``start``, as :func:`record_turn
+    <deep_sleep.online.turn.record_turn>` would file them: each turn inserts a new semantic node and
+    updates a known one (so its ``version`` moves on), the first one also a working-memory note with
+    ``ttl_hours`` 2; every turn writes its summary event (two sessions a day) and three access-log
+    rows (the two nodes it wrote and one it read).  A turn's two nodes share its instant, so they
+    co-occur (phase 1.5).  Every
+    row stays in its scope: ids derive from (scope, ``day``, turn), and the nodes a turn revisits
+    are its own scope's.  A dev tool for the fleet benchmark's next-day night (a steady-state night
+    after a first one): ``scopes`` None writes into every scope of the store.  Rows written per table."""
+    if turns < 1 or day < 1:
+        raise SeedError(f"live_day: turns and day must be >= 1, got turns={turns}, day={day}")
+    params = {"start": start, "turns": turns, "day": day, "scopes": None if scopes is None else list(scopes)}
+    counts: dict[str, int] = {}
+    tables_of = ("memory_nodes", "memory_nodes", "memory_nodes", "episodic_events", "memory_access_log")
+    with store.pg() as con:
+        cur = con.cursor()
+        for sql in _DAY_SQL[:3]:
+            cur.execute(sql, params)
+        for table, sql in zip(tables_of, _DAY_SQL[3:], strict=True):
+            cur.execute(sql, params)
+            counts[table] = counts.get(table, 0) + cur.rowcount
+        con.commit()
+    log.info("live day %d: %s", day, counts)
+    return counts
+
+
+__all__ = ["FleetSpec", "fleet_scope", "fleet_scopes", "generate_fleet", "iter_fleet", "live_day", "seed_fleet",
            "SEED_CHUNK_SCOPES"]
