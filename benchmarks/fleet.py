@@ -334,7 +334,17 @@ def _next_day(clone, args, as_of: datetime, safety: bool, name: str) -> dict:
     t = time.perf_counter()
     written = live_day(clone, as_of, turns=args.turns)
     day_s = round(time.perf_counter() - t, 1)
-    _p(f"  {written} in {day_s}s; the next night at as_of + 24 h")
+    _p(f"  {written} in {day_s}s")
+    vacuum_s = None
+    if args.day_vacuum:
+        # a day passes between two nights, and autovacuum visits every table the first night and the
+        # day changed by more than its thresholds (a fifth of the rows): VACUUM (ANALYZE) them now
+        t = time.perf_counter()
+        with clone.pg(autocommit=True) as con:
+            con.execute("VACUUM (ANALYZE)")
+        vacuum_s = round(time.perf_counter() - t, 1)
+        _p(f"  VACUUM (ANALYZE) of the clone, as the day's autovacuum: {vacuum_s}s")
+    _p("  the next night at as_of + 24 h")
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
     child = ctx.Process(target=shard_night, args=(clone.dsn, as_of + timedelta(days=1), f"{args.work}/{name}-day2",
@@ -343,7 +353,8 @@ def _next_day(clone, args, as_of: datetime, safety: bool, name: str) -> dict:
     child.start()
     night = queue.get()
     child.join()
-    night["live_day"] = {"turns_per_scope": args.turns, "rows_written": written, "seconds": day_s}
+    night["live_day"] = {"turns_per_scope": args.turns, "rows_written": written, "seconds": day_s,
+                         "vacuum_analyze_seconds": vacuum_s}
     return night
 
 
@@ -379,6 +390,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--next-day", action="store_true",
                     help="after each night, a day of live turns on its clone, then the next night (the steady state)")
     ap.add_argument("--turns", type=int, default=10, help="with --next-day: live turns per scope in the day")
+    ap.add_argument("--day-vacuum", action=argparse.BooleanOptionalAction, default=True,
+                    help="with --next-day: VACUUM (ANALYZE) the clone after the day, as autovacuum would over it "
+                         "(not timed as part of the night)")
     ap.add_argument("--recalls", action=argparse.BooleanOptionalAction, default=None,
                     help="seed node embeddings and recall events with feedback (FleetSpec.recalls; default: with --safety)")
     args = ap.parse_args(argv)
