@@ -316,8 +316,8 @@ _DAY_SQL = (
      " FROM _day_scopes s CROSS JOIN generate_series(1, %(turns)s) AS t(turn)"),
     # the semantic nodes a scope's turns revisit: 2 per turn, in an order fixed by (id, day); never
     # a protected node (SOUL:, AGENT_IDENTITY:, META:), which the online path does not write either
-    ("CREATE TEMP TABLE _day_picks ON COMMIT DROP AS SELECT scope_path, id, label, k FROM ("
-     " SELECT scope_path, id, label, row_number() OVER (PARTITION BY scope_path ORDER BY md5(id::text || %(day)s)) AS k"
+    ("CREATE TEMP TABLE _day_picks ON COMMIT DROP AS SELECT scope_path, id, k FROM ("
+     " SELECT scope_path, id, row_number() OVER (PARTITION BY scope_path ORDER BY md5(id::text || %(day)s)) AS k"
      " FROM memory_nodes JOIN _day_scopes USING (scope_path) WHERE layer = 'semantic' AND label NOT LIKE 'SOUL:%%'"
      " AND label NOT LIKE 'AGENT_IDENTITY:%%' AND label NOT LIKE 'META:%%') AS ranked WHERE k <= 2 * %(turns)s"),
     # every turn learns a new fact (a new node) and revisits a known one (an update: version + 1)
@@ -349,18 +349,18 @@ _DAY_SQL = (
 
 
 def live_day(store, start: datetime, turns: int = 10, day: int = 1, scopes: list[str] | None = None) -> dict[str, int]:
-    """Write one day of live turns into every scope of ``store`` in one transaction, set-based (the
-    online path, one turn at a time, would take ~10 ms a turn: 3 hours for 100k scopes × 10 turns).
+    """Write one day of live turns into each of ``scopes`` (None: every scope of ``store``) in one
+    transaction, set-based (the online path, one turn at a time, would take ~10 ms a turn: 3 hours
+    for 100k scopes × 10 turns).
 
     Per scope, ``turns`` turns spread over the 24 hours after ``start``, as :func:`record_turn
     <deep_sleep.online.turn.record_turn>` would file them: each turn inserts a new semantic node and
     updates a known one (so its ``version`` moves on), the first one also a working-memory note with
     ``ttl_hours`` 2; every turn writes its summary event (two sessions a day) and three access-log
     rows (the two nodes it wrote and one it read).  A turn's two nodes share its instant, so they
-    co-occur (phase 1.5).  Every
-    row stays in its scope: ids derive from (scope, ``day``, turn), and the nodes a turn revisits
-    are its own scope's.  A dev tool for the fleet benchmark's next-day night (a steady-state night
-    after a first one): ``scopes`` None writes into every scope of the store.  Rows written per table."""
+    co-occur (phase 1.5).  Every row stays in its scope: ids derive from (scope, ``day``, turn), and
+    the nodes a turn revisits are its own scope's.  A dev tool for the fleet benchmark's next-day
+    night (a steady-state night after a first one).  Rows written per table."""
     if turns < 1 or day < 1:
         raise SeedError(f"live_day: turns and day must be >= 1, got turns={turns}, day={day}")
     params = {"start": start, "turns": turns, "day": day, "scopes": None if scopes is None else list(scopes)}
