@@ -290,10 +290,22 @@ def shard_night(dsn: str, as_of: datetime, work: str, shard_rows: int, shard_sco
                "peak_rss_mb": round(_peak_rss_mb() + sum(worker_peaks.values()), 1) if processes else _peak_rss_mb()})
 
 
-def _night(admin: str, args, as_of: datetime, safety: bool) -> dict:
-    """One shard night on a fresh clone of the fleet, in a spawned child (its own peak RSS)."""
+def _night_in_child(dsn: str, args, as_of: datetime, safety: bool, work: str) -> dict:
+    """:func:`shard_night` on ``dsn`` in a spawned child process (so its peak RSS is the night's own)."""
     import multiprocessing
 
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    child = ctx.Process(target=shard_night, args=(dsn, as_of, work, args.shard_rows, args.shard_scopes, queue, safety,
+                                                  args.workers, args.apply_slots, args.max_shards, args.processes))
+    child.start()
+    night = queue.get()
+    child.join()
+    return night
+
+
+def _night(admin: str, args, as_of: datetime, safety: bool) -> dict:
+    """One shard night on a fresh clone of the fleet, in a spawned child (its own peak RSS)."""
     from deep_sleep.store.db import create_database, drop_database
 
     # Each night on its own clone of the fleet as seeded (and as the sample left it), so both
@@ -304,15 +316,8 @@ def _night(admin: str, args, as_of: datetime, safety: bool) -> dict:
     label = "with the recall gate and holds" if safety else "without the gate and holds"
     _p(f"shard night {label} (shards of ≤ {args.shard_rows:,} rows, ≤ {args.shard_scopes:,} scopes, "
        f"{args.workers} at once)")
-    ctx = multiprocessing.get_context("spawn")
-    queue = ctx.Queue()
-    child = ctx.Process(target=shard_night, args=(clone.dsn, as_of, f"{args.work}/{name}", args.shard_rows,
-                                                  args.shard_scopes, queue, safety, args.workers, args.apply_slots,
-                                                  args.max_shards, args.processes))
-    child.start()
     try:
-        night = queue.get()
-        child.join()
+        night = _night_in_child(clone.dsn, args, as_of, safety, f"{args.work}/{name}")
         if args.next_day:
             night["next_day"] = _next_day(clone, args, as_of, safety, name)
     finally:
@@ -325,7 +330,6 @@ def _next_day(clone, args, as_of: datetime, safety: bool, name: str) -> dict:
     """The steady state after a first night: a day of live turns in every scope of the consolidated
     clone (:func:`deep_sleep.dev.fleet.live_day`, set-based, not timed as part of any night), then
     the next night at ``as_of`` + 24 h on the same clone, measured as the first."""
-    import multiprocessing
     from datetime import timedelta
 
     from deep_sleep.dev.fleet import live_day
@@ -345,14 +349,7 @@ def _next_day(clone, args, as_of: datetime, safety: bool, name: str) -> dict:
         vacuum_s = round(time.perf_counter() - t, 1)
         _p(f"  VACUUM (ANALYZE) of the clone, as the day's autovacuum: {vacuum_s}s")
     _p("  the next night at as_of + 24 h")
-    ctx = multiprocessing.get_context("spawn")
-    queue = ctx.Queue()
-    child = ctx.Process(target=shard_night, args=(clone.dsn, as_of + timedelta(days=1), f"{args.work}/{name}-day2",
-                                                  args.shard_rows, args.shard_scopes, queue, safety, args.workers,
-                                                  args.apply_slots, args.max_shards, args.processes))
-    child.start()
-    night = queue.get()
-    child.join()
+    night = _night_in_child(clone.dsn, args, as_of + timedelta(days=1), safety, f"{args.work}/{name}-day2")
     night["live_day"] = {"turns_per_scope": args.turns, "rows_written": written, "seconds": day_s,
                          "vacuum_analyze_seconds": vacuum_s}
     return night
