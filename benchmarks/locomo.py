@@ -55,10 +55,12 @@ vendors the file.
 chance: the live path's row ids (random UUIDs, which the phases and recall use to break ties) are
 drawn from a generator seeded with the scope (:class:`SeededIds`; ``--random-ids`` to turn off),
 and recall's nearest neighbours are exact: the benchmark's own database drops the HNSW index on
-``memory_nodes.embedding`` (``--hnsw`` keeps it; its graph depends on random levels, so one run
-in a few finds a different neighbour set for a question or two).  With ``--dsn`` the database is
-used as it is (its index kept).  ``protocol.seeded_ids`` and ``protocol.nearest_neighbours`` say
-which was measured.  ``--naps off`` records turns with ``nap=False`` (no quick naps between nights).
+``memory_nodes.embedding`` (``--hnsw`` keeps it; its graph depends on random levels: two runs with
+it found different hits for one question of 760, coverage unchanged).  Measured on the dev split
+with both left to chance (``--hnsw --random-ids``, as in production): two runs held 95 and 0 rows
+and differed on 7 questions' coverage; ``--random-ids`` alone 0 and 884 held rows, 9 questions.
+With ``--dsn`` the database is used as it is (its index kept).  ``protocol.seeded_ids`` and
+``protocol.nearest_neighbours`` say which was measured.  ``--naps off`` records turns with ``nap=False`` (no quick naps between nights).
 
 The embedder is chosen by name from :data:`EMBEDDERS` (``hashing``: :func:`default_embedder`) and
 passed to every ``record_turn`` and ``recall``; the nightly takes none today (it uses the default).
