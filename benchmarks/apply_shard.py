@@ -5,7 +5,7 @@
 
 Plans the night of ``benchmarks.fleet`` once (gating, shards, extract → transform → validate on the
 fleet ``deep_sleep_fleet`` as it stands), then per trial clones the fleet afresh into
-``deep_sleep_fleet_apply`` and applies every shard with :func:`deep_sleep.run.apply.apply_shard` (what
+``deep_sleep_fleet_apply`` and applies every shard with :func:`deep_sleep.run.apply.apply` (what
 the plain night's apply stage runs), printing the seconds per statement kind summed over the batches,
 the WAL the apply wrote (bytes, full-page images) and the node and edge tables' updates and how many
 of them were HOT (``pg_stat_user_tables``).  ``--fleet NAME`` clones another seeded database instead
@@ -45,10 +45,9 @@ def plan_night(store, as_of: datetime, work: Path, shard_rows: int, shard_scopes
     due = [g for g in due_scopes(store, as_of, config.gating) if g.due]
     out = []
     for i, scopes in enumerate(shards_of([(g.scope_path, g.rows) for g in due], shard_rows, shard_scopes)[:max_shards]):
-        base = work / f"shard-{i:05d}"
-        extracted = pipeline.extract(store, scopes, as_of, config, base / "snapshot")
-        v = pipeline.validate(pipeline.transform(extracted, config, as_of, base / "diff"), config)
-        out.append((v.planned.plan.diff, dict(v.reports), v.planned.plan.quarantined))
+        ctx = pipeline.Context.of(as_of, config, scopes=scopes, store=store, base=work / f"shard-{i:05d}", holds=False)
+        v = pipeline.run(tuple(s for s in pipeline.PLAN if s.name in ("extract", "transform", "validate")), ctx)
+        out.append((v.tonight, dict(v.reports), v.plan.quarantined))
     return out
 
 
@@ -132,7 +131,7 @@ class StepClock(dict):
 def apply_night(store, shards: list, batch_scopes: int, database: str,
                 fast_inserts: bool = True) -> tuple[float, StepClock, dict[str, int]]:
     """Every shard through apply_shard; (seconds, seconds and backend CPU per statement kind, statuses)."""
-    from deep_sleep.run.apply import apply_shard
+    from deep_sleep.run.apply import apply as apply_shard
 
     steps = StepClock(store, database)
     statuses: dict[str, int] = {}
@@ -189,7 +188,7 @@ def explain_first_batch(store, shard, batch_scopes: int) -> None:
     diff, reports, _ = shard
     scopes = sorted(reports, key=str.encode)[:batch_scopes]
     diffs, _ = ap._batches(diff, None, sorted(reports, key=str.encode), batch_scopes, set())
-    planned = ap.planned_shard_statements(diffs[0], {s: reports[s] for s in scopes})
+    planned = ap.planned_statements(diffs[0], {s: reports[s] for s in scopes})
     with store.adbc() as con:
         cur = con.cursor()
         try:
@@ -222,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shard-scopes", type=int, default=5_000)
     ap.add_argument("--plan-cache", help="a file: the planned night is read from it if it exists, else written to it")
     ap.add_argument("--no-fast-inserts", action="store_true",
-                    help="every insert guarded (INSERT … ON CONFLICT DO NOTHING): apply_shard(fast_inserts=False)")
+                    help="every insert guarded (INSERT … ON CONFLICT DO NOTHING): apply(fast_inserts=False)")
     ap.add_argument("--max-shards", type=int, default=None,
                     help="plan and apply only the night's first K shards (a 100k-scope fleet's night is 74)")
     ap.add_argument("--fleet", default="deep_sleep_fleet",

@@ -118,19 +118,15 @@ def per_scope_path(store, scopes: list[str], as_of: datetime, work: Path) -> dic
     t0 = time.perf_counter()
     for i, scope in enumerate(scopes):
         run_id = str(uuid.uuid4())
-        base = work / f"s{i}" / run_id
-        t = time.perf_counter()
-        extracted = pipeline.extract(store, scope, as_of, config, base / "snapshot")
-        stages["extract"] += time.perf_counter() - t
-        t = time.perf_counter()
-        planned = pipeline.transform(extracted, config, as_of, base / "diff", run_ids={scope: run_id})
-        stages["transform"] += time.perf_counter() - t
-        t = time.perf_counter()
-        validated = pipeline.validate(planned, config)
-        stages["validate"] += time.perf_counter() - t
-        t = time.perf_counter()
-        report = pipeline.apply(store, validated).reports[scope]
-        stages["apply"] += time.perf_counter() - t
+        ctx = pipeline.Context.of(as_of, config, scopes=scope, store=store, base=work / f"s{i}" / run_id,
+                                  run_ids={scope: run_id})
+        state = pipeline.State()
+        for stage in pipeline.NIGHT:
+            if stage.name in stages:
+                t = time.perf_counter()
+                state = pipeline.step(stage, ctx, state)
+                stages[stage.name] += time.perf_counter() - t
+        report = pipeline.finish(ctx, state).report(scope)
         statuses[report.status] = statuses.get(report.status, 0) + 1
         if (i + 1) % 100 == 0:
             _p(f"  per-scope path: {i + 1}/{len(scopes)} scopes, {(time.perf_counter() - t0) / (i + 1) * 1000:.0f} ms/scope")
@@ -161,23 +157,24 @@ def run_shard(dsn: str, i: int, scopes: list[str], as_of: datetime, work: str, s
     store, config = Store(dsn), ConsolidationConfig()
     seconds, cpu = dict.fromkeys(STAGES, 0.0), dict.fromkeys(STAGES, 0.0)
 
-    def timed(stage: str, fn, *args, **kwargs):
+    # The night's stages (the gate and holds with ``safety``), the apply in one of the store-held slots.
+    names = {"extract", "transform", "validate", "apply", *(("gate", "hold") if safety else ())}
+    ctx = pipeline.Context.of(as_of, config, scopes=scopes, store=store, base=Path(work) / "night" / f"shard-{i:05d}",
+                              started_at=started, holds=safety)
+    state = pipeline.State()
+    for stage in pipeline.NIGHT:
+        if stage.name not in names:
+            continue
+        key = {"gate": "recall_gate", "hold": "apply"}.get(stage.name, stage.name)
         t, c = time.perf_counter(), time.process_time()
-        out = fn(*args, **kwargs)
-        seconds[stage] += time.perf_counter() - t
-        cpu[stage] += time.process_time() - c
-        return out
-
-    base = Path(work) / "night" / f"shard-{i:05d}"
-    extracted = timed("extract", pipeline.extract, store, scopes, as_of, config, base / "snapshot")
-    planned = timed("transform", pipeline.transform, extracted, config, as_of, base / "diff")
-    del extracted
-    validated = timed("validate", pipeline.validate, planned, config)
-    if safety:
-        validated = timed("recall_gate", pipeline.gate, store, validated, config)
-    with apply_slot(dsn, apply_slots):
-        applied = timed("apply", pipeline.apply, store, validated, started_at=started,
-                        holds=config.holds if safety else None, gate_failed=None if safety else {})
+        if stage.name == "apply":
+            with apply_slot(dsn, apply_slots):
+                state = pipeline.step(stage, ctx, state)
+        else:
+            state = pipeline.step(stage, ctx, state)
+        seconds[key] += time.perf_counter() - t
+        cpu[key] += time.process_time() - c
+    applied = pipeline.finish(ctx, state)
     statuses: dict[str, int] = {}
     tally = dict.fromkeys(("conflicts", "changes", "held_scopes", "gate_failed", "gated", "queries"), 0)
     for r in applied.reports.values():

@@ -152,12 +152,7 @@ def _nightly_proc(dsn: str, scopes: list[str], go, seconds: float, q) -> None:
 
     from deep_sleep.transforms.config import ConsolidationConfig
 
-    from deep_sleep.run.stages import (
-        apply_stage,
-        extract_stage,
-        plan_stage,
-        validate_stage,
-    )
+    from deep_sleep.run import pipeline
     from deep_sleep.store.db import Store
 
     store, config = Store(dsn), ConsolidationConfig()
@@ -177,10 +172,11 @@ def _nightly_proc(dsn: str, scopes: list[str], go, seconds: float, q) -> None:
                 t = time.perf_counter()
                 try:
                     as_of = datetime.now(UTC)
-                    snap = extract_stage(store, path, as_of, config, d / "snapshot")
-                    diff = plan_stage(snap, config, as_of, d / "diff", run_id=str(uuid.uuid4()))
-                    verdict = validate_stage(snap, diff, config)
-                    report = apply_stage(store, diff)
+                    ctx = pipeline.Context.of(as_of, config, scopes=path, store=store, base=d,
+                                              run_ids={path: str(uuid.uuid4())})
+                    planned = pipeline.run(pipeline.PLAN, ctx)
+                    verdict = planned.report(path)
+                    report = pipeline.run((pipeline.Apply(),), ctx, planned).report(path)
                     runs.append({"run_id": report.run_id, "status": report.status, "conflicts": report.conflicts,
                                  "validated": verdict.status, "rows": sum(sum(v.values()) for v in report.rows_changed.values()),
                                  "seconds": time.perf_counter() - t})

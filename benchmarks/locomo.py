@@ -319,10 +319,10 @@ def seeded_ids(enabled: bool):
 
 
 def _night(store, scope, as_of: datetime, runs_dir: Path, config):
-    """One night for one scope — the one place the benchmark calls the nightly's entry point."""
-    from deep_sleep.run.stages import consolidate_scope
+    """One scope's night: the public entry point (:func:`deep_sleep.run.pipeline.consolidate`)."""
+    from deep_sleep.run.pipeline import consolidate
 
-    return consolidate_scope(store, scope, config, as_of, runs_dir)
+    return consolidate(store, scope, as_of, config, runs_dir=runs_dir).report()
 
 
 @dataclass

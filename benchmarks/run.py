@@ -105,38 +105,31 @@ def bench_scale(admin_dsn: str, scale: int, work: Path) -> dict:
     config = ConsolidationConfig()
     run_id = str(uuid.uuid4())
     base = work / f"scale-{scale}" / run_id
+    snap_dir, diff_dir = base / "snapshot", base / "diff"
+    # The night's stages without the safety stages (gate, holds): the work this benchmark has always timed.
+    ctx = pipeline.Context.of(now, config, scopes=scope_path, store=store, base=base, run_ids={scope_path: run_id})
+    state = pipeline.State()
     stages: dict[str, float] = {}
     cpu: dict[str, float] = {}  # CPU seconds of this process (all threads) per stage
     t0 = time.perf_counter()
-    c = time.process_time()
-    extracted = pipeline.extract(store, scope_path, now, config, base / "snapshot")
-    snap_dir = base / "snapshot"
-    stages["extract"] = time.perf_counter() - t0
-    cpu["extract"] = time.process_time() - c
-    _p(f"extract   {stages['extract']:.2f}s")
-    t, c = time.perf_counter(), time.process_time()
-    planned = pipeline.transform(extracted, config, now, base / "diff", run_ids={scope_path: run_id})
-    diff_dir = base / "diff"
-    stages["transform"] = time.perf_counter() - t
-    cpu["transform"] = time.process_time() - c
-    _p(f"transform {stages['transform']:.2f}s ({cpu['transform']:.2f} CPU-s on {os.cpu_count()} cores)")
-    inside = planned.reports[scope_path].timings
-    _p("          " + ", ".join(f"{k} {inside[k]:.2f}s" for k in TRANSFORM_PARTS if k in inside)
-       + f", phases {sum(v for k, v in inside.items() if k in phase_names()):.2f}s")
-    t, c = time.perf_counter(), time.process_time()
-    validated = pipeline.validate(planned, config)
-    report = validated.reports[scope_path]
-    stages["validate"] = time.perf_counter() - t
-    cpu["validate"] = time.process_time() - c
-    _p(f"validate  {stages['validate']:.2f}s ({report.status})")
-    if report.status == "failed":
-        raise SystemExit("validation failed:\n" + "\n".join(report.errors))
-    t, c = time.perf_counter(), time.process_time()
-    report = pipeline.apply(store, validated).reports[scope_path]
-    stages["apply"] = time.perf_counter() - t
-    cpu["apply"] = time.process_time() - c  # this process only: the server's work is not in it
+    for stage in (s for s in pipeline.NIGHT if s.name in ("extract", "transform", "validate", "apply")):
+        t, c = time.perf_counter(), time.process_time()
+        state = pipeline.step(stage, ctx, state)
+        stages[stage.name] = time.perf_counter() - t
+        cpu[stage.name] = time.process_time() - c  # the apply's: this process only, not the server's work
+        report = state.reports.get(scope_path)
+        _p(f"{stage.name:<9} {stages[stage.name]:.2f}s ({cpu[stage.name]:.2f} CPU-s on {os.cpu_count()} cores)"
+           + (f" ({report.status})" if stage.name == "validate" else ""))
+        if stage.name == "transform":
+            inside = report.timings
+            _p("          " + ", ".join(f"{k} {inside[k]:.2f}s" for k in TRANSFORM_PARTS if k in inside)
+               + f", phases {sum(v for k, v in inside.items() if k in phase_names()):.2f}s")
+        if stage.name == "validate" and report.status == "failed":
+            raise SystemExit("validation failed:\n" + "\n".join(report.errors))
+    state = pipeline.finish(ctx, state)
     stages["total"] = time.perf_counter() - t0
-    _p(f"apply     {stages['apply']:.2f}s; total {stages['total']:.2f}s")
+    report = state.report(scope_path)
+    _p(f"total     {stages['total']:.2f}s")
     _p("          " + ", ".join(f"{k.removeprefix('apply.')} {v:.2f}s" for k, v in report.timings.items() if k.startswith("apply.")))
     report = ConsolidationReport.read(diff_dir)
     phases = {p: report.timings[p] for p in phase_names() if p in report.timings}

@@ -1,34 +1,34 @@
-"""The ``deep_sleep`` Prefect flow: one scope, extract → transform → validate → apply → report.
+"""The ``deep_sleep`` Prefect flow: one scope's night (:data:`deep_sleep.run.pipeline.NIGHT` on a shard of one).
 
-Tasks are thin wrappers over the pipeline of stage values (:mod:`deep_sleep.run.pipeline`, on a
-shard of one): each task returns its stage's value, which the next task takes in this process
-(result persistence is off, so nothing large lands in Prefect's storage), and each stage writes its
-files (snapshot, diff) for replay.  The flow's parameters are its only
-configuration.  It runs in Prefect's local (ephemeral) mode with no server to install.
+Each stage runs as a Prefect task (a thin wrapper: :func:`stage_task` runs one stage value), so the
+flow run shows extract, transform, gate, hold, validate and apply with their own states and times;
+the stage values pass from task to task in this process (result persistence is off, so nothing large
+lands in Prefect's storage), and the stages write the run's files (snapshot, diff) for replay.  The
+flow's parameters are its only configuration.  It runs in Prefect's local (ephemeral) mode with no
+server to install.
 """
 
 from __future__ import annotations
 
-import uuid
-from datetime import UTC, datetime
+from dataclasses import replace
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from deep_sleep.transforms.config import ConsolidationConfig, load_config
+from deep_sleep.transforms.config import load_config
 from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel, Field
 
 from deep_sleep.core.errors import ValidationFailed
-from deep_sleep.core.holds_config import HoldsConfig
 from deep_sleep.core.report import ConsolidationReport
 from deep_sleep.core.scope import Scope
-from deep_sleep.core.snapshot import utc
-from deep_sleep.run import pipeline, stages
-from deep_sleep.run.llm import summarizer_for
+from deep_sleep.run import pipeline
 from deep_sleep.run.console import report_markdown
-from deep_sleep.store.db import Store, connect_store
+from deep_sleep.run.layout import run_dir
+from deep_sleep.run.llm import summarizer_for
+from deep_sleep.store.db import connect_store
 
 
 class DeepSleepParameters(BaseModel):
@@ -43,31 +43,10 @@ class DeepSleepParameters(BaseModel):
     phases: list[str] | None = Field(None, description="run only these phases (default: the whole roster)")
 
 
-@task(name="extract", retries=2, retry_delay_seconds=5, cache_policy=NO_CACHE)
-def extract_task(store: Store, scope: str, as_of: datetime, config: ConsolidationConfig, out: str) -> pipeline.Extracted:
-    return pipeline.extract(store, scope, as_of, config, Path(out))
-
-
-@task(name="transform", cache_policy=NO_CACHE)
-def transform_task(extracted: pipeline.Extracted, config: ConsolidationConfig, as_of: datetime, out: str, run_id: str,
-                   phases: list[str] | None, store: Store | None = None) -> pipeline.Planned:
-    summarizer = summarizer_for(config, store)  # None unless the model is enabled (SPEC §7)
-    scope_path = extracted.shard.scope_paths[0]
-    return pipeline.transform(extracted, config, as_of, Path(out), run_ids={scope_path: run_id},
-                              phases=tuple(phases) if phases else None, summarizer=summarizer)
-
-
-@task(name="validate", cache_policy=NO_CACHE)
-def validate_task(planned: pipeline.Planned, config: ConsolidationConfig, store: Store | None = None) -> pipeline.Validated:
-    validated = pipeline.validate(planned, config)
-    return pipeline.gate(store, validated, config) if store is not None else validated  # the recall-quality gate
-
-
-@task(name="apply", tags=["deep-sleep-apply"], cache_policy=NO_CACHE)
-def apply_task(store: Store, validated: pipeline.Validated, started_at: datetime,
-               holds: HoldsConfig | None = None) -> ConsolidationReport:
-    (report,) = pipeline.apply(store, validated, mode="nightly", started_at=started_at, holds=holds).reports.values()
-    return report
+@task(cache_policy=NO_CACHE, retries=0)
+def stage_task(stage, ctx: pipeline.Context, state: pipeline.State) -> pipeline.State:
+    """One stage of the run (:func:`deep_sleep.run.pipeline.step`)."""
+    return pipeline.step(stage, ctx, state)
 
 
 @task(name="report", cache_policy=NO_CACHE)
@@ -79,23 +58,23 @@ def report_task(report: ConsolidationReport) -> None:
 @flow(name="deep_sleep", log_prints=True)
 def deep_sleep(params: DeepSleepParameters) -> dict[str, Any]:
     """Consolidate one scope; returns the ``ConsolidationReport`` as a dict.  Fails if validation fails."""
-    started = datetime.now(UTC)
-    as_of = utc(params.as_of or started)
     scope = Scope.coerce(params.scope)
     config = load_config(params.config_file, params.config)
     store = connect_store(params.dsn)
-    run_id = str(uuid.uuid4())
-    base = stages.run_dir(params.runs_dir, scope, as_of, run_id)
-
-    extracted = extract_task(store, scope.path, as_of, config, str(base / "snapshot"))
-    planned = transform_task(extracted, config, as_of, str(base / "diff"), run_id, params.phases, store)
-    validated = validate_task(planned, config, store)
-    report = apply_task(store, validated, started, config.holds)
-    diff_dir = base / "diff"
+    ctx = pipeline.Context.of(params.as_of, config, scopes=scope, store=store,
+                              phases=tuple(params.phases) if params.phases else None,
+                              summarizer=summarizer_for(config, store))  # None unless the model is enabled (SPEC §7)
+    run_id = pipeline.new_run_id()
+    ctx = replace(ctx.with_base(run_dir(params.runs_dir, scope, ctx.as_of, run_id)), run_ids={scope.path: run_id})
+    state = pipeline.State()
+    for stage in pipeline.NIGHT:
+        tags = ["deep-sleep-apply"] if stage.name == "apply" else []
+        state = stage_task.with_options(name=stage.name, tags=tags)(stage, ctx, state)
+    report = pipeline.finish(ctx, state).report(scope.path)
     report_task(report)
     if report.status == "failed":
         raise ValidationFailed(
-            f"scope {scope}: the diff failed validation and was not applied; see {diff_dir}/validation.parquet\n"
+            f"scope {scope}: the diff failed validation and was not applied; see {Path(ctx.diff_dir)}/validation.parquet\n"
             + "\n".join(report.errors),
             report.validation,
         )

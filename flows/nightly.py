@@ -35,9 +35,10 @@ import shutil
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from deep_sleep.transforms.config import ConsolidationConfig, load_config
 from prefect import flow, get_run_logger, task
@@ -56,9 +57,9 @@ from deep_sleep.core.snapshot import utc
 from deep_sleep.jobs.gating import due_scopes, shards_of
 from deep_sleep.jobs.gc import gc
 from deep_sleep.jobs.health import Alert, health, health_markdown
-from deep_sleep.run import pipeline, stages
-from deep_sleep.run.llm import summarizer_for
-from deep_sleep.run.preview import PreviewDigest, night_plan_markdown, plan_preview
+from deep_sleep.run import pipeline
+from deep_sleep.run.layout import runs_location
+from deep_sleep.run.preview import Preview, PreviewDigest, night_plan_markdown
 from deep_sleep.store.db import Store, connect_store
 from deep_sleep.store.errors import is_transient
 
@@ -104,18 +105,6 @@ def _retry_transient(task, task_run, state) -> bool:
     return False
 
 
-def _shard_base(runs_dir: str | None, scopes: list[str], as_of: datetime, shard_id: str) -> str:
-    """A shard of one keeps the single-scope run directory; a shard of many gets ``_shards/<as_of>_<id>``
-    (under a local runs directory or an object-store URL)."""
-    stamp = f"{utc(as_of).strftime('%Y%m%dT%H%M%S.%fZ')}_{shard_id}"
-    base = stages.runs_location(runs_dir)
-    if len(scopes) == 1:
-        from urllib.parse import quote
-
-        return files.join(base, quote(Scope.parse(scopes[0]).display(), safe=""), stamp)
-    return files.join(base, "_shards", stamp)
-
-
 def _row(report: ConsolidationReport, worker_pid: int) -> dict:
     """The summary row of one scope's run (small: this is what crosses the task boundary)."""
     return {
@@ -130,51 +119,61 @@ def _row(report: ConsolidationReport, worker_pid: int) -> dict:
     }
 
 
+@dataclass(frozen=True)
+class ApplyInSlot:
+    """The apply stage, holding one of the night's ``slots`` apply slots (:func:`apply_slot`) while it
+    runs: the nightly's stage list puts this value where :data:`~deep_sleep.run.pipeline.NIGHT` has
+    :class:`~deep_sleep.run.pipeline.Apply`.  A night that waits for a slot says so on stderr."""
+
+    slots: int
+    name: ClassVar[str] = "apply"
+    writes_reports: ClassVar[bool] = True
+
+    def run(self, ctx: pipeline.Context, state: pipeline.State) -> pipeline.State:
+        with apply_slot(ctx.store.dsn, self.slots):
+            return pipeline.Apply().run(ctx, state)
+
+    def describe(self, ctx: pipeline.Context) -> str:
+        return f"{pipeline.Apply().describe(ctx)}, holding one of {self.slots} apply slot(s)"
+
+
+def night_stages(apply_concurrency: int) -> tuple:
+    """The nightly's stages: :data:`~deep_sleep.run.pipeline.NIGHT` with the apply in a slot."""
+    return tuple(ApplyInSlot(apply_concurrency) if isinstance(s, pipeline.Apply) else s for s in pipeline.NIGHT)
+
+
+def _run_shard(dsn: str, scopes: list[str], as_of: datetime, config: ConsolidationConfig, runs_dir: str | None,
+               started_at: datetime, stages: tuple) -> pipeline.State:
+    return pipeline.consolidate(Store(dsn), scopes, as_of, config, runs_dir=runs_dir, stages=stages, started_at=started_at)
+
+
 @task(name="consolidate-shard", tags=[APPLY_TAG], retries=2, retry_delay_seconds=2,
       retry_condition_fn=_retry_transient, cache_policy=NO_CACHE)
 def shard_task(dsn: str, scopes: list[str], as_of: datetime, config: ConsolidationConfig, runs_dir: str | None,
-               started_at: datetime, apply_concurrency: int, plan_only: bool = False, plan_scopes: int = 20,
-               plan_per_phase: int = 5) -> list[dict] | dict:
-    """Extract, transform, validate and apply one shard; one summary row per scope.  The apply holds
-    one of the night's ``apply_concurrency`` apply slots.  An error before the apply (nothing
-    written yet) fails the task, and a transient one retries it; per-scope failures after that are
-    in the rows.
+               started_at: datetime, apply_concurrency: int) -> list[dict]:
+    """One shard's night (:func:`night_stages`); one summary row per scope.  The apply holds one of the
+    night's ``apply_concurrency`` apply slots.  An error before the apply (nothing written yet) fails
+    the task, and a transient one retries it; per-scope failures after that are in the rows."""
+    state = _run_shard(dsn, scopes, as_of, config, runs_dir, started_at, night_stages(apply_concurrency))
+    return [_row(r, os.getpid()) for r in state.reports.values()]
 
-    ``plan_only``: the same stages up to the apply, which is not run; instead every record of the
-    shard's diff, and the rows the apply would hold, go to ``<diff>/preview.parquet``
-    (:func:`deep_sleep.run.preview.plan_preview`), and the result is ``{"rows": …, "digest": …}`` — the
-    rows with each scope's ``records`` and ``held`` counts, and the bounded
-    :class:`~deep_sleep.run.preview.PreviewDigest` (``plan_scopes`` scopes, ``plan_per_phase`` records
-    per phase) that the night's plan renders."""
-    store = Store(dsn)
-    location = _shard_base(runs_dir, scopes, as_of, str(uuid.uuid4()))
-    remote = files.is_remote(location)  # workers share no disk: stage locally, publish to the object store
-    base = Path(tempfile.mkdtemp(prefix="deep-sleep-shard-")) if remote else Path(location)
-    try:
-        extracted = pipeline.extract(store, scopes, as_of, config, base / "snapshot")
-        planned = pipeline.transform(extracted, config, as_of, base / "diff", location=location if remote else None,
-                                     summarizer=summarizer_for(config, store))  # None unless the model is enabled
-        validated = pipeline.gate(store, pipeline.validate(planned, config), config)  # recall-quality gate
-        found = plan_preview(validated, config.holds) if plan_only else None  # the stage the apply would start with
-        if found is not None:
-            found.write(base / "diff", single=len(scopes) == 1)
-        if remote:  # before the apply: the ledger rows it writes name these files
-            pipeline.publish(planned, location)
-        if found is not None:
-            counts = found.per_scope()
-            rows = [{**_row(r.with_(status="planned" if r.status != "failed" else "failed"), os.getpid()),
-                     "records": counts.get(s, (0, 0))[0], "held": counts.get(s, (0, 0))[1]}
-                    for s, r in validated.reports.items()]
-            ok = {s for s, r in validated.reports.items() if r.status != "failed"}
-            return {"rows": rows, "digest": found.digest(ok, plan_scopes, plan_per_phase)}
-        with apply_slot(dsn, apply_concurrency):
-            applied = pipeline.apply(store, validated, mode="nightly", started_at=started_at, holds=config.holds)
-        if remote:
-            pipeline.publish(planned, location)  # the reports the apply rewrote
-        return [_row(r, os.getpid()) for r in applied.reports.values()]
-    finally:
-        if remote:
-            shutil.rmtree(base, ignore_errors=True)
+
+@task(name="plan-shard", retries=2, retry_delay_seconds=2, retry_condition_fn=_retry_transient, cache_policy=NO_CACHE)
+def plan_shard_task(dsn: str, scopes: list[str], as_of: datetime, config: ConsolidationConfig, runs_dir: str | None,
+                    started_at: datetime, plan_scopes: int = 20, plan_per_phase: int = 5) -> dict:
+    """One shard's plan (``nightly --plan``: :data:`~deep_sleep.run.pipeline.PLAN`, the night without its
+    apply): every record of the shard's diff, and the rows the apply would hold, go to
+    ``<diff>/preview.parquet`` (:func:`deep_sleep.run.preview.plan_preview`), and the result is
+    ``{"rows": …, "digest": …}`` — the rows with each scope's ``records`` and ``held`` counts, and the
+    bounded :class:`~deep_sleep.run.preview.PreviewDigest` (``plan_scopes`` scopes, ``plan_per_phase``
+    records per phase) that the night's plan renders."""
+    state = _run_shard(dsn, scopes, as_of, config, runs_dir, started_at, (*pipeline.PLAN, Preview(), pipeline.Publish()))
+    found = state.preview
+    counts = found.per_scope()
+    rows = [{**_row(r.with_(status="planned" if r.status != "failed" else "failed"), os.getpid()),
+             "records": counts.get(s, (0, 0))[0], "held": counts.get(s, (0, 0))[1]}
+            for s, r in state.reports.items()]
+    return {"rows": rows, "digest": found.digest(set(state.ok), plan_scopes, plan_per_phase)}
 
 
 @task(name="data-quality", cache_policy=NO_CACHE)
@@ -380,10 +379,14 @@ def deep_sleep_nightly(params: NightlyParameters) -> dict[str, Any]:
     digests: list[PreviewDigest] = []  # with plan: each shard's bounded preview
     clock = time.perf_counter()
     with shard_runner(params, kind) if shards else contextlib.nullcontext() as runner:
-        futures = [runner.submit(shard_task, parameters={
-            "dsn": store.dsn, "scopes": scopes, "as_of": as_of, "config": config, "runs_dir": params.runs_dir,
-            "started_at": started, "apply_concurrency": params.apply_concurrency, "plan_only": params.plan,
-            "plan_scopes": params.plan_scopes, "plan_per_phase": params.plan_per_phase}) for scopes in shards]
+        common = {"dsn": store.dsn, "as_of": as_of, "config": config, "runs_dir": params.runs_dir, "started_at": started}
+        if params.plan:
+            futures = [runner.submit(plan_shard_task, parameters={**common, "scopes": scopes, "plan_scopes": params.plan_scopes,
+                                                                  "plan_per_phase": params.plan_per_phase}) for scopes in shards]
+        else:
+            futures = [runner.submit(shard_task, parameters={**common, "scopes": scopes,
+                                                             "apply_concurrency": params.apply_concurrency})
+                       for scopes in shards]
         index = {fut.task_run_id: i for i, fut in enumerate(futures)}
         for done, fut in enumerate(as_completed(futures), 1):
             scopes = shards[index[fut.task_run_id]]
@@ -392,7 +395,7 @@ def deep_sleep_nightly(params: NightlyParameters) -> dict[str, Any]:
                 failed_shard.update(dict.fromkeys(scopes, error))
             else:
                 out = fut.result()
-                if isinstance(out, dict):  # a plan: the rows and the shard's preview digest
+                if params.plan:  # the rows and the shard's preview digest
                     digests.append(out["digest"])
                     out = out["rows"]
                 results.update({r["scope_path"]: r for r in out})
@@ -429,7 +432,7 @@ def deep_sleep_nightly(params: NightlyParameters) -> dict[str, Any]:
 
     quality = None
     if params.data_quality and due:
-        out = files.join(stages.runs_location(params.runs_dir), "_nightly",
+        out = files.join(runs_location(params.runs_dir), "_nightly",
                          f"{as_of.strftime('%Y%m%dT%H%M%SZ')}_{night_id}", "data_quality")
         quality = data_quality_task(store.dsn, out, night_id)
 
@@ -483,7 +486,7 @@ class NightFailedHealth(DeepSleepError):
 @task(name="retention", cache_policy=NO_CACHE)
 def retention_task(dsn: str, runs_dir: str | None, config: ConsolidationConfig) -> dict[str, int]:
     """Old run directories and archive rows removed (``retention.keep_days``; see deep_sleep.jobs.gc)."""
-    result = gc(connect_store(dsn), stages.runs_location(runs_dir), config.retention.keep_days, force=config.retention.force)
+    result = gc(connect_store(dsn), runs_location(runs_dir), config.retention.keep_days, force=config.retention.force)
     return {"directories": len(result.removed), "bytes": result.bytes_freed, "archive_rows": result.archive_rows_removed,
             "marked_not_undoable": len(result.runs_marked_not_undoable)}
 

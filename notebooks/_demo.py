@@ -3,8 +3,8 @@
 ``demo_store()`` gives (store, runs directory, scopes) with a few applied nights in the ledger and
 their snapshot and diff directories on disk — built once into the database ``deep_sleep_notebooks``
 of the embedded server (or ``--dsn``'s server) and under ``.deep_sleep/notebooks/runs``, then reused
-(``fresh=True`` rebuilds).  Each night runs extract → plan → validate → apply
-(:mod:`deep_sleep.run.stages`) for every scope, with a little live traffic so the charts have
+(``fresh=True`` rebuilds).  Each night runs the nightly's stages (:mod:`deep_sleep.run.pipeline`)
+for every scope, with a little live traffic so the charts have
 something to show: before night 2 a few rows that break the store's invariants (quarantined by the
 run), and during every night a live write to some rows the diff is about to update (conflicts).
 """
@@ -20,7 +20,8 @@ from deep_sleep.transforms.config import ConsolidationConfig
 from deep_sleep.core.diff import Diff
 from deep_sleep.core.scope import Scope
 from deep_sleep.dev.seed import SeedSpec, scopes_of, seed_store
-from deep_sleep.run import stages
+from deep_sleep.run import pipeline
+from deep_sleep.run.layout import run_dir
 from deep_sleep.store.db import Store, create_database, embedded_dsn, resolve_dsn
 
 DATABASE = "deep_sleep_notebooks"
@@ -56,14 +57,13 @@ def demo_store(dsn: str | None = None, runs_dir: str | Path | None = None, fresh
 
 
 def _night(store: Store, scope: Scope, as_of: datetime, runs: Path) -> None:
-    config = ConsolidationConfig()
+    """The night's stages (:data:`~deep_sleep.run.pipeline.NIGHT`), with a live turn between the plan and the apply."""
     run_id = str(uuid.uuid4())
-    base = stages.run_dir(runs, scope, as_of, run_id)
-    snap = stages.extract_stage(store, scope, as_of, config, base / "snapshot")
-    diff_dir = stages.plan_stage(snap, config, as_of, base / "diff", run_id=run_id)
-    _live_writes(store, diff_dir)
-    stages.validate_stage(snap, diff_dir, config)
-    stages.apply_stage(store, diff_dir, started_at=as_of)
+    ctx = pipeline.Context.of(as_of, ConsolidationConfig(), scopes=scope, store=store, started_at=as_of,
+                              base=run_dir(runs, scope, as_of, run_id), run_ids={scope.path: run_id})
+    planned = pipeline.run(pipeline.PLAN, ctx)
+    _live_writes(store, ctx.diff_dir)
+    pipeline.run((pipeline.Apply(),), ctx, planned)
 
 
 def _live_writes(store: Store, diff_dir: Path, rows: int = 3) -> None:

@@ -37,7 +37,7 @@ def _():
     from deep_sleep.core.scope import Scope
     from deep_sleep.core.snapshot import Snapshot, utc
     from deep_sleep.jobs.ledger import last_runs
-    from deep_sleep.run.pipeline import read_scope_diff, read_scope_snapshot  # a run's files: its own, or its shard's
+    from deep_sleep.run.layout import read_scope_diff, read_scope_snapshot  # a run's files: its own, or its shard's
     return (Diff, Path, Scope, Snapshot, alt, argparse, demo_store, last_runs, mo, pl, read_scope_diff,
             read_scope_snapshot, utc)
 

@@ -16,7 +16,8 @@ import pytest
 from deep_sleep import cli
 from deep_sleep.cli import main
 from deep_sleep.core.scope import Scope
-from deep_sleep.run.stages import consolidate_scope, run_dir
+from deep_sleep.run.layout import run_dir
+from deep_sleep.run.pipeline import consolidate
 from tests.storeutil import insert, node, scalar, small_graph
 
 SECRET = "hunter2"
@@ -210,7 +211,7 @@ def test_report_fits_a_terminal_and_undo_takes_its_short_run_ids(store, scope, t
     _no_prefect(clean_env)
     now = datetime.now(UTC).replace(microsecond=0)
     small_graph(store, scope, now)
-    reports = [consolidate_scope(store, scope, as_of=now + timedelta(seconds=i), base_dir=tmp_path) for i in range(6)]
+    reports = [consolidate(store, scope, now + timedelta(seconds=i), runs_dir=tmp_path).report() for i in range(6)]
     assert main(["--dsn", store.dsn, "report", scope.display()]) == 0
     out = capsys.readouterr().out
     assert max(len(line) for line in out.splitlines()) <= 120

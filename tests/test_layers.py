@@ -59,6 +59,14 @@ def test_every_layer_is_a_package_and_every_package_a_layer():
     assert len(MODULES) > 60  # the walk really found the tree
 
 
+def test_the_walk_finds_the_run_layers_modules_and_the_single_scope_twins_are_gone():
+    """The pipeline's modules (issue 29: one path) are checked like every other; ``deep_sleep.run.stages``
+    (the single-scope entry points) is gone, its directory helpers in ``deep_sleep.run.layout``."""
+    assert {"deep_sleep.run.layout", "deep_sleep.run.pipeline", "deep_sleep.run.plan", "deep_sleep.run.holds",
+            "deep_sleep.run.apply", "deep_sleep.run.statements"} <= set(MODULES)
+    assert "deep_sleep.run.stages" not in MODULES and importlib.util.find_spec("deep_sleep.run.stages") is None
+
+
 def violations(module: str, source: str) -> list[str]:
     """Upward or top-level-folder imports in ``source``, the text of ``module``."""
     own = _layer(module)

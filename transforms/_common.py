@@ -29,8 +29,9 @@ ID_NAMESPACE = uuid.UUID("5d1e3c2a-8f4b-5b7e-9a61-0d5ee9000001")
 class PhaseResult:
     """What a phase returns: its diff, its counters, and why it did not run (if it did not).
 
-    A phase run on a :class:`~deep_sleep.core.shard.Shard` (many scopes at once, see
-    :func:`shard_native`) reports per scope as well: ``by_scope`` has a ``scope_path`` column and one
+    A phase runs on a :class:`~deep_sleep.core.shard.Shard` (many scopes at once; a single scope is
+    a shard of one), every group, join, rank, cap and threshold partitioned by ``scope_path``, and
+    reports per scope as well: ``by_scope`` has a ``scope_path`` column and one
     column per counter (a scope without a row counted 0), ``skipped_scopes`` maps each scope the phase
     did not run for to the reason (``skipped`` then means "skipped for every scope"), and
     ``scope_notes`` the scopes' notes.  ``counters`` stays the total.
@@ -47,16 +48,6 @@ class PhaseResult:
 
 def skip(reason: str) -> PhaseResult:
     return PhaseResult(skipped=reason)
-
-
-def shard_native(fn):
-    """Mark a phase function as partitioned by scope: it may be called once on a whole
-    :class:`~deep_sleep.core.shard.Shard` (every group, join, rank, cap and threshold per
-    ``scope_path``) and then reports per scope (:class:`PhaseResult` ``by_scope``, ``skipped_scopes``,
-    ``scope_notes``; :func:`scoped_result` builds them).  It must not ask for ``scope_path``.  The
-    runner calls an unmarked phase once per scope, on that scope's slice of the shard."""
-    fn.shard_native = True
-    return fn
 
 
 # -- many scopes at once (a Shard; a Snapshot is a shard of one) --------------------------------

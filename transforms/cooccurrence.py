@@ -13,7 +13,6 @@ from deep_sleep.transforms._common import (
     scope_paths,
     scoped_created_ids,
     scoped_result,
-    shard_native,
     tenant_of,
 )
 from pydantic import Field
@@ -38,7 +37,6 @@ COUNTERS: tuple[str, ...] = ("edges_created", "edges_reinforced")
 RELATION = "CO_OCCURRED"
 
 
-@shard_native
 def cooccurrence(snapshot: Snapshot | Shard, config: CooccurrenceConfig, as_of: datetime, lookback_hours: float) -> PhaseResult:
     """Pairs of distinct recent nodes with |Δ``updated_at``| ≤ ``window_seconds`` (boundary included, µs
     precision).  A pair that already has a ``CO_OCCURRED`` edge in either direction is reinforced: every

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 import polars as pl
-from deep_sleep.transforms._common import PhaseResult, is_protected, scope_paths, scoped_result, shard_native
+from deep_sleep.transforms._common import PhaseResult, is_protected, scope_paths, scoped_result
 from pydantic import Field
 
 from deep_sleep.core.config import PhaseConfig
@@ -26,7 +26,6 @@ class DecayImportanceConfig(PhaseConfig):
 COUNTERS: tuple[str, ...] = ("nodes_decayed",)
 
 
-@shard_native
 def decay_importance(snapshot: Snapshot | Shard, config: DecayImportanceConfig, as_of: datetime) -> PhaseResult:
     """Semantic nodes whose ``updated_at`` is strictly older than ``stale_days`` before as_of lose
     ``step`` importance, floored at ``floor``, and get ``last_decayed_at = as_of``.  Exempt:

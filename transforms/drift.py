@@ -31,7 +31,6 @@ from deep_sleep.transforms._common import (
     scoped_created_ids,
     scoped_result,
     scopes_without,
-    shard_native,
     skip,
     tenant_of,
     with_window,
@@ -68,7 +67,6 @@ TRAITS: dict[str, tuple[str, ...]] = {
 }
 
 
-@shard_native
 def drift(snapshot: Snapshot | Shard, config: DriftConfig, as_of: datetime, lookback_hours: float) -> PhaseResult:
     """One EMA step of every trait towards its share in the window's working-memory notes
     (module docstring).  ``identity_drifts`` counts trait rows inserted or changed; a step too

@@ -13,7 +13,6 @@ from deep_sleep.transforms._common import (
     scoped_created_ids,
     scoped_result,
     scopes_without,
-    shard_native,
     skip,
     tenant_of,
 )
@@ -82,7 +81,6 @@ def summary_node_id(scope_path: str, first_event_id: str, last_event_id: str) ->
     return created_id(scope_path, PHASE, f"{first_event_id}|{last_event_id}")
 
 
-@shard_native
 def episodic_summary(snapshot: Snapshot | Shard, config: EpisodicSummaryConfig, as_of: datetime,
                      summarizer: Summarizer | None = None) -> PhaseResult:
     """While the scope holds more than ``threshold`` episodic events, and for at most

@@ -18,7 +18,7 @@ import re
 from datetime import datetime, timedelta
 
 import polars as pl
-from deep_sleep.transforms._common import PhaseResult, scope_paths, scoped_result, scopes_without, shard_native, skip
+from deep_sleep.transforms._common import PhaseResult, scope_paths, scoped_result, scopes_without, skip
 from pydantic import Field
 
 from deep_sleep.core.config import PhaseConfig
@@ -113,7 +113,6 @@ def _evidence(snapshot: Snapshot | Shard, words: pl.Series, spans: pl.DataFrame)
     )
 
 
-@shard_native
 def label_recalls(snapshot: Snapshot | Shard, config: LabelRecallsConfig, as_of: datetime, lookback_hours: float) -> PhaseResult:
     """Label every unlabelled recall created at or before ``as_of``.
 

@@ -18,7 +18,6 @@ from deep_sleep.transforms._common import (
     scoped_result,
     scopes,
     semantic,
-    shard_native,
     tenant_of,
 )
 from pydantic import Field
@@ -45,7 +44,6 @@ STALE_REASON = "meta member no longer among the group's top members"
 TS = pl.Datetime("us", "UTC")
 
 
-@shard_native
 def meta_nodes(snapshot: Snapshot | Shard, config: MetaNodesConfig, as_of: datetime,
                summarizer: Summarizer | None = None) -> PhaseResult:
     """Group semantic nodes by label prefix, leaving out ``META:`` and protected labels and labels

@@ -13,7 +13,6 @@ from deep_sleep.transforms._common import (
     scoped_result,
     scopes_without,
     semantic,
-    shard_native,
     skip,
     tenant_of,
 )
@@ -40,7 +39,6 @@ OUTCOMES = ("created", "duplicate", "exists", "self_loop", "unresolved_source", 
 CO_OCCURRED = "CO_OCCURRED"
 
 
-@shard_native
 def pending_edges(snapshot: Snapshot | Shard, config: PendingEdgesConfig, as_of: datetime,
                   settings: ConsolidationConfig) -> PhaseResult:
     """Unconsumed ``pending_connections`` (``consumed_by_run`` null): both labels are resolved over the

@@ -28,7 +28,6 @@ from deep_sleep.transforms._common import (
     scoped_created_ids,
     scoped_result,
     scopes_without,
-    shard_native,
     skip,
     tenant_of,
 )
@@ -136,7 +135,6 @@ def _sentence_pattern() -> tuple[pl.Expr, pl.Expr]:
     return key, phrase
 
 
-@shard_native
 def procedural_promotion(
     snapshot: Snapshot | Shard, config: ProceduralPromotionConfig, as_of: datetime, embedder: EmbeddingProvider,
     extracted: Snapshot | Shard | None = None,

@@ -6,7 +6,7 @@ from datetime import datetime, timedelta
 
 import numpy as np
 import polars as pl
-from deep_sleep.transforms._common import PhaseResult, is_protected, json_number, scope_paths, scoped_result, shard_native
+from deep_sleep.transforms._common import PhaseResult, is_protected, json_number, scope_paths, scoped_result
 from pydantic import Field
 
 from deep_sleep.core.config import PhaseConfig
@@ -31,7 +31,6 @@ TTL_REASON = "semantic ttl expired"
 ORPHAN_REASON = "orphan: weak, stale and at most max_degree neighbours"
 
 
-@shard_native
 def prune_orphans(snapshot: Snapshot | Shard, config: PruneOrphansConfig, as_of: datetime) -> PhaseResult:
     """Delete unprotected semantic nodes (with their incident edges) that either
     (a) have a numeric ``properties.ttl_hours`` with ``updated_at + ttl_hours ≤ as_of`` — whatever their

@@ -13,7 +13,6 @@ from deep_sleep.transforms._common import (
     scoped_created_ids,
     scoped_result,
     scopes,
-    shard_native,
     tenant_of,
     with_window,
 )
@@ -36,7 +35,6 @@ PHASE = "soul_corrections"
 EDITOR = "user_manual_edit"
 
 
-@shard_native
 def soul_corrections(
     snapshot: Snapshot | Shard, config: SoulCorrectionsConfig, as_of: datetime, lookback_hours: float
 ) -> PhaseResult:

@@ -10,7 +10,6 @@ from deep_sleep.transforms._common import (
     in_own_window,
     scope_paths,
     scoped_result,
-    shard_native,
 )
 from pydantic import Field
 
@@ -30,7 +29,6 @@ class StrengthenConfig(PhaseConfig):
 COUNTERS: tuple[str, ...] = ("nodes_strengthened",)
 
 
-@shard_native
 def strengthen(snapshot: Snapshot | Shard, config: StrengthenConfig, as_of: datetime, lookback_hours: float) -> PhaseResult:
     """Semantic nodes with ≥ ``min_accesses`` access-log events in (window start, as_of]:
     importance += ``increment``, capped at ``cap``.  A node already at the cap is neither changed nor counted.

@@ -6,7 +6,7 @@ from datetime import datetime
 
 import numpy as np
 import polars as pl
-from deep_sleep.transforms._common import PhaseResult, merge_json, scope_paths, scoped_result, shard_native
+from deep_sleep.transforms._common import PhaseResult, merge_json, scope_paths, scoped_result
 
 from deep_sleep.core.config import PhaseConfig
 from deep_sleep.core.diff import Diff
@@ -22,7 +22,6 @@ class SupersessionConfig(PhaseConfig):
 COUNTERS: tuple[str, ...] = ("facts_superseded",)
 
 
-@shard_native
 def supersession(snapshot: Snapshot | Shard, config: SupersessionConfig, as_of: datetime) -> PhaseResult:
     """Functional edges are those whose relation is in ``functional_relations`` or whose
     ``properties.functional`` is the JSON boolean ``true`` (the string "true" is not).  Only functional

@@ -13,7 +13,6 @@ from deep_sleep.transforms._common import (
     scoped_result,
     scopes_without,
     semantic,
-    shard_native,
     skip,
     tenant_of,
 )
@@ -46,7 +45,6 @@ _SHIFT = 1 << 32
 NO_EVENTS = "missing input: no episodic events"
 
 
-@shard_native
 def synthetic_links(snapshot: Snapshot | Shard, config: SyntheticLinksConfig, as_of: datetime) -> PhaseResult:
     """In episodic events with ``created_at`` in (as_of − ``lookback_days``, as_of], markers
     ``[semantic:X]`` (the node labelled exactly X) and ``[SOUL:X]`` (the node labelled

@@ -14,7 +14,6 @@ from deep_sleep.transforms._common import (
     merge_json,
     scope_paths,
     scoped_result,
-    shard_native,
 )
 
 from deep_sleep.core.config import PhaseConfig
@@ -41,7 +40,6 @@ _META = re.compile(r"([\\.+*?()|\[\]{}^$])")
 _TOKEN = r'"(?:[^"\\]|\\.)*"|[{}\[\]:,]'
 
 
-@shard_native
 def tag_risk(snapshot: Snapshot | Shard, config: TagRiskConfig, as_of: datetime, lookback_hours: float) -> PhaseResult:
     """Recent nodes whose label or any top-level string value of ``properties`` contains a marker word
     at a word start, case-insensitively (``errors``, ``Risky``, ``my_error`` match; ``terror`` does not),

@@ -33,7 +33,6 @@ from deep_sleep.transforms._common import (
     scoped_created_ids,
     scoped_result,
     scopes_without,
-    shard_native,
     skip,
     tenant_of,
 )
@@ -76,7 +75,6 @@ def gradient_step(weights: np.ndarray, bias: float, features: np.ndarray, target
     return weights - learning_rate * grad_w, bias - learning_rate * grad_b
 
 
-@shard_native
 def train_reranker(snapshot: Snapshot | Shard, config: TrainRerankerConfig, as_of: datetime) -> PhaseResult:
     """One step on the recalls labelled but not yet trained on (``trained_at`` null, created at
     or before ``as_of``; labels written by phase D2 earlier in this run included).  Rows whose

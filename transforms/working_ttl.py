@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 
 import polars as pl
-from deep_sleep.transforms._common import PhaseResult, delete_nodes, json_number, scope_paths, scoped_result, shard_native
+from deep_sleep.transforms._common import PhaseResult, delete_nodes, json_number, scope_paths, scoped_result
 
 from deep_sleep.core.config import PhaseConfig
 from deep_sleep.core.diff import Diff
@@ -21,7 +21,6 @@ class WorkingTtlConfig(PhaseConfig):
 COUNTERS: tuple[str, ...] = ("working_ttl_pruned",)
 
 
-@shard_native
 def working_ttl(snapshot: Snapshot | Shard, config: WorkingTtlConfig, as_of: datetime) -> PhaseResult:
     """Delete working-layer nodes whose ``updated_at + properties.ttl_hours ≤ as_of`` (and their edges).
 

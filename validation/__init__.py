@@ -3,11 +3,9 @@ great-expectations suite over the store (after apply)."""
 
 from deep_sleep.validation.diff_checks import (
     FAILURE_SCHEMA,
-    SHARD_FAILURE_SCHEMA,
     SNAPSHOT_COLUMNS,
     failed_scopes,
     validate_diff,
-    validate_shard_diff,
 )
 
-__all__ = ["FAILURE_SCHEMA", "SHARD_FAILURE_SCHEMA", "SNAPSHOT_COLUMNS", "failed_scopes", "validate_diff", "validate_shard_diff"]
+__all__ = ["FAILURE_SCHEMA", "SNAPSHOT_COLUMNS", "failed_scopes", "validate_diff"]

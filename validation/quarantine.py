@@ -7,13 +7,12 @@ out of this run's snapshot (so no phase reads or writes it), and is recorded wit
 the order of :data:`REASONS`.  Edges touching a quarantined node are quarantined too (otherwise
 they would dangle in the clean snapshot).
 
-    >>> clean, quarantined = quarantine(snapshot, as_of)      # doctest: +SKIP
+    >>> clean, quarantined = quarantine(shard, as_of)      # doctest: +SKIP
     >>> quarantined.columns
-    ['table', 'id', 'reason', 'row']
+    ['table', 'id', 'reason', 'row', 'scope_path']
 
-A :class:`~deep_sleep.core.shard.Shard` (many scopes) is quarantined in the same one pass per
-table, each rule reading the row's own scope (see :func:`quarantine`); its quarantined rows carry
-a ``scope_path`` column.
+It runs over a :class:`~deep_sleep.core.shard.Shard` (many scopes; a single scope is a shard of
+one) in one pass per table, each rule reading the row's own scope (see :func:`quarantine`).
 
 How it stays fast from a quick nap's 50-row frames to a nightly's million-row tables
 ------------------------------------------------------------------------------------
@@ -72,7 +71,7 @@ from deep_sleep.core.shard import Shard
 from deep_sleep.core.snapshot import Snapshot, utc
 
 QUARANTINE_SCHEMA = {"table": pl.String(), "id": pl.String(), "reason": pl.String(), "row": pl.String()}
-FUTURE_TOLERANCE = timedelta(minutes=5)
+SHARD_QUARANTINE_SCHEMA = {**QUARANTINE_SCHEMA, "scope_path": pl.String()}
 CONTROL = r"[\x00-\x1f\x7f]"
 # Characters that make a label render as something else than it holds: line/paragraph separators
 # (U+2028/2029), zero-width characters and joiners (U+200B–U+200D, U+2060, U+FEFF), direction marks,
@@ -191,15 +190,14 @@ def _tenant_of(scope_path: str) -> str:
 
 
 @lru_cache(maxsize=256)
-def _rule_plan(table: str, schema: tuple[tuple[str, pl.DataType], ...], scope_path: str | None,
+def _rule_plan(table: str, schema: tuple[tuple[str, pl.DataType], ...],
                config: QuarantineConfig) -> tuple[tuple[str, str, object], ...]:
     """``table``'s rules for a frame of ``schema``, in REASONS order, as (kind, reason, what):
     ``expr`` (a ready expression), or the per-call ones: ``dup`` (duplicate ids), ``dupkey``
-    (duplicate keys), ``json`` (``what`` = (column, shape)), ``future`` (``what`` = the timestamp
-    columns), and on a shard (``scope_path`` None) ``scope`` and ``tenant`` (the row's scope_path
-    is a scope of the shard; tenant_id is that scope's tenant).  Built once per (table, schema,
-    scope): the expressions hold no data, so a nap's 50-row frames skip most of the cost of
-    building them."""
+    (duplicate keys per scope), ``json`` (``what`` = (column, shape)), ``future`` (``what`` = the
+    timestamp columns), ``scope`` and ``tenant`` (the row's scope_path is a scope of the shard;
+    tenant_id is that scope's tenant).  Built once per (table, schema, config): the expressions
+    hold no data, so a nap's 50-row frames skip most of the cost of building them."""
     columns = dict(schema)
     rules: list[tuple[str, str, object]] = []
     if table == "soul_profiles":  # identified by (scope_path, key); the surrogate id is optional (SPEC §1)
@@ -208,11 +206,9 @@ def _rule_plan(table: str, schema: tuple[tuple[str, pl.DataType], ...], scope_pa
     elif table in tables.MUTABLE:  # the access log's identity column is not read by any phase
         rules += [("expr", "null id", pl.col("id").is_null()), ("dup", "duplicate id", None)]
     if "scope_path" in columns:
-        rules.append(("expr", "scope_path differs from the run's scope", pl.col("scope_path").fill_null("") != scope_path)
-                     if scope_path is not None else ("scope", "scope_path differs from the run's scope", None))
+        rules.append(("scope", "scope_path differs from the run's scope", None))
     if "tenant_id" in columns:  # null: a frame built without the column
-        rules.append(("expr", "tenant_id differs from the scope's root", pl.col("tenant_id") != _tenant_of(scope_path))
-                     if scope_path is not None else ("tenant", "tenant_id differs from the scope's root", None))
+        rules.append(("tenant", "tenant_id differs from the scope's root", None))
     if "importance" in columns:
         rules += [
             ("expr", "importance is not a finite number", pl.col("importance").is_null() | ~pl.col("importance").is_finite()),
@@ -256,10 +252,15 @@ def _micros_literal(at: datetime) -> pl.Expr:
     return pl.lit((at - _EPOCH) // timedelta(microseconds=1), dtype=pl.Int64).cast(tables.TS)
 
 
-def _future_limit(as_of: datetime, tolerance: timedelta) -> datetime:
-    """as_of + tolerance, or the last representable instant when that overflows (as_of in year 9999)."""
+def future_limit(as_of: datetime, taken_at: datetime | None, tolerance: timedelta) -> datetime:
+    """The latest timestamp a row may carry: the later of ``as_of`` and the extract's own time
+    (``taken_at``), plus ``tolerance``.  A night run with an ``as_of`` in the past (``--as-of`` ten
+    minutes ago, or a shard extracted late in a long night) reads rows live turns wrote since
+    ``as_of``; those are not from the future, and quarantining them would report healthy rows as
+    broken on every such run.  The last representable instant when the sum overflows (year 9999)."""
+    at = utc(as_of) if taken_at is None else max(utc(as_of), utc(taken_at))
     try:
-        return utc(as_of) + tolerance
+        return at + tolerance
     except OverflowError:
         return datetime.max.replace(tzinfo=UTC)
 
@@ -276,29 +277,28 @@ class _Scopes:
                                           return_dtype=pl.String)
 
 
-def _tests(table: str, frame: pl.DataFrame, scope: str | _Scopes, as_of: datetime, small_rows: int,
+def _tests(table: str, frame: pl.DataFrame, scopes: _Scopes, limit: datetime, small_rows: int,
            config: QuarantineConfig) -> list[tuple[str, pl.Expr | pl.Series]]:
     """(reason, test) for every rule that applies to ``table``'s rows by themselves, in REASONS order.
-    A test is an expression over ``frame`` or a ready boolean Series; null counts as false.
-    ``scope``: the run's scope, or a shard's scopes (every rule then reads the row's own scope_path)."""
+    A test is an expression over ``frame`` or a ready boolean Series; null counts as false.  Every
+    rule reads the row's own scope_path; ``limit``: :func:`future_limit`."""
     rules: list[tuple[str, pl.Expr | pl.Series]] = []
-    shard = isinstance(scope, _Scopes)
-    tenants: list[pl.Series] = []  # the tenant of each row's scope, computed once (shard)
+    tenants: list[pl.Series] = []  # the tenant of each row's scope, computed once
 
     def own_tenant() -> pl.Series:
         if not tenants:
-            tenants.append(scope.tenant_of_rows(frame.get_column("scope_path")))  # type: ignore[union-attr]
+            tenants.append(scopes.tenant_of_rows(frame.get_column("scope_path")))
         return tenants[0]
 
-    for kind, reason, what in _rule_plan(table, tuple(frame.schema.items()), None if shard else scope, config):
+    for kind, reason, what in _rule_plan(table, tuple(frame.schema.items()), config):
         if kind == "expr":
             rules.append((reason, what))  # type: ignore[arg-type]
-        elif kind == "dup":  # ids are unique in the whole store: on a shard too, the check is over all its rows
+        elif kind == "dup":  # ids are unique in the whole store: the check is over all the shard's rows
             dup = _duplicated(frame.get_column("id"))
             if dup is not None:
                 rules.append((reason, dup))
         elif kind == "dupkey":  # keys are unique per scope
-            dup = _duplicated_keys(frame) if shard and "scope_path" in frame.columns else _duplicated(frame.get_column("key"))
+            dup = _duplicated_keys(frame)
             if dup is not None:
                 rules.append((reason, dup))
         elif kind == "scope":
@@ -309,14 +309,17 @@ def _tests(table: str, frame: pl.DataFrame, scope: str | _Scopes, as_of: datetim
             column, shape = what  # type: ignore[misc]
             rules.append((reason, bad_json(frame.get_column(column), shape, small_rows)))
         else:  # future: the limit as an integer literal cast to the column type
-            at = _micros_literal(_future_limit(as_of, timedelta(seconds=config.future_tolerance_seconds)))
+            at = _micros_literal(limit)
             rules.append((reason, pl.any_horizontal([pl.col(c) > at for c in what]).fill_null(False)))  # type: ignore[union-attr]
     return rules
 
 
 def _duplicated_keys(frame: pl.DataFrame) -> pl.Series | None:
     """Rows whose (scope_path, key) repeats, or None when none does."""
-    dup = frame.select(pl.struct("scope_path", "key").is_duplicated()).to_series()
+    if "scope_path" not in frame.columns:
+        dup = frame.get_column("key").is_duplicated()
+    else:
+        dup = frame.select(pl.struct("scope_path", "key").is_duplicated()).to_series()
     return dup if dup.any() else None
 
 
@@ -344,19 +347,6 @@ def _pair_member_plain(scopes: pl.Series, ids: pl.Series, among_scopes: pl.Serie
     ).to_series().alias(ids.name)
 
 
-def _edge_tests(edges: pl.DataFrame, nodes: pl.DataFrame, bad_nodes: pl.Series) -> list[tuple[str, pl.Expr | pl.Series]]:
-    """The two rules that need the (clean) nodes: an end quarantined, an end not a live node."""
-    rules: list[tuple[str, pl.Expr | pl.Series]] = []
-    if bad_nodes.len():
-        gone = bad_nodes.implode()
-        rules.append(("edge endpoint is quarantined", pl.col("source_id").is_in(gone) | pl.col("target_id").is_in(gone)))
-    n = edges.height
-    ends = pl.concat([edges.get_column("source_id"), edges.get_column("target_id")])  # one probe, one hash table
-    live = lookup.member(ends, nodes.get_column("id"))
-    rules.append(("dangling edge: endpoint not a node of this scope", ~(live.slice(0, n) & live.slice(n, n))))
-    return rules
-
-
 def _first_reasons(frame: pl.DataFrame, rules: list[tuple[str, pl.Expr | pl.Series]]) -> tuple[np.ndarray, list[str]]:
     """(indexes of the flagged rows, each one's first reason)."""
     exprs = [t.fill_null(False).alias(f"_t{i}") for i, (_, t) in enumerate(rules) if isinstance(t, pl.Expr)]
@@ -381,116 +371,33 @@ def _row_json(frame: pl.DataFrame) -> pl.Expr:
     return pl.struct([c for c in frame.columns if not c.startswith("_")]).struct.json_encode().alias("row")
 
 
-def quarantine(snapshot: Snapshot | Shard, as_of: datetime, config: QuarantineConfig | None = None, *,
-               small_rows: int = SMALL_ROWS):
-    """Split ``snapshot`` into the clean snapshot and the quarantined rows (table, id, reason, row JSON).
+def quarantine(snapshot: Shard | Snapshot, as_of: datetime, config: QuarantineConfig | None = None, *,
+               small_rows: int = SMALL_ROWS) -> tuple[Shard, pl.DataFrame] | tuple[Snapshot, pl.DataFrame]:
+    """Split a shard into the clean shard and the quarantined rows (table, id, reason, row JSON,
+    scope_path — the row's own), in one pass per table over every scope's rows.
 
-    On a :class:`~deep_sleep.core.shard.Shard` (many scopes; one pass per table over all of them)
-    the answer is the clean shard and the quarantined rows with a ``scope_path`` column (the row's
-    own).  Each rule then reads the row's own scope: the scope rule is "scope_path is one of the
-    shard's scopes", the tenant rule "tenant_id is the tenant of the row's scope_path", keys
-    (soul_profiles) are unique per (scope_path, key), an edge must join two clean nodes of its own
-    scope, an edge endpoint is quarantined when it is a quarantined node of the edge's scope.  Ids
-    are unique in the whole store, so duplicate ids are looked for over the whole shard, and
-    ``held_nodes`` is the union of every scope's.  So for every scope, its clean rows, its
-    quarantined rows and its held nodes are exactly those of ``quarantine`` on that scope alone
-    (tests/validation/test_quarantine_shard.py).  A row whose scope_path is no scope of the shard
-    (possible only in a hand-written shard: an extract reads the shard's scopes) belongs to none:
-    it is quarantined, and as a quarantined node it counts for every scope's edges.
+    Each rule reads the row's own scope: the scope rule is "scope_path is one of the shard's
+    scopes", the tenant rule "tenant_id is the tenant of the row's scope_path", keys (soul_profiles)
+    are unique per (scope_path, key), an edge must join two clean nodes of its own scope, an edge
+    endpoint is quarantined when it is a quarantined node of the edge's scope.  Ids are unique in
+    the whole store, so duplicate ids are looked for over the whole shard, and ``held_nodes`` is
+    the union of every scope's.  So every scope's clean rows, quarantined rows and held nodes are
+    those of a shard of that scope alone (tests/validation/test_quarantine_shard.py).  A row whose
+    scope_path is no scope of the shard (possible only in a hand-written shard: an extract reads the
+    shard's scopes) belongs to none: it is quarantined, and as a quarantined node it counts for every
+    scope's edges.  "In the future" is after :func:`future_limit` of ``as_of`` and the shard's
+    ``taken_at``.
 
-    ``small_rows``: frames up to this many rows check JSON in Python (see the module notes; the
-    answer does not depend on it)."""
+    A :class:`Snapshot` is checked as a shard of one; the answer is then the clean snapshot and its
+    rows without ``scope_path``.  ``small_rows``: frames up to this many rows check JSON in Python
+    (see the module notes; the answer does not depend on it)."""
+    if isinstance(snapshot, Snapshot):
+        clean, found = quarantine(Shard.of(snapshot), as_of, config, small_rows=small_rows)
+        return replace(clean.scope(snapshot.scope_path), source=snapshot.source), found.drop("scope_path")
     config = config or QuarantineConfig()
-    if isinstance(snapshot, Shard):
-        return _quarantine_shard(snapshot, as_of, config, small_rows)
-    clean: dict[str, pl.DataFrame] = {}
-    found = [pl.DataFrame(schema=QUARANTINE_SCHEMA)]
-    order = sorted(snapshot.frames, key=lambda t: t == "memory_edges")  # nodes before edges
-    bad_nodes = pl.Series("id", [], dtype=pl.String)
-    for table in order:
-        frame = snapshot.frames[table]
-        if not frame.height:
-            clean[table] = frame
-            continue
-        rules = _tests(table, frame, snapshot.scope_path, as_of, small_rows, config)
-        if table == "memory_edges":
-            rules += _edge_tests(frame, clean.get("memory_nodes", snapshot.table("memory_nodes")), bad_nodes)
-        rows, reasons = _first_reasons(frame, rules)
-        if not len(rows):
-            clean[table] = frame  # nothing flagged: the frame goes on as it is
-            continue
-        bad = frame[rows]
-        found.append(bad.select(
-            pl.lit(table).alias("table"),
-            pl.col("id").cast(pl.String) if "id" in bad.columns else pl.lit(None, pl.String).alias("id"),
-            pl.Series("reason", reasons, dtype=pl.String),
-            _row_json(bad),
-        ))
-        if table == "memory_nodes":
-            bad_nodes = bad.get_column("id")
-        keep = np.ones(frame.height, dtype=bool)
-        keep[rows] = False
-        clean[table] = frame.filter(pl.Series(keep))
-    quarantined = pl.concat(found).sort("table", "id", "reason")
-    out = snapshot.with_frames(clean)
-    held = _held_nodes(snapshot.table("memory_edges"), clean.get("memory_edges"), clean.get("memory_nodes"))
-    return (replace(out, held_nodes=out.held_nodes | held) if held else out), quarantined
-
-
-quarantine.shard_native = True  # type: ignore[attr-defined]  # plan_shard calls it once on a whole shard
-
-SHARD_QUARANTINE_SCHEMA = {**QUARANTINE_SCHEMA, "scope_path": pl.String()}
-
-
-def _edge_tests_shard(edges: pl.DataFrame, nodes: pl.DataFrame, bad_nodes: pl.DataFrame, scopes: _Scopes,
-                      member=None) -> list[tuple[str, pl.Expr | pl.Series]]:
-    """:func:`_edge_tests` on a shard: both rules read the edge's own scope (``bad_nodes``: the
-    quarantined nodes' id and scope_path; one of no scope of the shard counts for every edge)."""
-    member = member or _pair_member
-    n = edges.height
-    scope = edges.get_column("scope_path")
-    scopes_twice = pl.concat([scope, scope])
-    ends = pl.concat([edges.get_column("source_id"), edges.get_column("target_id")])
-    rules: list[tuple[str, pl.Expr | pl.Series]] = []
-    if bad_nodes.height:
-        stray = scopes.tenant_of_rows(bad_nodes.get_column("scope_path")).is_null()
-        mine, loose = bad_nodes.filter(~stray), bad_nodes.filter(stray)
-        hit = member(scopes_twice, ends, mine.get_column("scope_path"), mine.get_column("id"))
-        if loose.height:
-            hit = hit | lookup.member_plain(ends, loose.get_column("id"))
-        rules.append(("edge endpoint is quarantined", hit.slice(0, n) | hit.slice(n, n)))
-    live = member(scopes_twice, ends, nodes.get_column("scope_path"), nodes.get_column("id"))
-    rules.append(("dangling edge: endpoint not a node of this scope", ~(live.slice(0, n) & live.slice(n, n))))
-    return rules
-
-
-def _held_nodes_shard(gone: pl.DataFrame | None, nodes: pl.DataFrame | None, scopes: _Scopes, member=None) -> frozenset[str]:
-    """:func:`_held_nodes` on a shard: the clean nodes of its own scope that a quarantined edge
-    (``gone``) still touches (any clean node, for an edge of no scope of the shard)."""
-    if gone is None or nodes is None or not gone.height:
-        return frozenset()
-    member = member or _pair_member
-    scope = gone.get_column("scope_path")
-    scopes_twice = pl.concat([scope, scope])
-    ends = pl.concat([gone.get_column("source_id"), gone.get_column("target_id")])
-    held = member(scopes_twice, ends, nodes.get_column("scope_path"), nodes.get_column("id"))
-    stray = scopes.tenant_of_rows(scopes_twice).is_null()
-    if stray.any():
-        held = held | (stray & lookup.member_plain(ends, nodes.get_column("id")))
-    return frozenset(ends.filter(held).drop_nulls().to_list())
-
-
-def _shard_result(shard: Shard, clean: dict[str, pl.DataFrame], found: list[pl.DataFrame],
-                  held: frozenset[str]) -> tuple[Shard, pl.DataFrame]:
-    quarantined = pl.concat(found).sort("scope_path", "table", "id", "reason", maintain_order=True)
-    if not quarantined.height:
-        return shard, quarantined  # nothing flagged: the shard goes on as it is
-    return replace(shard, frames={**shard.frames, **clean}, held_nodes=shard.held_nodes | held), quarantined
-
-
-def _quarantine_shard(shard: Shard, as_of: datetime, config: QuarantineConfig, small_rows: int) -> tuple[Shard, pl.DataFrame]:
-    """:func:`quarantine` of a shard: one pass per table over every scope's rows."""
+    shard = snapshot
     scopes = _Scopes(shard.scope_paths)
+    limit = future_limit(as_of, shard.taken_at, timedelta(seconds=config.future_tolerance_seconds))
     clean: dict[str, pl.DataFrame] = {}
     found = [pl.DataFrame(schema=SHARD_QUARANTINE_SCHEMA)]
     bad_nodes = pl.DataFrame(schema={"id": pl.String, "scope_path": pl.String})
@@ -500,12 +407,12 @@ def _quarantine_shard(shard: Shard, as_of: datetime, config: QuarantineConfig, s
         if not frame.height:
             clean[table] = frame
             continue
-        rules = _tests(table, frame, scopes, as_of, small_rows, config)
+        rules = _tests(table, frame, scopes, limit, small_rows, config)
         if table == "memory_edges":
-            rules += _edge_tests_shard(frame, clean.get("memory_nodes", shard.table("memory_nodes")), bad_nodes, scopes)
+            rules += _edge_tests(frame, clean.get("memory_nodes", shard.table("memory_nodes")), bad_nodes, scopes)
         rows, reasons = _first_reasons(frame, rules)
         if not len(rows):
-            clean[table] = frame
+            clean[table] = frame  # nothing flagged: the frame goes on as it is
             continue
         bad = frame[rows]
         found.append(bad.select(
@@ -522,47 +429,88 @@ def _quarantine_shard(shard: Shard, as_of: datetime, config: QuarantineConfig, s
         keep = np.ones(frame.height, dtype=bool)
         keep[rows] = False
         clean[table] = frame.filter(pl.Series(keep))
-    return _shard_result(shard, clean, found, _held_nodes_shard(gone_edges, clean.get("memory_nodes"), scopes))
+    return _result(shard, clean, found, _held_nodes(gone_edges, clean.get("memory_nodes"), scopes))
 
 
-def _held_nodes(edges: pl.DataFrame, kept: pl.DataFrame | None, nodes: pl.DataFrame | None) -> frozenset[str]:
-    """The clean nodes a quarantined edge still touches: no phase may delete them (Snapshot.held_nodes)."""
-    if kept is None or nodes is None or kept.height == edges.height:
+def _edge_tests(edges: pl.DataFrame, nodes: pl.DataFrame, bad_nodes: pl.DataFrame, scopes: _Scopes,
+                member=None) -> list[tuple[str, pl.Expr | pl.Series]]:
+    """The two rules that need the (clean) nodes, both reading the edge's own scope: an end
+    quarantined (``bad_nodes``: the quarantined nodes' id and scope_path; one of no scope of the
+    shard counts for every edge), an end not a live node of the edge's scope."""
+    member = member or _pair_member
+    n = edges.height
+    scope = edges.get_column("scope_path")
+    scopes_twice = pl.concat([scope, scope])
+    ends = pl.concat([edges.get_column("source_id"), edges.get_column("target_id")])  # one probe, one hash table
+    rules: list[tuple[str, pl.Expr | pl.Series]] = []
+    if bad_nodes.height:
+        stray = scopes.tenant_of_rows(bad_nodes.get_column("scope_path")).is_null()
+        mine, loose = bad_nodes.filter(~stray), bad_nodes.filter(stray)
+        hit = member(scopes_twice, ends, mine.get_column("scope_path"), mine.get_column("id"))
+        if loose.height:
+            hit = hit | lookup.member_plain(ends, loose.get_column("id"))
+        rules.append(("edge endpoint is quarantined", hit.slice(0, n) | hit.slice(n, n)))
+    live = member(scopes_twice, ends, nodes.get_column("scope_path"), nodes.get_column("id"))
+    rules.append(("dangling edge: endpoint not a node of this scope", ~(live.slice(0, n) & live.slice(n, n))))
+    return rules
+
+
+def _held_nodes(gone: pl.DataFrame | None, nodes: pl.DataFrame | None, scopes: _Scopes, member=None) -> frozenset[str]:
+    """The clean nodes of its own scope that a quarantined edge (``gone``) still touches (any clean
+    node, for an edge of no scope of the shard): no phase may delete them (:attr:`Shard.held_nodes`)."""
+    if gone is None or nodes is None or not gone.height:
         return frozenset()
-    gone = edges.join(kept.select("id"), on="id", how="anti") if kept.height else edges
-    ends = pl.concat([gone.get_column("source_id"), gone.get_column("target_id")]).drop_nulls()
-    return frozenset(ends.filter(ends.is_in(nodes.get_column("id").implode())).to_list())
+    member = member or _pair_member
+    scope = gone.get_column("scope_path")
+    scopes_twice = pl.concat([scope, scope])
+    ends = pl.concat([gone.get_column("source_id"), gone.get_column("target_id")])
+    held = member(scopes_twice, ends, nodes.get_column("scope_path"), nodes.get_column("id"))
+    stray = scopes.tenant_of_rows(scopes_twice).is_null()
+    if stray.any():
+        held = held | (stray & lookup.member_plain(ends, nodes.get_column("id")))
+    return frozenset(ends.filter(held).drop_nulls().to_list())
 
 
-def quarantine_plain(snapshot: Snapshot | Shard, as_of: datetime, config: QuarantineConfig | None = None):
+def _result(shard: Shard, clean: dict[str, pl.DataFrame], found: list[pl.DataFrame],
+            held: frozenset[str]) -> tuple[Shard, pl.DataFrame]:
+    quarantined = pl.concat(found).sort("scope_path", "table", "id", "reason", maintain_order=True)
+    if not quarantined.height:
+        return shard, quarantined  # nothing flagged: the shard goes on as it is
+    return replace(shard, frames={**shard.frames, **clean}, held_nodes=shard.held_nodes | held), quarantined
+
+
+def quarantine_plain(snapshot: Shard | Snapshot, as_of: datetime, config: QuarantineConfig | None = None):
     """What :func:`quarantine` computes, stated plainly: the same rules (:func:`_rule_plan`, the two
-    edge rules), each a Polars expression over the whole frame (``is_duplicated``, ``is_in``,
-    :func:`bad_json_plain`), the first reason by a ``when/then`` chain in REASONS order, the rows
-    split by a filter.  On a shard, the rules of the row's own scope are ``is_in`` tests of
-    (scope_path, id) structs and a tenant read from the scope_path text.  ``quarantine`` must give
-    exactly this; tests/validation/test_quarantine_paths.py and test_quarantine_shard.py check it
-    on generated corrupt snapshots and shards."""
+    edge rules), each a Polars expression over the whole frame (``is_duplicated``, ``is_in`` of
+    (scope_path, id) structs, :func:`bad_json_plain`, a tenant read from the scope_path text), the
+    first reason by a ``when/then`` chain in REASONS order, the rows split by a filter.
+    ``quarantine`` must give exactly this; tests/validation/test_quarantine_paths.py and
+    test_quarantine_shard.py check it on generated corrupt snapshots and shards."""
+    if isinstance(snapshot, Snapshot):
+        clean, found = quarantine_plain(Shard.of(snapshot), as_of, config)
+        return replace(clean.scope(snapshot.scope_path), source=snapshot.source), found.drop("scope_path")
     config = config or QuarantineConfig()
-    shard = isinstance(snapshot, Shard)
-    scopes = _Scopes(snapshot.scope_paths) if shard else None
-    paths = pl.Series(snapshot.scope_paths if shard else [], dtype=pl.String).implode()
+    shard = snapshot
+    scopes = _Scopes(shard.scope_paths)
+    paths = pl.Series(shard.scope_paths, dtype=pl.String).implode()
+    limit = future_limit(as_of, shard.taken_at, timedelta(seconds=config.future_tolerance_seconds))
     clean: dict[str, pl.DataFrame] = {}
-    found = [pl.DataFrame(schema=SHARD_QUARANTINE_SCHEMA if shard else QUARANTINE_SCHEMA)]
+    found = [pl.DataFrame(schema=SHARD_QUARANTINE_SCHEMA)]
     bad_nodes = pl.DataFrame(schema={"id": pl.String, "scope_path": pl.String})
     gone_edges = None
-    for table in sorted(snapshot.frames, key=lambda t: t == "memory_edges"):  # nodes before edges
-        frame = snapshot.frames[table]
+    for table in sorted(shard.frames, key=lambda t: t == "memory_edges"):  # nodes before edges
+        frame = shard.frames[table]
         if not frame.height:
             clean[table] = frame
             continue
         tests: list[tuple[str, pl.Expr | pl.Series]] = []
-        for kind, reason, what in _rule_plan(table, tuple(frame.schema.items()), None if shard else snapshot.scope_path, config):
+        for kind, reason, what in _rule_plan(table, tuple(frame.schema.items()), config):
             if kind == "expr":
                 tests.append((reason, what))  # type: ignore[arg-type]
             elif kind == "dup":
                 tests.append((reason, pl.col("id").is_duplicated()))
             elif kind == "dupkey":
-                tests.append((reason, pl.struct("scope_path", "key").is_duplicated() if shard else pl.col("key").is_duplicated()))
+                tests.append((reason, pl.struct("scope_path", "key").is_duplicated()))
             elif kind == "scope":
                 tests.append((reason, ~pl.col("scope_path").is_in(paths).fill_null(False)))
             elif kind == "tenant":
@@ -573,18 +521,10 @@ def quarantine_plain(snapshot: Snapshot | Shard, as_of: datetime, config: Quaran
                 column, shape = what  # type: ignore[misc]
                 tests.append((reason, bad_json_plain(frame.get_column(column), shape)))
             else:  # future (a new kind of rule needs its plain statement here too)
-                limit = _future_limit(as_of, timedelta(seconds=config.future_tolerance_seconds))
                 tests.append((reason, pl.any_horizontal([pl.col(c) > limit for c in what])))  # type: ignore[union-attr]
         if table == "memory_edges":
-            nodes = clean.get("memory_nodes", snapshot.table("memory_nodes"))
-            if shard:
-                tests += _edge_tests_shard(frame, nodes, bad_nodes, scopes, member=_pair_member_plain)  # type: ignore[arg-type]
-            else:
-                live = nodes.get_column("id").implode()
-                gone = bad_nodes.get_column("id").implode()
-                tests.append(("edge endpoint is quarantined", pl.col("source_id").is_in(gone) | pl.col("target_id").is_in(gone)))
-                tests.append(("dangling edge: endpoint not a node of this scope",
-                              ~(pl.col("source_id").is_in(live).fill_null(False) & pl.col("target_id").is_in(live).fill_null(False))))
+            nodes = clean.get("memory_nodes", shard.table("memory_nodes"))
+            tests += _edge_tests(frame, nodes, bad_nodes, scopes, member=_pair_member_plain)
         work = frame.with_columns(t.alias(f"_t{i}") for i, (_, t) in enumerate(tests) if isinstance(t, pl.Series))
         reason_of = pl.lit(None, dtype=pl.String)
         for i, (reason, test) in reversed(list(enumerate(tests))):
@@ -598,19 +538,14 @@ def quarantine_plain(snapshot: Snapshot | Shard, as_of: datetime, config: Quaran
                 pl.col("id").cast(pl.String) if "id" in bad.columns else pl.lit(None, pl.String).alias("id"),
                 pl.col("_reason").alias("reason"),
                 _row_json(bad),
-                *([pl.col("scope_path")] if shard else []),
+                pl.col("scope_path"),
             ))
             if table == "memory_nodes":
                 bad_nodes = bad.select("id", "scope_path")
             if table == "memory_edges":
                 gone_edges = bad.select(frame.columns)
         clean[table] = work.filter(pl.col("_reason").is_null()).select(frame.columns)
-    if shard:
-        held = _held_nodes_shard(gone_edges, clean.get("memory_nodes"), scopes, member=_pair_member_plain)  # type: ignore[arg-type]
-        return _shard_result(snapshot, clean, found, held)
-    out = snapshot.with_frames(clean)
-    held = _held_nodes(snapshot.table("memory_edges"), clean.get("memory_edges"), clean.get("memory_nodes"))
-    return (replace(out, held_nodes=out.held_nodes | held) if held else out), pl.concat(found).sort("table", "id", "reason")
+    return _result(shard, clean, found, _held_nodes(gone_edges, clean.get("memory_nodes"), scopes, member=_pair_member_plain))
 
 
 def summarise(quarantined: pl.DataFrame) -> dict[str, dict[str, int]]:
@@ -621,5 +556,5 @@ def summarise(quarantined: pl.DataFrame) -> dict[str, dict[str, int]]:
     return out
 
 
-__all__ = ["QUARANTINE_SCHEMA", "REASONS", "SHARD_QUARANTINE_SCHEMA", "SMALL_ROWS", "bad_json", "bad_json_plain", "quarantine", "quarantine_plain",
-           "summarise", "tables"]
+__all__ = ["QUARANTINE_SCHEMA", "REASONS", "SHARD_QUARANTINE_SCHEMA", "SMALL_ROWS", "bad_json", "bad_json_plain", "future_limit",
+           "quarantine", "quarantine_plain", "summarise", "tables"]

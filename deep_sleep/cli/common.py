@@ -117,10 +117,11 @@ def check_as_of(store, as_of: datetime | None, scope=None, *, force: bool = Fals
 def _consolidate(store, scope, as_of: datetime | None, config_file: str | None, dsn: str | None, runs_dir: str | None,
                  prefect: bool):
     """One scope's run: through the Prefect flow when ``prefect`` (or PREFECT_API_URL is set), else the
-    very same stages in this process (stages.consolidate_scope) — no temporary Prefect server to start,
-    so a one-scope run answers in seconds."""
+    very same stages in this process (:func:`deep_sleep.run.pipeline.consolidate`) — no temporary
+    Prefect server to start, so a one-scope run answers in seconds."""
     from deep_sleep.core.report import ConsolidationReport
-    from deep_sleep.run.stages import consolidate_scope
+    from deep_sleep.run.layout import runs_dir as local_runs_dir
+    from deep_sleep.run.pipeline import consolidate
     from deep_sleep.transforms.config import load_config
 
     if prefect or os.environ.get("PREFECT_API_URL"):
@@ -132,7 +133,8 @@ def _consolidate(store, scope, as_of: datetime | None, config_file: str | None, 
         except ValidationFailed as exc:
             print(f"deep-sleep run: {exc}", file=sys.stderr)
             return None
-    return consolidate_scope(store, scope, load_config(config_file), as_of, runs_dir)
+    local_runs_dir(runs_dir)  # a one-scope run keeps its files on local disk: a URL is refused by name
+    return consolidate(store, scope, as_of, load_config(config_file), runs_dir=runs_dir).report(scope.path)
 
 
 def _print_run(report) -> None:

@@ -70,6 +70,7 @@ class ConsolidationReport:
     diff_hash: content hash of the diff (same snapshot + config + as_of → same hash).
     status: "planned" (replay), "applied", "failed", or "empty".
     run_id, snapshot_uri, diff_uri: where the run is recorded and stored.
+    approval_of: for an approval's run (``mode = 'approve'``), the run whose held rows it applied.
     """
 
     scope_path: str
@@ -93,6 +94,7 @@ class ConsolidationReport:
     run_id: str | None = None
     snapshot_uri: str | None = None
     diff_uri: str | None = None
+    approval_of: str | None = None
 
     @classmethod
     def zeroed(cls, counters: Iterable[str], **fields: Any) -> ConsolidationReport:
@@ -122,6 +124,8 @@ class ConsolidationReport:
             del out["held"]
         if not out["gate"]:  # likewise the gate's figures: only when it replayed a query
             del out["gate"]
+        if out["approval_of"] is None:  # only an approval's run names the run it approved
+            del out["approval_of"]
         return out
 
     def to_json(self) -> str:

@@ -24,7 +24,6 @@ import polars as pl
 
 from deep_sleep.core import tables
 from deep_sleep.core.errors import InputError, SnapshotError
-from deep_sleep.core.files import write_atomic
 from deep_sleep.core.scope import Scope, ScopeError
 
 MANIFEST = "manifest.json"
@@ -171,24 +170,11 @@ class Snapshot:
 
     # -- files -----------------------------------------------------------------------------
     def write(self, directory: str | Path) -> Path:
-        """Write the snapshot directory (SPEC §8) and return it."""
-        out = Path(directory)
-        out.mkdir(parents=True, exist_ok=True)
-        manifest_tables = {}
-        for name in tables.TABLES:
-            frame = self.table(name)
-            file = f"{name}.parquet"
-            frame.write_parquet(out / file, **tables.PARQUET_OPTIONS)
-            manifest_tables[name] = {"file": file, "rows": frame.height}
-        manifest = {
-            "scope_path": self.scope_path,
-            "taken_at": iso(self.taken_at),
-            "previous_run_as_of": iso(self.previous_run_as_of),
-            "schema_version": self.schema_version,
-            "tables": manifest_tables,
-        }
-        write_atomic(out / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-        return out
+        """Write the snapshot directory (SPEC §8) and return it: a shard of one's
+        (:meth:`deep_sleep.core.shard.Shard.write`), whose manifest is also a single-scope manifest."""
+        from deep_sleep.core.shard import Shard
+
+        return Shard.of(self).write(directory)
 
     @classmethod
     def read(cls, directory: str | Path, columns: Collection[str] | None = None) -> Snapshot:

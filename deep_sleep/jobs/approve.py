@@ -1,31 +1,43 @@
-"""Approve or reject the rows a run held back (SPEC §9, issue 16; ``deep-sleep approve|reject RUN_ID``).
+"""Approve or reject the rows a run held back (SPEC §9; ``deep-sleep approve|reject RUN_ID``).
 
 Where things are: the held rows are a diff directory under the run's diff directory
 (``<diff_uri>/held/``, :mod:`deep_sleep.run.holds`), so they survive with the run's files; the
 ledger row (``consolidation_runs``) has ``held`` (what and why) and ``hold_status``; each decision
 is one row per phase in ``consolidation_decisions`` (``PRIMARY KEY (run_id, phase)``: a phase's
-held rows are decided once, even by two racing calls).  The decisions table, not ``hold_status``,
-says what is still pending.
+held rows are decided once).  The decisions table, not ``hold_status``, says what is still pending.
 
-:func:`approve` applies the held rows (all still-pending phases, or one ``phase``) with
-:func:`deep_sleep.run.apply.apply_diff` — the very statements and version guard of a nightly apply:
-a row that a live writer changed since the run's snapshot fails the guard, is left as the writer
-left it and is counted in ``conflicts``; deletes archive their before-images; edges held with a
-node whose delete conflicts stay.  The apply is recorded as a ledger row of its own (``mode =
-'approve'``, ``approval_of`` = the run) with a run directory of its own beside the run's
-(``<scope>/<as_of>_<approval id>/``: ``diff/`` exactly the rows it applied, ``snapshot/`` the run's
-snapshot rows of what it updates), so ``deep-sleep undo`` undoes an approval like any run and
-``gc`` keeps or removes its files by its own ledger row; it carries the run's own as_of, so it never moves a scope's "previous run" (those queries read ``mode = 'nightly'``).
-The decision rows and ``hold_status`` are written right after that apply commits.  Should two
-approvals race, the second's apply is a guarded no-op (the rows' versions moved, the deleted rows
-are gone) and its decision insert fails: it raises :class:`~deep_sleep.jobs.errors.HoldError`.
+:func:`approve` applies the held rows of the still-pending phases (or of one ``phase``) so that what
+it applies is valid on its own (SPEC §9 as amended):
+
+- the selection is closed under the graph (:func:`deep_sleep.run.holds.close_selection`): a node
+  delete takes the held edge deletes that touch it, a META node's ``CLUSTERS`` rows go together.  A
+  closure that reaches into another pending phase decides that phase too (and says so); one that
+  reaches into a rejected phase is refused;
+- it is validated (every SPEC §4 check) against the run's snapshot with the run's applied part
+  folded in — the state the held rows were planned to follow;
+- it is applied by :func:`deep_sleep.run.apply.apply_batch` — the very statements and version guard
+  of a nightly apply, in one transaction that also writes the decision rows and the run's
+  ``hold_status``: a row that a live writer changed since the run's snapshot fails the guard, is left
+  as the writer left it and is counted in ``conflicts``; deletes archive their before-images; edges
+  held with a node whose delete conflicts stay.  Two approvals of one run race on the decision rows'
+  primary key: the first commits, the second waits, fails on it and rolls back — it writes nothing,
+  and says so (:class:`~deep_sleep.jobs.errors.HoldError`).
+
+The approval is recorded as a ledger row of its own (``mode = 'approve'``, ``approval_of`` = the
+run) with a run directory of its own beside the run's (``<scope>/<as_of>_<approval id>/``: ``diff/``
+exactly the rows it applied, ``snapshot/`` the run's snapshot rows of what it updates), so
+``deep-sleep undo`` undoes an approval like any run and ``gc`` keeps or removes its files by its own
+ledger row; it carries the run's own as_of, so it never moves a scope's "previous run" (those queries
+read ``mode = 'nightly'``).  What it applied and its conflicts are its ledger row's ``rows_changed``
+and ``conflicts`` (``consolidation_decisions.approval_run_id`` names it).
 
 :func:`reject` records the decision and applies nothing; the held files stay for the record
 (``deep-sleep gc`` removes them with the run's directories).
 
 Refused, with nothing written (:class:`~deep_sleep.jobs.errors.HoldError`): a run that is not in the
-ledger, not applied (failed or undone), holds nothing, or whose held phases (or the one asked for)
-are already decided.
+ledger, not applied (failed or undone), holds nothing, whose held phases (or the one asked for) are
+already decided, whose snapshot is gone (the approval could not be validated), or whose selection
+fails validation.
 """
 
 from __future__ import annotations
@@ -34,7 +46,8 @@ import json
 import shutil
 import tempfile
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -45,38 +58,49 @@ from deep_sleep.core import files
 from deep_sleep.core.diff import Diff
 from deep_sleep.core.errors import DeepSleepError
 from deep_sleep.core.report import ConsolidationReport
+from deep_sleep.core.shard import Shard
 from deep_sleep.core.snapshot import Snapshot, utc
 from deep_sleep.jobs.errors import HoldError
 from deep_sleep.jobs.ledger import RunRecord, get_run
+from deep_sleep.jobs.undo_plan import without_rows
 from deep_sleep.run import holds
-from deep_sleep.run.apply import apply_diff
-from deep_sleep.run.pipeline import read_scope_report, read_scope_snapshot
+from deep_sleep.run.apply import apply_batch, planned_statements
+from deep_sleep.run.layout import read_scope_diff, read_scope_report, read_scope_snapshot
+from deep_sleep.run.pipeline import failure_messages
+from deep_sleep.run.plan import as_shard_diff
+from deep_sleep.run.statements import Statement
 from deep_sleep.store.db import Store
+from deep_sleep.transforms.config import ConsolidationConfig, load_config
+from deep_sleep.validation import validate_diff
 
 DECISIONS_SQL = (
     "SELECT phase, decision, decided_at, decided_by, decision_id::text FROM consolidation_decisions"
     " WHERE run_id = %s::uuid ORDER BY phase"
 )
+#: One decision row (parameters: decision_id, run_id, phase, decision, decided_by, held_rows JSON,
+#: approval_run_id or null).  A second decision of the same (run, phase) violates the primary key.
 DECIDE_SQL = (
-    "INSERT INTO consolidation_decisions (decision_id, run_id, phase, decision, decided_by, held_rows, applied_rows,"
-    " conflicts, approval_run_id) VALUES (%s::uuid, %s::uuid, %s, %s, %s, %s::jsonb, %s::jsonb, %s, %s::uuid)"
+    "INSERT INTO consolidation_decisions (decision_id, run_id, phase, decision, decided_by, held_rows, approval_run_id)"
+    " VALUES ($1::uuid, $2::uuid, $3, $4, $5, $6::jsonb, $7::uuid)"
 )
+#: The run's hold_status from its decisions (parameters: the number of held phases, the run id).
 STATUS_SQL = """
 UPDATE consolidation_runs r SET hold_status = CASE
-    WHEN d.n < %(phases)s THEN 'partial'
+    WHEN d.n < $1 THEN 'partial'
     WHEN d.approved = d.n THEN 'approved'
     WHEN d.approved = 0 THEN 'rejected'
     ELSE 'decided' END
 FROM (SELECT count(*) AS n, count(*) FILTER (WHERE decision = 'approved') AS approved
-      FROM consolidation_decisions WHERE run_id = %(run)s::uuid) d
-WHERE r.run_id = %(run)s::uuid
+      FROM consolidation_decisions WHERE run_id = $2::uuid) d
+WHERE r.run_id = $2::uuid
 """
-APPROVAL_OF_SQL = "UPDATE consolidation_runs SET approval_of = %s::uuid WHERE run_id = %s::uuid"
+UNIQUE_VIOLATION = "23505"
 
 
 @dataclass(frozen=True)
 class Holds:
-    """What a run holds: the held diff, one row per held row with its reason, and the decisions so far.
+    """What a run holds: the held diff (a shard diff of one scope), one row per held row with its
+    reason, and the decisions so far.
 
     phases: phase → table → kind → held rows.  decided: phase → {decision, decided_at, decided_by, decision_id}.
     """
@@ -111,19 +135,21 @@ class Decision:
     conflicts: int = 0
     decision_id: str = ""
     approval_run_id: str | None = None
+    notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
 def _counts(diff: Diff) -> dict[str, dict[str, int]]:
-    return {t: {k: n for k, n in kinds.items() if n} for t, kinds in diff.row_counts().items()}
+    return {t: {k: n for k, n in kinds.items() if n} for t, kinds in diff.row_counts().items() if any(kinds.values())}
 
 
 def read_holds(store: Store, run_id: str) -> Holds:
     """The held rows of ``run_id`` (a UUID or an unambiguous prefix) and the decisions taken on them."""
     run = get_run(store, run_id)  # LedgerError (an InputError) naming an unknown run
-    diff, reasons = holds.read_held(run.diff_uri, run.scope_path) if run.diff_uri else (Diff.empty(), pl.DataFrame(schema=holds.REASONS_SCHEMA))
+    diff, reasons = (holds.read_held(run.diff_uri, run.scope_path) if run.diff_uri
+                     else (Diff.empty(), pl.DataFrame(schema=holds.REASONS_SCHEMA)))
     phases = {p: _counts(holds.only_phases(diff, {p})) for p in holds.phases_of(diff)}
     with store.pg() as con:
         rows = con.execute(DECISIONS_SQL, (run.run_id,)).fetchall()
@@ -152,27 +178,152 @@ def _to_decide(h: Holds, phase: str | None, verb: str) -> list[str]:
     return h.pending
 
 
-def _record(store: Store, h: Holds, decision: Decision, decided_by: str | None) -> None:
+def _decision_statements(h: Holds, phases: list[str], decision: str, decision_id: str, decided_by: str | None,
+                         approval_run_id: str | None) -> list[Statement]:
+    """The decision rows and the run's new hold_status, as statements of the deciding transaction."""
+    out = [Statement("decide", DECIDE_SQL, (decision_id, h.run.run_id, p, decision, decided_by,
+                                           json.dumps(h.phases[p], sort_keys=True), approval_run_id),
+                     table="consolidation_decisions") for p in phases]
+    out.append(Statement("decide", STATUS_SQL, (len(h.phases), h.run.run_id), table="consolidation_runs"))
+    return out
+
+
+def _raced(h: Holds, phases: list[str]) -> HoldError:
+    return HoldError(f"run {h.run.run_id}: phase(s) {', '.join(phases)} were decided by another call meanwhile; "
+                     "nothing was written (see `deep-sleep report`)")
+
+
+def _is_unique_violation(exc: BaseException) -> bool:
+    return isinstance(exc, psycopg.errors.UniqueViolation) or getattr(exc, "sqlstate", None) == UNIQUE_VIOLATION
+
+
+def _selection(h: Holds, phases: list[str], snapshot: Snapshot) -> tuple[Diff, list[str], list[str]]:
+    """The rows to apply for ``phases``, closed under the graph (module docstring), the phases that
+    decides, and notes for the operator."""
+    shard = Shard.of(snapshot)
+    chosen = holds.close_selection(h.diff, holds.only_phases(h.diff, set(phases)), shard)
+    reached = set(holds.phases_of(chosen)) - set(phases)
+    rejected = sorted(p for p in reached if p in h.decided)
+    if rejected:
+        raise HoldError(f"run {h.run.run_id}: approving {', '.join(phases)} would apply held rows of phase(s) "
+                        f"{', '.join(rejected)}, which were {h.decided[rejected[0]]['decision']} (an edge goes with its node, "
+                        "a META node's CLUSTERS rows go together); nothing was written")
+    notes = [f"the held rows of {', '.join(phases)} need rows of {', '.join(sorted(reached))} (an edge goes with its node, "
+             "a META node's CLUSTERS rows go together): those phases are decided too"] if reached else []
+    return chosen, sorted(set(phases) | reached), notes
+
+
+def _validate(h: Holds, chosen: Diff, snapshot: Snapshot, config: ConsolidationConfig) -> None:
+    """Every SPEC §4 check of ``chosen`` against the run's snapshot with its applied part folded in."""
+    whole = as_shard_diff(read_scope_diff(h.run.diff_uri, h.run.scope_path), h.run.scope_path)
+    applied = without_rows(whole, h.diff)
+    base = applied.fold(Shard.of(snapshot))
+    failures = validate_diff(chosen, base, config)
+    if failures.height:
+        raise HoldError(f"run {h.run.run_id}: the held rows to approve fail validation on the run's snapshot with its "
+                        "applied part (nothing was written):\n" + "\n".join(failure_messages(failures)))
+
+
+def _snapshot(h: Holds) -> Snapshot:
+    if not h.run.snapshot_uri:
+        raise HoldError(f"run {h.run.run_id} recorded no snapshot: what its held rows follow is unknown, so an approval "
+                        "cannot be validated; nothing was written (reject the held rows, the next night re-plans them)")
     try:
-        with store.pg() as con:
-            with con.transaction():
-                for p in decision.phases:
-                    con.execute(DECIDE_SQL, (decision.decision_id, h.run.run_id, p, decision.decision, decided_by,
-                                             json.dumps(h.phases[p], sort_keys=True),
-                                             json.dumps(decision.applied, sort_keys=True), decision.conflicts,
-                                             decision.approval_run_id))
-                if decision.approval_run_id:
-                    con.execute(APPROVAL_OF_SQL, (h.run.run_id, decision.approval_run_id))
-                con.execute(STATUS_SQL, {"phases": len(h.phases), "run": h.run.run_id})
-    except psycopg.errors.UniqueViolation:
-        raise HoldError(f"run {h.run.run_id}: phase(s) {', '.join(decision.phases)} were decided by another call "
-                        "meanwhile; see `deep-sleep report`") from None
+        return read_scope_snapshot(h.run.snapshot_uri, h.run.scope_path)
+    except (DeepSleepError, OSError) as exc:
+        raise HoldError(f"run {h.run.run_id}: its snapshot {h.run.snapshot_uri} cannot be read ({exc}); an approval "
+                        "cannot be validated without it; nothing was written") from None
+
+
+def approve(store: Store, run_id: str, phase: str | None = None, decided_by: str | None = None,
+            config: ConsolidationConfig | None = None) -> Decision:
+    """Apply the held rows of ``run_id`` (every still-pending phase, or ``phase``) through the version
+    guard, and record the decision in the same transaction; see the module docstring."""
+    h = read_holds(store, run_id)
+    snapshot = _snapshot(h)
+    chosen, phases, notes = _selection(h, _to_decide(h, phase, "approve"), snapshot)
+    _validate(h, chosen, snapshot, config or load_config())
+    approval_id = str(uuid.uuid4())
+    location = _approval_dir(h.run, approval_id)
+    remote = files.is_remote(location)  # the run's files are on an object store: stage here, publish there
+    base = Path(tempfile.mkdtemp(prefix="deep-sleep-approval-")) if remote else Path(location)
+    one = chosen.by_scope((h.run.scope_path,)).get(h.run.scope_path, Diff.empty())  # the single-scope layout
+    try:
+        out = one.write(base / "diff")
+        snap_dir = _before_images(snapshot, one).write(base / "snapshot")
+        snap_uri, diff_uri = ((files.join(location, "snapshot"), files.join(location, "diff")) if remote
+                              else (str(snap_dir.resolve()), str(out.resolve())))
+        report = ConsolidationReport(
+            scope_path=h.run.scope_path, as_of=h.run.as_of.isoformat(), phases_run=phases, rows_changed=_counts(one),
+            diff_hash=one.content_hash(), run_id=approval_id, snapshot_uri=snap_uri, diff_uri=diff_uri,
+            notes={"approve": [f"held rows of run {h.run.run_id}" + (f", phase {phase}" if phase else ""), *notes]},
+            approval_of=h.run.run_id,
+        )
+        report.write(out)
+        if remote:  # before the apply: its ledger row names these files
+            files.publish_dir(base, location)
+        planned = planned_statements(chosen, {h.run.scope_path: report})
+        decide = _decision_statements(h, phases, "approved", approval_id, decided_by, approval_id)
+        at = next(i for i, s in enumerate(planned.statements) if s.step == "lock") + 1
+        planned = replace(planned, statements=(*planned.statements[:at], *decide, *planned.statements[at:]))
+        try:
+            applied, conflicts = apply_batch(store, planned, {h.run.scope_path: report}, "approve",
+                                             datetime.now(UTC))[h.run.scope_path]
+        except Exception as exc:
+            if _is_unique_violation(exc):
+                raise _raced(h, phases) from None
+            raise
+        report.with_(status="applied", rows_changed=applied, conflicts=conflicts).write(out)
+        if remote:
+            files.publish_file(out / "report.json", files.join(diff_uri, "report.json"))
+    finally:
+        if remote:
+            shutil.rmtree(base, ignore_errors=True)
+    decision = Decision(h.run.run_id, "approved", phases, _counts(chosen), applied, conflicts,
+                        decision_id=approval_id, approval_run_id=approval_id, notes=notes)
     _update_report(h.run, decision)
+    return decision
+
+
+def _approval_dir(run: RunRecord, approval_id: str) -> str:
+    """A run directory of its own, beside the run's (``<scope>/<as_of>_<approval id>``; a URL when the
+    run's files are on an object store): ``gc`` keeps or removes it by the approval's own ledger row,
+    as any run's."""
+    stamp = utc(run.as_of).strftime("%Y%m%dT%H%M%S.%fZ")
+    return files.join(files.parent(files.parent(run.diff_uri)), f"{stamp}_{approval_id}")
+
+
+def _before_images(snapshot: Snapshot, todo: Diff) -> Snapshot:
+    """The run's snapshot rows of what the approval updates (what ``deep-sleep undo`` restores them
+    from); deleted rows are archived by the apply, inserted ones are in the diff."""
+    frames = {t: snapshot.table(t).filter(pl.col("id").cast(pl.String).is_in(td.updates.get_column("id").cast(pl.String).implode()))
+              for t, td in todo.tables.items() if td.updates.height}
+    return Snapshot(snapshot.scope_path, snapshot.taken_at, snapshot.previous_run_as_of, frames)
+
+
+def reject(store: Store, run_id: str, phase: str | None = None, decided_by: str | None = None) -> Decision:
+    """Discard the held rows of ``run_id`` (every still-pending phase, or ``phase``): record the decision
+    in one transaction, apply nothing."""
+    h = read_holds(store, run_id)
+    phases = _to_decide(h, phase, "reject")
+    decision_id = str(uuid.uuid4())
+    try:
+        with store.transaction() as cur:
+            for s in _decision_statements(h, phases, "rejected", decision_id, decided_by, None):
+                cur.execute(s.sql, parameters=s.params)
+    except Exception as exc:
+        if _is_unique_violation(exc):
+            raise _raced(h, phases) from None
+        raise
+    decision = Decision(h.run.run_id, "rejected", phases, _counts(holds.only_phases(h.diff, set(phases))),
+                        decision_id=decision_id)
+    _update_report(h.run, decision)
+    return decision
 
 
 def _update_report(run: RunRecord, decision: Decision) -> None:
     """Note the decision in the run's ``report.json`` (``held.decisions``), when the file is still there
-    (on an object store: fetched, rewritten and put back)."""
+    (on an object store: fetched, rewritten and put back).  The ledger is the record; this is a courtesy."""
     if not run.diff_uri:
         return
     try:
@@ -190,74 +341,6 @@ def _update_report(run: RunRecord, decision: Decision) -> None:
         files.publish_file(local / "report.json", files.join(run.diff_uri, "report.json"))
 
 
-def approve(store: Store, run_id: str, phase: str | None = None, decided_by: str | None = None) -> Decision:
-    """Apply the held rows of ``run_id`` (every still-pending phase, or ``phase``) through the version guard,
-    and record the decision; see the module docstring."""
-    h = read_holds(store, run_id)
-    phases = _to_decide(h, phase, "approve")
-    todo = holds.only_phases(h.diff, set(phases))
-    approval_id = str(uuid.uuid4())
-    location = _approval_dir(h.run, approval_id)
-    remote = files.is_remote(location)  # the run's files are on an object store: stage here, publish there
-    base = Path(tempfile.mkdtemp(prefix="deep-sleep-approval-")) if remote else Path(location)
-    try:
-        out = todo.write(base / "diff")
-        snap_dir = _before_images(h.run, todo).write(base / "snapshot")
-        snap_uri, diff_uri = ((files.join(location, "snapshot"), files.join(location, "diff")) if remote
-                              else (str(snap_dir.resolve()), str(out.resolve())))
-        report = ConsolidationReport(
-            scope_path=h.run.scope_path, as_of=h.run.as_of.isoformat(), phases_run=phases, rows_changed=_counts(todo),
-            diff_hash=todo.content_hash(), run_id=approval_id, snapshot_uri=snap_uri, diff_uri=diff_uri,
-            notes={"approve": [f"held rows of run {h.run.run_id}" + (f", phase {phase}" if phase else "")]},
-        )
-        report.write(out)
-        if remote:  # before the apply: its ledger row names these files
-            files.publish_dir(base, location)
-        result = apply_diff(store, todo, report, mode="approve")
-        report.with_(status="applied", rows_changed=result.applied, conflicts=result.conflicts).write(out)
-        if remote:
-            files.publish_file(out / "report.json", files.join(diff_uri, "report.json"))
-    finally:
-        if remote:
-            shutil.rmtree(base, ignore_errors=True)
-    decision = Decision(h.run.run_id, "approved", phases, _counts(todo), result.applied, result.conflicts,
-                        decision_id=approval_id, approval_run_id=approval_id)
-    _record(store, h, decision, decided_by)
-    return decision
-
-
-def _approval_dir(run: RunRecord, approval_id: str) -> str:
-    """A run directory of its own, beside the run's (``<scope>/<as_of>_<approval id>``; a URL when the
-    run's files are on an object store): ``gc`` keeps or removes it by the approval's own ledger row,
-    as any run's."""
-    stamp = utc(run.as_of).strftime("%Y%m%dT%H%M%S.%fZ")
-    return files.join(files.parent(files.parent(run.diff_uri)), f"{stamp}_{approval_id}")
-
-
-def _before_images(run: RunRecord, todo: Diff) -> Snapshot:
-    """The run's snapshot rows of what the approval updates (what ``deep-sleep undo`` restores them
-    from); deleted rows are archived by the apply, inserted ones are in the diff."""
-    frames = {}
-    updated = {t: td.updates.get_column("id") for t, td in todo.tables.items() if td.updates.height}
-    if updated:
-        snap = read_scope_snapshot(run.snapshot_uri, run.scope_path)  # a shard's or a single scope's
-        frames = {t: snap.table(t).filter(pl.col("id").cast(pl.String).is_in(ids.cast(pl.String).implode()))
-                  for t, ids in updated.items()}
-        return Snapshot(snap.scope_path, snap.taken_at, snap.previous_run_as_of, frames)
-    return Snapshot(run.scope_path, utc(run.as_of), None, frames)
-
-
-def reject(store: Store, run_id: str, phase: str | None = None, decided_by: str | None = None) -> Decision:
-    """Discard the held rows of ``run_id`` (every still-pending phase, or ``phase``): record the decision,
-    apply nothing."""
-    h = read_holds(store, run_id)
-    phases = _to_decide(h, phase, "reject")
-    decision = Decision(h.run.run_id, "rejected", phases, _counts(holds.only_phases(h.diff, set(phases))),
-                        decision_id=str(uuid.uuid4()))
-    _record(store, h, decision, decided_by)
-    return decision
-
-
 def holds_markdown(h: Holds) -> str:
     """The held rows of a run per phase, with their decisions, as Markdown (the approval form's description)."""
     from deep_sleep.run.console import markdown_table
@@ -273,10 +356,10 @@ def holds_markdown(h: Holds) -> str:
 
 
 def decision_text(d: Decision) -> str:
-    """One line for the terminal."""
+    """One line for the terminal (and the notes, if any)."""
     held = sum(n for kinds in d.held_rows.values() for n in kinds.values())
     text = f"run {d.run_id}: {d.decision} {held} held row(s) of {', '.join(d.phases)}"
     if d.decision == "approved":
         landed = sum(n for kinds in d.applied.values() for n in kinds.values())
         text += f"; applied {landed}, {d.conflicts} conflict(s) (rows changed since the snapshot, left as they are)"
-    return text
+    return "\n".join([text, *(f"note: {n}" for n in d.notes)])

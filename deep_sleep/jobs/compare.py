@@ -216,14 +216,14 @@ def compare_configs(snapshot: Snapshot, config_a: ConsolidationConfig, config_b:
     """Plan one snapshot under two configurations and compare the diffs (no store involved)."""
     a = plan(snapshot, config_a, as_of, tuple(phases) if phases else None)
     b = plan(snapshot, config_b, as_of, tuple(phases) if phases else None)
-    return compare_diffs(a.diff, b.diff, report_a=a.report, report_b=b.report, label_a=label_a, label_b=label_b)
+    return compare_diffs(a.scope_diff(), b.scope_diff(), report_a=a.report, report_b=b.report, label_a=label_a, label_b=label_b)
 
 
 def compare_dirs(dir_a: str | Path, dir_b: str | Path, scope_path: str | None = None) -> Comparison:
     """Compare two diff directories (e.g. two code versions' replays of one snapshot); their
     reports, when present, supply counters and phases.  A shard's diff directory holds many
     scopes: ``scope_path`` names the one to compare."""
-    from deep_sleep.run.pipeline import is_shard_diff, read_scope_diff, read_scope_report
+    from deep_sleep.run.layout import is_shard_diff, read_scope_diff, read_scope_report
 
     def report(d: Path) -> ConsolidationReport | None:
         return read_scope_report(d, scope_path) if (d / "report.json").is_file() or is_shard_diff(d) else None

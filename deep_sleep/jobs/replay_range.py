@@ -26,16 +26,16 @@ from deep_sleep.core.errors import SnapshotError
 from deep_sleep.core.files import write_atomic
 from deep_sleep.core.report import ConsolidationReport
 from deep_sleep.core.scope import Scope
+from deep_sleep.core.shard import Shard
 from deep_sleep.core.snapshot import MANIFEST, Snapshot, iso, utc
 from deep_sleep.jobs.compare import Comparison, compare_diffs, comparison_markdown
 from deep_sleep.jobs.errors import LedgerError
 from deep_sleep.jobs.ledger import get_run
-from deep_sleep.run import stages
+from deep_sleep.run import pipeline
+from deep_sleep.run.layout import runs_dir as local_runs_dir
 from deep_sleep.run.console import markdown_table
-from deep_sleep.run.plan import plan
 from deep_sleep.store.db import Store
 from deep_sleep.transforms.config import ConsolidationConfig
-from deep_sleep.validation import validate_diff
 
 _RUN_DIR = re.compile(r"^\d{8}T\d{6}\.\d{6}Z_(?P<run_id>[0-9a-f-]{36})$")
 
@@ -76,10 +76,10 @@ class StoredSnapshot:
 
 def find_snapshots(runs_dir: str | Path | None, scope: Scope | str, start: datetime | str | None = None,
                    end: datetime | str | None = None) -> list[StoredSnapshot]:
-    """The scope's stored snapshots under ``runs_dir`` (layout of :func:`deep_sleep.run.stages.run_dir`)
+    """The scope's stored snapshots under ``runs_dir`` (layout of :func:`deep_sleep.run.layout.run_dir`)
     whose ``taken_at`` is within [start, end], oldest first."""
     scope = Scope.coerce(scope)
-    base = stages.runs_dir(runs_dir) / quote(scope.display(), safe="")
+    base = local_runs_dir(runs_dir) / quote(scope.display(), safe="")
     lo, hi = (utc(start) if start else None), (utc(end) if end else None)
     found = []
     for manifest in sorted(base.glob(f"*/snapshot/{MANIFEST}")):
@@ -107,22 +107,14 @@ def resolve_as_of(stored: StoredSnapshot, store: Store | None = None) -> tuple[d
 
 def replay_snapshot(snapshot: Snapshot | str | Path, config: ConsolidationConfig, as_of: datetime | str, *,
                     phases: Sequence[str] | None = None, out: str | Path | None = None) -> tuple[Diff, ConsolidationReport]:
-    """Transform and validate one snapshot (no store); write the diff and ``report.json`` to ``out`` if given.
-    A diff that fails validation gives a report with status ``failed`` and the failing checks."""
+    """Replay one snapshot (no store): :data:`~deep_sleep.run.pipeline.REPLAY` on it as a shard of one,
+    the diff and ``report.json`` written to ``out`` if given.  A diff that fails validation gives a
+    report with status ``failed`` and the failing checks.  Returns the scope's diff and report."""
     snap = snapshot if isinstance(snapshot, Snapshot) else Snapshot.read(snapshot)
-    planned = plan(snap, config, utc(as_of), tuple(phases) if phases else None)
-    failures = validate_diff(planned.diff, planned.snapshot, config)
-    report = planned.report.with_(snapshot_uri=str(snap.source.resolve()) if snap.source else None)
-    if failures.height:
-        summary = failures.group_by("check", "table", "kind", "phase").len().sort("table", "kind", "check")
-        report = report.with_(status="failed", validation=failures.head(200).to_dicts(), errors=report.errors + [
-            f"validation failed: {r['check']} — {r['table']}.{r['kind']} from phase {r['phase']}: {r['len']} row(s)"
-            for r in summary.iter_rows(named=True)])
-    if out is not None:
-        planned.diff.write(out)
-        report = report.with_(diff_uri=str(Path(out).resolve()))
-        report.write(out)
-    return planned.diff, report
+    ctx = pipeline.Context.of(as_of, config, diff_dir=Path(out) if out is not None else None,
+                              phases=tuple(phases) if phases else None)
+    state = pipeline.run(pipeline.REPLAY, ctx, pipeline.State(shard=Shard.of(snap)))
+    return state.plan.scope_diff(), state.report()
 
 
 @dataclass(frozen=True)

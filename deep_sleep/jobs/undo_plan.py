@@ -116,7 +116,7 @@ def prepare(run: RunRecord) -> dict[str, Staged]:
             "Restore the run directory from backup and retry."
         )
     from deep_sleep.run.holds import read_held
-    from deep_sleep.run.pipeline import read_scope_diff
+    from deep_sleep.run.layout import read_scope_diff
 
     # The rows the run held for approval never applied with it (an approval is a run of its own):
     # what this run changed is its diff minus its held rows.

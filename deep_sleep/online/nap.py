@@ -1,8 +1,9 @@
 """The quick nap (SPEC §5): phases 1, 5 and 10 for one scope, between the nightly runs.
 
 Every ``quick_nap_interval`` turns of a scope (counted in ``scope_turns``), phases 1, 5 and 10 run
-for that scope through :func:`deep_sleep.run.plan.plan`, ``validate_diff`` and
-``apply_diff(mode="quick_nap")``, on a targeted snapshot (:func:`nap_snapshot`).  Windows: a nap
+for that scope through the nightly's own stages (:data:`deep_sleep.run.pipeline.NAP`: transform,
+validate, apply with ``mode = "quick_nap"``) on a targeted snapshot (:func:`nap_snapshot`) — a
+shard of one, without files and without holds (the nap keeps no run directory to hold rows in).  Windows: a nap
 consolidates the access log from the latest applied run of *either* mode on, so it never
 re-strengthens what a nap or a nightly already counted; the nightly in turn reads the access log
 only after the latest applied nap (``deep_sleep/store/extract.py``; its other phases keep the
@@ -158,14 +159,12 @@ def quick_nap(
 
     scope = Scope.coerce(scope)
     config = config or default_config()
-    started = datetime.now(UTC)
-    as_of = utc(as_of or started)
+    ctx = pipeline.Context.of(as_of, config, scopes=scope, store=store_of(store_or_conn), mode="quick_nap",
+                              phases=QUICK_NAP, holds=False)
     t0 = time.perf_counter()
     with connection(store_or_conn) as conn:
-        snapshot = nap_snapshot(conn, scope, as_of, config)
-    # The nightly's pipeline of stage values on a shard of one, without files.
-    extracted = pipeline.Extracted(Shard.of(snapshot), seconds=round(time.perf_counter() - t0, 6))
-    planned = pipeline.transform(extracted, config, as_of, phases=QUICK_NAP)
-    validated = pipeline.validate(planned, config)
-    applied = pipeline.apply(store_of(store_or_conn), validated, mode="quick_nap", started_at=started)
-    return applied.reports[scope.path]
+        snapshot = nap_snapshot(conn, scope, ctx.as_of, config)
+    extract = round(time.perf_counter() - t0, 6)
+    # The nightly's stages on a shard of one, without files (NAP: transform, validate, apply).
+    report = pipeline.run(pipeline.NAP, ctx, pipeline.State(shard=Shard.of(snapshot))).report(scope.path)
+    return report.with_(timings={**report.timings, "extract": extract})

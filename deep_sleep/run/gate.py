@@ -2,9 +2,9 @@
 queries against the scope as extracted and as the diff would leave it, and compare recall@k of the
 memories the agent used.
 
-    >>> result = recall_gate(snapshot, diff, config, embeddings=node_vectors)   # doctest: +SKIP
-    >>> result.recall_before, result.recall_after, result.failed               # doctest: +SKIP
-    (0.9, 0.6, True)
+    >>> result = recall_gate(shard, diff, config, embeddings=node_vectors)[scope_path]   # doctest: +SKIP
+    >>> result.status, result.recall_before, result.recall_after, result.failed         # doctest: +SKIP
+    ('measured', 0.9, 0.6, True)
 
 **Which queries.**  A recall row (``recall_events``, labels as the diff leaves them, so this run's
 implicit labels count) is *used* when it has explicit feedback ``used`` (``label_source =
@@ -46,25 +46,20 @@ passes them (``embeddings``: ``id``, ``embedding``; :func:`deep_sleep.store.vect
 reads them from the store), or the ``memory_nodes`` frame carries an ``embedding`` column.  A node
 without an embedding is never a seed — the live query filters ``embedding IS NOT NULL`` — and is
 reached only by spreading, with similarity 0 (a zero vector likewise has similarity 0 and sorts
-last).  When no embeddings are given at all the gate measures nothing: ``queries = 0``, not
-failed, and ``detail`` says why.  A query whose text embeds to the zero vector finds nothing
+last).  When no embeddings are given at all the gate measures nothing: ``status = no_vectors``.  A query whose text embeds to the zero vector finds nothing
 online and here (its recall@k is 0 before and after).
 
-**Cost** (50 queries, k = 10; measured 2026-12-01 on a 2-core machine at load average ~19, so
-wall time is ~7× the CPU time; CPU time is the fair figure): a scope of 100 nodes 93 ms wall / 99
-ms CPU; a scope of 100,000 nodes and 300,000 edges 7.3 s wall / 0.98 s CPU (one 50 × 100k float32
-product, shared by before and after).  A shard of 1,800 fleet scopes × 100 nodes
-(``generate_fleet`` with ``recalls``: 4,108 used queries in 1,735 scopes, 222 failing; measured
-2026-12-01 at load average ~11) 4.2–5.1 CPU-s with :func:`recall_gate_shard` (of which the two
-rankings 3.4–4.0: their joins ~1.8, ``_degree`` 0.7, ``_fan`` 0.6, seeds 0.2, order 0.2; the
-distance space 0.4–0.6; the fold 0.2–0.4), where the reranker adjustment as a boolean mask per
-scope with a model had taken 19 CPU-s (quadratic in the scopes: 1,735 masks over ~100k
-candidates).  What is not vectorized: the dense product and the seed partition, one numpy call
-per scope with queries (no Python per row), and the tokenizer of the live path, once per distinct
-query and candidate label.
+**Cost.**  Everything is one pass over all the shard's scopes in Polars; what is not vectorized is
+the dense query × node product and the seed partition (one numpy call per scope with queries, no
+Python per row) and the live path's tokenizer, once per distinct query and candidate label.  The
+reranker adjustment is computed per model, not as a mask per scope (which was quadratic in the
+scopes).  Measured costs are in benchmarks/README.md.
 
-A scope with no used query: ``queries = 0``, the figures None, not failed.  The gate switched off
-(``gate.enabled = false``): likewise, ``detail = "disabled"``.
+**When it cannot measure** (SPEC §9 as amended: a gate that could not measure says so, by reason,
+and never reads as "passed"): ``status`` is ``no_used_query`` (no used query whose memory is a node
+of the scope), ``no_vectors`` (none of the scope's nodes has an embedding), ``zero_before`` (recall@k
+is 0 before the diff, so no drop could show: the figures are kept) or ``disabled``; never
+``failed``.  The night's summary counts the scopes by status.
 """
 
 from __future__ import annotations
@@ -89,7 +84,7 @@ from deep_sleep.core.shard import Shard
 from deep_sleep.core.snapshot import Snapshot, utc
 from deep_sleep.core.tables import EMBEDDING_DIM
 
-__all__ = ["GateResult", "ranked_hits", "recall_gate", "recall_gate_shard"]
+__all__ = ["GateResult", "UNMEASURED", "not_run", "ranked_hits", "recall_gate"]
 
 SEED_MIN = 20  # as the live recall: max(4k, 20) seeds, 8 edges each way from each of the k nearest
 FAN_OUT = 8
@@ -97,14 +92,26 @@ EXPLICIT = "explicit"
 DEFAULT_MIN_LABEL = 0.5
 
 
+#: Why a scope's gate did not measure (a key of the report's ``gate.status`` besides ``measured``).
+UNMEASURED = {
+    "no_used_query": "no used recall query whose memory is a node of the scope",
+    "no_vectors": "no node embeddings to rank against",
+    "zero_before": "recall@k of the used memories is 0 before the diff: a drop cannot be seen",
+    "disabled": "the gate is switched off (gate.enabled = false)",
+}
+
+
 @dataclass(frozen=True)
 class GateResult:
     """The gate's verdict on one scope (see the module docstring for the definitions).
 
+    status: ``measured``, or why not: a key of :data:`UNMEASURED` (``no_used_query``, ``no_vectors``,
+        ``zero_before``, ``disabled``).  Only a measured gate can pass or fail; one that could not
+        measure never reads as passed (SPEC §9 as amended 2026-12-04).
     queries: used queries replayed (0: nothing to measure).
     recall_before, recall_after: mean recall@k of the used memories, 0–1 (None without queries).
     drop_pp: ``100 × (before − after)`` percentage points (None without queries).
-    failed: the drop exceeds ``max_drop_pp`` — the run's destructive rows are to be held.
+    failed: measured, and the drop exceeds ``max_drop_pp`` — the run's destructive rows are to be held.
     detail: one line for the report and the terminal.
     """
 
@@ -114,13 +121,24 @@ class GateResult:
     drop_pp: float | None
     failed: bool
     detail: str = ""
+    status: str = "measured"
+
+    @property
+    def measured(self) -> bool:
+        return self.status == "measured"
 
     def to_report(self) -> dict[str, Any]:
-        """The report's ``gate`` field: empty when nothing was replayed (report.json unchanged then)."""
-        if not self.queries:
-            return {}
-        return {"queries": self.queries, "recall_before": self.recall_before, "recall_after": self.recall_after,
-                "drop_pp": self.drop_pp, "failed": self.failed}
+        """The report's ``gate`` field: ``status`` and ``detail`` always; the figures when queries were replayed."""
+        out: dict[str, Any] = {"status": self.status, "detail": self.detail, "failed": self.failed}
+        if self.queries:
+            out.update(queries=self.queries, recall_before=self.recall_before, recall_after=self.recall_after,
+                       drop_pp=self.drop_pp)
+        return out
+
+
+def not_run(reason: str) -> dict[str, Any]:
+    """The report's ``gate`` field of a run whose stage list has no gate (``reason``: why not)."""
+    return {"status": "not_run", "detail": reason, "failed": False}
 
 
 def _settings(config: Any) -> tuple[GateConfig, float]:
@@ -131,25 +149,23 @@ def _settings(config: Any) -> tuple[GateConfig, float]:
     return gate, float(getattr(labels, "min_label", DEFAULT_MIN_LABEL))
 
 
-def _nothing(detail: str) -> GateResult:
-    return GateResult(0, None, None, None, False, detail)
+def _nothing(status: str, queries: int = 0, before: float | None = None, after: float | None = None) -> GateResult:
+    return GateResult(queries, before, after, None if before is None else 100.0 * (before - (after or 0.0)), False,
+                      UNMEASURED[status], status)
 
 
-def recall_gate(snapshot: Snapshot, diff: Diff, config: Any, embeddings: pl.DataFrame | None = None, *,
-                now: datetime | None = None, embedder: EmbeddingProvider | None = None) -> GateResult:
-    """The recall-quality gate of one scope: recall@k of its used memories before ``diff`` and after
-    (module docstring).  ``config``: a :class:`GateConfig` or a run's configuration (its ``gate``
-    and ``label_recalls.min_label``); ``embeddings``: the nodes' (``id``, ``embedding``)."""
-    return recall_gate_shard(Shard.of(snapshot), diff, config, embeddings, now=now, embedder=embedder,
-                             _single=True)[snapshot.scope_path]
+def recall_gate(shard: Shard | Snapshot, diff: Diff, config: Any, embeddings: pl.DataFrame | None = None, *,
+                now: datetime | None = None, embedder: EmbeddingProvider | None = None) -> dict[str, GateResult]:
+    """The recall-quality gate of every scope of ``shard``: recall@k of its used memories before
+    ``diff`` (the shard's, a ``scope_path`` on every row) and after (module docstring).  One pass
+    over all scopes' rows in Polars; only the query × node similarity is a dense product per scope.
+    A :class:`Snapshot` is a shard of one.  ``config``: a :class:`GateConfig` or a run's
+    configuration (its ``gate`` and ``label_recalls.min_label``); ``embeddings``: the nodes' (``id``,
+    ``embedding``)."""
+    if isinstance(shard, Snapshot):
+        from deep_sleep.run.plan import as_shard_diff
 
-
-def recall_gate_shard(shard: Shard, diff: Diff, config: Any, embeddings: pl.DataFrame | None = None, *,
-                      now: datetime | None = None, embedder: EmbeddingProvider | None = None,
-                      _single: bool = False) -> dict[str, GateResult]:
-    """The gate of every scope of ``shard`` at once (``diff``: the shard's, a ``scope_path`` on every
-    row), each scope's result equal to :func:`recall_gate` on that scope alone.  One pass over all
-    scopes' rows in Polars; only the query × node similarity is a dense product per scope."""
+        shard, diff = Shard.of(shard), as_shard_diff(diff, shard.scope_path)
     gate, min_label = _settings(config)
     scopes = list(shard.scope_paths)
     if not gate.enabled:
@@ -158,12 +174,14 @@ def recall_gate_shard(shard: Shard, diff: Diff, config: Any, embeddings: pl.Data
     nodes_before = shard.table("memory_nodes")
     vectors = _vectors(nodes_before, embeddings)
     before = shard.with_frames({"memory_nodes": nodes_before.drop("embedding", strict=False)})
-    after = _fold(before, diff, _single)
+    after = diff.fold(before)
     queries, used = _queries(after.table("recall_events"), before.table("memory_nodes"), gate.max_queries, min_label)
+    out = {s: _nothing("no_used_query") for s in scopes}
     if not queries.height:
-        return {s: _nothing("no used recall queries") for s in scopes}
+        return out
     if vectors is None:
-        return {s: _nothing("no node embeddings given: nothing to replay against") for s in scopes}
+        return {s: _nothing("no_vectors") if s in set(queries.get_column("scope_path").to_list()) else r
+                for s, r in out.items()}
     qvec = (embedder or default_embedder()).embed(queries.get_column("query").to_list())
     words = _query_words(queries)
     space = _Space(before.table("memory_nodes"), vectors, queries, qvec)
@@ -178,8 +196,14 @@ def recall_gate_shard(shard: Shard, diff: Diff, config: Any, embeddings: pl.Data
                       (pl.col("found_after").fill_null(0) / pl.col("n_used")).alias("after"))
         .group_by("scope_path").agg(pl.len().alias("queries"), pl.col("before").mean(), pl.col("after").mean())
     )
-    out = {s: _nothing("no used recall queries") for s in scopes}
+    with_vectors = set(space.scopes_with_vectors())
     for s, n, b, a in per_query.select("scope_path", "queries", "before", "after").iter_rows():
+        if s not in with_vectors:
+            out[s] = _nothing("no_vectors", int(n))
+            continue
+        if b <= 0.0:
+            out[s] = _nothing("zero_before", int(n), float(b), float(a))
+            continue
         drop = 100.0 * (b - a)
         failed = drop > gate.max_drop_pp
         detail = (f"recall@{gate.k} of the used memories of {n} quer{'y' if n == 1 else 'ies'}: "
@@ -247,20 +271,6 @@ def _matrix(emb: pl.DataFrame, rows: np.ndarray | None = None) -> np.ndarray:
     with np.errstate(invalid="ignore", divide="ignore"):
         mat /= norms[:, None]
     return mat
-
-
-def _fold(before: Shard, diff: Diff, single: bool) -> Shard:
-    """The shard as the diff leaves it (a single scope's diff has no ``scope_path`` on its updates and deletes)."""
-    if single:
-        snap = before.scope(before.scope_paths[0])
-        return Shard.of(diff.fold(snap))
-    frames = {}
-    for name, td in diff.tables.items():
-        frame = before.table(name)
-        if td.deletes.height or td.updates.height or td.inserts.height:
-            snap = Snapshot(before.scope_paths[0], before.taken_at, None, {name: frame})
-            frames[name] = Diff({name: td}).fold(snap).table(name)
-    return before.with_frames(frames)
 
 
 def _queries(recalls: pl.DataFrame, nodes: pl.DataFrame, max_queries: int, min_label: float) -> tuple[pl.DataFrame, pl.DataFrame]:
@@ -380,6 +390,10 @@ class _Space:
             blocks.append(dist.reshape(-1))
             at += dist.size
         self.flat = np.concatenate(blocks) if blocks else np.zeros(0)
+
+    def scopes_with_vectors(self) -> list[str]:
+        """The scopes that have at least one embedded node."""
+        return self.rows.get_column("scope_path").unique().to_list()
 
     def dist(self, q: np.ndarray, e: np.ndarray) -> np.ndarray:
         """The distance of queries ``q`` to node rows ``e`` (nodes of the query's scope; NaN for e < 0)."""

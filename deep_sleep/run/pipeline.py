@@ -1,416 +1,440 @@
-"""One pipeline of stage values for every path: extract → plan → validate → apply (SPEC §2).
+"""The pipeline: stages as values, run by one runner (SQLMesh's ``plan/stages.py`` is the model).
 
-Each stage takes the previous stage's value and returns its own; values pass explicitly in one
-process (nothing is re-read from disk, no cache in between), and each stage also writes its files
-— for replay, for other processes and for re-running a stage by hand on the files of a failed
-night (:mod:`deep_sleep.run.stages` reads them back).  The nightly runs it once per *shard* (many
-scopes in one columnar pass); ``deep-sleep run``, the single-scope flow, the demo and the
-benchmarks run it on a shard of one; ``deep-sleep plan`` stops before :func:`apply`; replay is
-:func:`plan_only` on a stored snapshot.
+A run is a :class:`Context` (what it is given, normalised once at its boundary: ``as_of`` in UTC,
+scope paths, configuration, store, where its files go) and a list of stages.  Each stage is a frozen
+value with a ``run(ctx, state) -> state``; :func:`run` hands each the :class:`State` the previous one
+returned.  Every path builds the list it needs from the same stage values — no flag is threaded
+through a stage, and no stage returns two shapes:
 
-    Extracted(shard, snapshot_dir)                         extract(store, scopes, as_of, config, out)
-      → Planned(plan, reports with run ids, diff_dir)      transform(extracted, config, as_of, out)
-      → Validated(failures, reports: failed scopes marked) validate(planned, config)
-      → Applied(reports: applied / failed / conflicts)     apply(store, validated)
+    NIGHT   = Extract, Transform, Gate, Hold, Validate, Publish, Apply, Publish   the nightly's shard task,
+                                                                               deep-sleep run, the flows
+    PLAN    = Extract, Transform, Gate, Hold, Validate                         deep-sleep plan, nightly --plan
+    REPLAY  = Transform, Gate, Hold, Validate                                  replay of a stored snapshot
+    NAP     = Transform, Validate, Apply                                       the quick nap (a targeted shard of one)
 
-Files of a run directory (SPEC §8): ``snapshot/`` (a shard snapshot: one Parquet per table, rows
-sorted by scope, a manifest listing every scope; a shard of one is also a valid single-scope
-snapshot) and ``diff/``: for a shard of one the single-scope diff directory (``report.json``,
-``<table>.<kind>.parquet``); for a shard of many, the same files holding every scope's rows (each
-row with ``scope_path``) and ``reports.parquet`` (one row per scope: ``scope_path``, ``run_id``,
-``status``, ``diff_hash``, ``report`` = the report's JSON).  :func:`read_scope_diff` and
-:func:`read_scope_report` read one scope out of either.  ``quarantine.parquet`` and
-``validation.parquet`` carry a ``scope_path`` column in a shard's directory.
+A single scope is a shard of one and runs the same stages.  :func:`explain` walks the same list to
+say what each stage would do.  Whether the gate ran, or why not, is in every report (``gate``).
+
+The holds split comes before the final validation, so validation judges what will be applied
+tonight — the snapshot with only that part folded in — every SPEC §4 check (SPEC §9 as amended).
 """
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import ClassVar
 
 import polars as pl
 
-from deep_sleep.core import files, tables
-from deep_sleep.core.diff import KINDS, Diff, TableDiff
-from deep_sleep.core.errors import InputError, SnapshotError
-from deep_sleep.core.holds_config import HoldsConfig
+from deep_sleep.core import files
+from deep_sleep.core.diff import Diff
+from deep_sleep.core.errors import InputError
 from deep_sleep.core.report import ConsolidationReport
 from deep_sleep.core.scope import Scope
 from deep_sleep.core.shard import Shard
-from deep_sleep.core.snapshot import Snapshot, utc
+from deep_sleep.core.snapshot import utc
 from deep_sleep.core.summary import Summarizer
 from deep_sleep.run import holds as held_rows
-from deep_sleep.run.apply import apply_diff, apply_shard, record_run
-from deep_sleep.run.plan import Plan, ShardPlan, _with_scope, plan, plan_shard
+from deep_sleep.run.apply import ScopeApplied, apply
+from deep_sleep.run.gate import not_run, recall_gate
+from deep_sleep.run.holds import HoldSplit, split_holds
+from deep_sleep.run.layout import QUARANTINE_FILE, VALIDATION_FILE, publish, write_reports
+from deep_sleep.run.plan import Plan, plan
 from deep_sleep.store.db import Store
-from deep_sleep.store.extract import extract as extract_scope
-from deep_sleep.store.extract import extract_shard
 from deep_sleep.transforms.config import ConsolidationConfig
-from deep_sleep.validation import failed_scopes, validate_diff, validate_shard_diff
-
-REPORTS_FILE = "reports.parquet"
-QUARANTINE_FILE = "quarantine.parquet"
-VALIDATION_FILE = "validation.parquet"
+from deep_sleep.validation import failed_scopes, validate_diff
 
 
-# -- values ------------------------------------------------------------------------------------
+# -- values --------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class Extracted:
-    """The extract stage's value: the shard (a single-scope run: a shard of one) and where it was written."""
+class Context:
+    """What a run is given.  Build it with :meth:`of`, which normalises at the boundary.
 
-    shard: Shard
+    as_of: the run's logical time, UTC.  config: the whole configuration.  store: None for a run that
+    touches no database (replay).  scopes: the scopes to extract (scope paths, byte order).
+    mode: the ledger's ``mode`` (``nightly``, ``quick_nap``).  started_at: when the run started.
+    snapshot_dir, diff_dir: where the snapshot and the diff directory go (None: not written);
+    :meth:`of` sets both from a run directory ``base`` (``base/snapshot``, ``base/diff``).
+    location: where they are published (an object-store URL: ``location/snapshot``, ``/diff``), if anywhere.  phases: only these
+    phases (None: the roster).  summarizer: for phases 4 and 10 (SPEC §7; None: the deterministic
+    text).  holds: apply the configuration's holds policy (the quick nap does not: it keeps no files).
+    run_ids: scope → its run id (the rest get a new UUID).
+    """
+
+    as_of: datetime
+    config: ConsolidationConfig
+    store: Store | None = None
+    scopes: tuple[str, ...] = ()
+    mode: str = "nightly"
+    started_at: datetime = field(default_factory=lambda: datetime.now(UTC))
     snapshot_dir: Path | None = None
-    seconds: float = 0.0
-
-
-@dataclass(frozen=True)
-class Planned:
-    """The transform stage's value: the shard's plan and each scope's report (with its run id and
-    the run's file locations)."""
-
-    extracted: Extracted
-    plan: ShardPlan
-    reports: dict[str, ConsolidationReport]
     diff_dir: Path | None = None
-    single: Plan | None = None  # a shard of one: the scope's plan as :func:`plan` gave it
+    location: str | None = None
+    phases: tuple[str, ...] | None = None
+    summarizer: Summarizer | None = None
+    holds: bool = True
+    run_ids: Mapping[str, str] = field(default_factory=dict)
 
-    def scope_diff(self, scope_path: str) -> Diff:
-        if self.single is not None:
-            return self.single.diff
-        return self._diffs().get(scope_path, Diff.empty())
+    @classmethod
+    def of(cls, as_of: datetime | str | None = None, config: ConsolidationConfig | None = None, *,
+           scopes: list[Scope | str] | tuple[Scope | str, ...] | Scope | str = (), **fields) -> Context:
+        """A context with ``as_of`` in UTC (default: now), scope paths sorted, the default configuration;
+        ``base``: a run directory for ``snapshot/`` and ``diff/``."""
+        started = fields.pop("started_at", None) or datetime.now(UTC)
+        many = [scopes] if isinstance(scopes, (Scope, str)) else list(scopes)
+        paths = tuple(sorted({Scope.coerce(s).path for s in many}, key=str.encode))
+        base = fields.pop("base", None)
+        if base is not None:
+            fields.setdefault("snapshot_dir", Path(base) / "snapshot")
+            fields.setdefault("diff_dir", Path(base) / "diff")
+        return cls(as_of=utc(as_of or started), config=config or ConsolidationConfig(), scopes=paths,
+                   started_at=started, **fields)
 
-    def scope_snapshot(self, scope_path: str) -> Snapshot:
-        if self.single is not None:
-            return self.single.snapshot
-        return self.plan.shard.scope(scope_path)
-
-    def scope_quarantined(self, scope_path: str) -> pl.DataFrame:
-        if self.single is not None:
-            return self.single.quarantined
-        q = self.plan.quarantined
-        return q.filter(pl.col("scope_path") == scope_path).drop("scope_path") if q.height else q.drop("scope_path")
-
-    def _diffs(self) -> dict[str, Diff]:
-        cached = self.__dict__.get("_scope_diffs")
-        if cached is None:
-            cached = self.plan.diff.by_scope()
-            object.__setattr__(self, "_scope_diffs", cached)
-        return cached
-
-
-@dataclass(frozen=True)
-class Validated:
-    """The validate stage's value: the failing checks (with ``scope_path``) and the reports, the
-    scopes that failed marked ``failed`` with the checks named in ``errors``."""
-
-    planned: Planned
-    failures: pl.DataFrame
-    reports: dict[str, ConsolidationReport]
+    def with_base(self, base: Path | str) -> Context:
+        """This context with its files in the run directory ``base``."""
+        return replace(self, snapshot_dir=Path(base) / "snapshot", diff_dir=Path(base) / "diff")
 
 
 @dataclass(frozen=True)
-class Applied:
-    """The apply stage's value: every scope's final report (applied, failed, with conflicts)."""
+class State:
+    """What the stages so far computed.
 
-    validated: Validated
-    reports: dict[str, ConsolidationReport]
+    shard: the snapshot (extracted, or given: replay, the nap).  plan: the transform's
+    (:class:`~deep_sleep.run.plan.Plan`: the clean shard, the diff, the quarantined rows).
+    reports: scope → its report, as far as the run got.  split: the holds split (what applies tonight,
+    what waits); None before the Hold stage or without one.  failures: the validation's failing checks.
+    applied: scope → what the apply did.  ran: the names of the stages that ran, in order; seconds: each one's.
+    preview: after a plan's Preview stage, every record and what would be held.
+    """
+
+    shard: Shard | None = None
+    plan: Plan | None = None
+    reports: Mapping[str, ConsolidationReport] = field(default_factory=dict)
+    split: HoldSplit | None = None
+    failures: pl.DataFrame | None = None
+    applied: Mapping[str, ScopeApplied] = field(default_factory=dict)
+    ran: tuple[str, ...] = ()
+    seconds: Mapping[str, float] = field(default_factory=dict)
+    preview: object | None = None  # a plan's records (:class:`deep_sleep.run.preview.PlanPreview`), after its Preview stage
+
+    @property
+    def tonight(self) -> Diff:
+        """The part of the diff that applies tonight: the holds split's, else the whole diff."""
+        if self.split is not None:
+            return self.split.apply
+        return self.plan.diff if self.plan is not None else Diff.empty()
+
+    @property
+    def ok(self) -> list[str]:
+        """The scopes not marked failed."""
+        return [s for s, r in self.reports.items() if r.status != "failed"]
+
+    def report(self, scope_path: str | None = None) -> ConsolidationReport:
+        """One scope's report (a shard of one: the only one)."""
+        if scope_path is None:
+            if len(self.reports) != 1:
+                raise InputError(f"this run has {len(self.reports)} scopes; name one")
+            return next(iter(self.reports.values()))
+        return self.reports[scope_path]
 
 
-# -- stages ------------------------------------------------------------------------------------
-def extract(store: Store, scopes: list[Scope | str] | Scope | str, as_of: datetime, config: ConsolidationConfig,
-            out: Path | None = None) -> Extracted:
-    """Read the scopes consistently (one ``REPEATABLE READ`` transaction, each table once) and write
-    the shard snapshot to ``out`` (if given)."""
+def _with_reports(state: State, changes: Mapping[str, dict]) -> State:
+    return replace(state, reports={s: (r.with_(**changes[s]) if s in changes else r) for s, r in state.reports.items()})
+
+
+# -- stages --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Extract:
+    """Read ``ctx.scopes`` consistently (one ``REPEATABLE READ`` transaction, each table once) and
+    write the shard snapshot to ``ctx.snapshot_dir``."""
+
+    name: ClassVar[str] = "extract"
+
+    def run(self, ctx: Context, state: State) -> State:
+        from deep_sleep.store.extract import extract_shard
+
+        if ctx.store is None or not ctx.scopes:
+            raise InputError("the extract stage needs a store and at least one scope")
+        shard = extract_shard(ctx.store, list(ctx.scopes), log_since=ctx.as_of - timedelta(hours=ctx.config.lookback_hours))
+        if ctx.snapshot_dir is not None:
+            shard.write(ctx.snapshot_dir)
+            shard = replace(shard, source=ctx.snapshot_dir)
+        return replace(state, shard=shard)
+
+    def describe(self, ctx: Context) -> str:
+        return f"extract {len(ctx.scopes)} scope(s) in one REPEATABLE READ transaction" + (
+            f"; snapshot to {ctx.snapshot_dir}" if ctx.snapshot_dir else "")
+
+
+@dataclass(frozen=True)
+class Transform:
+    """Run the phases over the shard (:func:`~deep_sleep.run.plan.plan`), give each scope its run id,
+    and write the diff's frames to ``ctx.diff_dir``."""
+
+    name: ClassVar[str] = "transform"
+
+    def run(self, ctx: Context, state: State) -> State:
+        if state.shard is None:
+            raise InputError("the transform stage needs a shard: extract first, or give one (replay, the nap)")
+        if ctx.diff_dir is not None:
+            ctx.diff_dir.mkdir(parents=True, exist_ok=True)
+        p = plan(state.shard, ctx.config, ctx.as_of, ctx.phases, summarizer=ctx.summarizer, write_to=ctx.diff_dir)
+        snap_uri = str(state.shard.source.resolve()) if state.shard.source is not None else None
+        diff_uri = str(ctx.diff_dir.resolve()) if ctx.diff_dir is not None else None
+        if ctx.location is not None:
+            snap_uri, diff_uri = files.join(ctx.location, "snapshot"), files.join(ctx.location, "diff")
+        reports = {s: r.with_(run_id=ctx.run_ids.get(s) or str(uuid.uuid4()), snapshot_uri=snap_uri, diff_uri=diff_uri)
+                   for s, r in p.reports.items()}
+        if ctx.diff_dir is not None and p.quarantined.height:
+            (p.quarantined.drop("scope_path") if len(reports) == 1 else p.quarantined).write_parquet(
+                ctx.diff_dir / QUARANTINE_FILE)
+        return replace(state, plan=p, reports=reports)
+
+    def describe(self, ctx: Context) -> str:
+        return f"transform: quarantine, then {'the roster' if ctx.phases is None else ', '.join(ctx.phases)} over the shard"
+
+
+@dataclass(frozen=True)
+class Gate:
+    """The recall-quality gate (SPEC §9, :mod:`deep_sleep.run.gate`) of every scope, for the whole
+    shard at once; its verdict (``status``: measured or why not, and the figures) goes into each
+    report, and the Hold stage holds the destructive rows of a scope whose gate failed.  Node
+    embeddings (which snapshots do not carry) are read from the store in one query; without a store
+    (replay) the gate does not run, and the reports say so."""
+
+    name: ClassVar[str] = "gate"
+
+    def run(self, ctx: Context, state: State) -> State:
+        if ctx.store is None:
+            return _with_reports(state, {s: {"gate": not_run("no store: the nodes' embeddings are in the store")}
+                                         for s in state.reports})
+        from deep_sleep.store.vectors import node_embeddings
+
+        embeddings = node_embeddings(ctx.store, list(state.reports)) if ctx.config.gate.enabled else None
+        results = recall_gate(state.plan.shard, state.plan.diff, ctx.config, embeddings, now=ctx.as_of)
+        return _with_reports(state, {s: {"gate": results[s].to_report()} for s in state.reports})
+
+    def describe(self, ctx: Context) -> str:
+        return "gate: replay each scope's used recall queries before and after the diff"
+
+
+@dataclass(frozen=True)
+class Hold:
+    """Split the diff into what applies tonight and what waits for approval
+    (:func:`~deep_sleep.run.holds.split_holds`: the configuration's holds policy and each scope's gate
+    verdict), closed under the graph; the held rows go to ``<diff>/held/`` and each holding scope's
+    report says what and why (``held``, ``status: pending``).  A context without holds (the quick nap)
+    splits nothing."""
+
+    name: ClassVar[str] = "hold"
+
+    def run(self, ctx: Context, state: State) -> State:
+        out = ctx.diff_dir / held_rows.HELD_DIR if ctx.diff_dir is not None else None
+        if out is not None and out.exists():
+            shutil.rmtree(out)  # a re-run on the same files
+        if not ctx.holds:
+            return state
+        gate_failed = {s: bool(r.gate.get("failed")) for s, r in state.reports.items()}
+        split = split_holds(state.plan.diff, state.plan.shard, ctx.config.holds, gate_failed, scopes=state.ok)
+        if not split.held.has_changes:
+            return replace(state, split=split)
+        if out is None:
+            raise InputError("holds keep the held rows beside the diff: run with a run directory, or without holds")
+        split.write(out)
+        summaries = split.summaries()
+        return _with_reports(replace(state, split=split), {s: {"held": {**summaries[s], "status": "pending"}}
+                                                           for s in summaries})
+
+    def describe(self, ctx: Context) -> str:
+        return "hold: split what applies tonight from what waits for approval" if ctx.holds else "hold: off"
+
+
+@dataclass(frozen=True)
+class Validate:
+    """Check what applies tonight (SPEC §4, :func:`~deep_sleep.validation.validate_diff`) against the
+    snapshot: the whole diff, or after the Hold stage its applied part — every check on the snapshot
+    with only that part folded in.  A failing check fails only the scopes whose rows fail it: their
+    reports are marked failed with the checks named, and they apply (and hold) nothing."""
+
+    name: ClassVar[str] = "validate"
+    writes_reports: ClassVar[bool] = True
+
+    def run(self, ctx: Context, state: State) -> State:
+        shard = state.plan.shard
+        failures = validate_diff(state.tonight, shard, ctx.config)
+        failing = failed_scopes(failures, shard)
+        if ctx.diff_dir is not None and failures.height:
+            (failures.drop("scope_path") if len(shard.scope_paths) == 1 else failures).write_parquet(
+                ctx.diff_dir / VALIDATION_FILE)
+        by_scope = ({k: v for (k,), v in failures.partition_by("scope_path", as_dict=True).items()}
+                    if failures.height else {})
+        changes = {}
+        for s in failing:
+            mine = by_scope.get(s, failures)  # a failure no scope owns fails them all (failed_scopes)
+            r = state.reports[s]
+            changes[s] = {"status": "failed", "errors": r.errors + failure_messages(mine), "held": {},
+                          "validation": mine.drop("scope_path").head(200).to_dicts()}
+        return _with_reports(replace(state, failures=failures), changes)
+
+    def describe(self, ctx: Context) -> str:
+        return "validate: every SPEC §4 check of what applies tonight"
+
+
+@dataclass(frozen=True)
+class Publish:
+    """Copy the run directory to ``ctx.location`` (an object-store URL; a no-op without one): before
+    the apply, because the ledger rows name these files, and after it, for the reports it rewrote."""
+
+    name: ClassVar[str] = "publish"
+
+    def run(self, ctx: Context, state: State) -> State:
+        if ctx.location is not None:
+            if ctx.diff_dir is not None:
+                write_reports(ctx.diff_dir, dict(state.reports))
+            publish(ctx.snapshot_dir, ctx.diff_dir, ctx.location)
+        return state
+
+    def describe(self, ctx: Context) -> str:
+        return f"publish the run directory to {ctx.location}" if ctx.location else "publish: nothing (local files)"
+
+
+@dataclass(frozen=True)
+class Apply:
+    """Apply what applies tonight (:func:`~deep_sleep.run.apply.apply`: atomic per scope, version
+    guarded, a scope that fails leaves the others applying) and record every scope's run in the
+    ledger — with what it held, in the same transaction."""
+
+    name: ClassVar[str] = "apply"
+    writes_reports: ClassVar[bool] = True
+
+    def run(self, ctx: Context, state: State) -> State:
+        if ctx.store is None:
+            raise InputError("the apply stage needs a store")
+        steps: dict[str, float] = {}
+        ok = state.ok  # a failed scope's rows are not applied (nor, when validation failed them all, a stray row's)
+        q = _only(state.plan.quarantined, ok)
+        results = apply(ctx.store, _only_scopes(state.tonight, ok), dict(state.reports), mode=ctx.mode,
+                        started_at=ctx.started_at, quarantined=q if q.height else None, step_seconds=steps)
+        timings = {f"apply.{k}": round(v, 6) for k, v in steps.items()}
+        changes = {}
+        for s, r in state.reports.items():
+            got = results[s]
+            if r.status == "failed":
+                continue
+            if got.status == "failed":
+                changes[s] = {"status": "failed", "errors": r.errors + [f"apply failed: {got.error}"], "held": {}}
+            else:
+                changes[s] = {"status": "applied", "rows_changed": got.applied, "conflicts": got.conflicts,
+                              "timings": {**r.timings, **timings}}
+        return _with_reports(replace(state, applied=results), changes)
+
+    def describe(self, ctx: Context) -> str:
+        return f"apply in batches of scopes, one transaction each (mode {ctx.mode})"
+
+
+def _only(frame: pl.DataFrame, scopes: list[str]) -> pl.DataFrame:
+    return frame.filter(pl.col("scope_path").is_in(pl.Series(scopes, dtype=pl.String).implode())) if frame.height else frame
+
+
+def _only_scopes(diff: Diff, scopes: list[str]) -> Diff:
+    """The rows of ``diff`` (a shard diff) of ``scopes``."""
+    from deep_sleep.core.diff import TableDiff
+
+    return Diff({t: TableDiff(**{k: _only(f, scopes) for k, f in td.frames().items()}) for t, td in diff.tables.items()})
+
+
+NIGHT = (Extract(), Transform(), Gate(), Hold(), Validate(), Publish(), Apply(), Publish())
+PLAN = tuple(s for s in NIGHT if not isinstance(s, (Publish, Apply)))
+REPLAY = tuple(s for s in PLAN if not isinstance(s, Extract))
+NAP = (Transform(), Validate(), Apply())
+
+
+# -- the runner ----------------------------------------------------------------------------------
+def step(stage, ctx: Context, state: State) -> State:
+    """Run one stage: its seconds go into every report's ``timings`` under its name, and a stage that
+    writes reports (validate, apply) leaves the reports file in ``ctx.diff_dir`` as it left them."""
     t0 = time.perf_counter()
-    log_since = utc(as_of) - timedelta(hours=config.lookback_hours)
-    many = [scopes] if isinstance(scopes, (Scope, str)) else list(scopes)
-    if not many:
-        raise InputError("extract: no scopes given")
-    if len(many) == 1:
-        shard = Shard.of(extract_scope(store, many[0], log_since=log_since))
-    else:
-        shard = extract_shard(store, many, log_since=log_since)
-    if out is not None:
-        shard.write(out)
-        shard = replace(shard, source=Path(out))
-    return Extracted(shard, Path(out) if out is not None else None, round(time.perf_counter() - t0, 6))
+    state = stage.run(ctx, state)
+    seconds = {**state.seconds, stage.name: round(time.perf_counter() - t0, 6)}
+    state = replace(state, ran=(*state.ran, stage.name), seconds=seconds,  # reports made later get the earlier stages' too
+                    reports={s: r.with_(timings={**r.timings, **seconds}) for s, r in state.reports.items()})
+    if getattr(stage, "writes_reports", False) and ctx.diff_dir is not None:
+        write_reports(ctx.diff_dir, dict(state.reports))
+    return state
 
 
-def transform(extracted: Extracted, config: ConsolidationConfig, as_of: datetime, out: Path | None = None, *,
-              run_ids: dict[str, str] | None = None, phases: tuple[str, ...] | None = None,
-              summarizer: Summarizer | None = None, timings: dict[str, float] | None = None,
-              location: str | None = None) -> Planned:
-    """Run the phases over the shard (:func:`~deep_sleep.run.plan.plan_shard`; a shard of one:
-    :func:`~deep_sleep.run.plan.plan`), give each scope a run id, and write the diff directory to
-    ``out`` (if given).  ``location``: where the run's directories are published (an object-store
-    URL, :func:`publish`); the reports and the ledger then name ``<location>/snapshot`` and ``/diff``."""
-    t0 = time.perf_counter()
-    shard = extracted.shard
-    as_of = utc(as_of)
-    ids = {s: (run_ids or {}).get(s) or str(uuid.uuid4()) for s in shard.scope_paths}
-    single = None
-    if len(shard.scope_paths) == 1:
-        s = shard.scope_paths[0]
-        snap = shard.scope(s)
-        if shard.source is not None:
-            snap = replace(snap, source=shard.source)
-        if out is not None:
-            Path(out).mkdir(parents=True, exist_ok=True)
-        single = plan(snap, config, as_of, phases, write_to=out, summarizer=summarizer)  # writes while hashing
-        one = Shard.of(single.snapshot)
-        planned = ShardPlan(one, _with_scope(single.diff, one), {s: single.report},
-                            single.quarantined.with_columns(pl.lit(s).alias("scope_path")))
-    else:
-        planned = plan_shard(shard, config, as_of, phases, summarizer=summarizer)
-    seconds = round(time.perf_counter() - t0, 6)
-    snap_uri = str(extracted.snapshot_dir.resolve()) if extracted.snapshot_dir else None
-    diff_uri = str(Path(out).resolve()) if out is not None else None
-    if location is not None:
-        snap_uri, diff_uri = files.join(location, "snapshot"), files.join(location, "diff")
-    reports = {
-        s: r.with_(run_id=ids[s], snapshot_uri=snap_uri, diff_uri=diff_uri,
-                   timings={**(timings or {}), "extract": extracted.seconds, **r.timings, "transform": seconds})
-        for s, r in planned.reports.items()
-    }
-    result = Planned(extracted, planned, reports, Path(out) if out is not None else None, single)
-    if out is not None:
-        _write_diff_dir(result, Path(out))
-    return result
+def finish(ctx: Context, state: State) -> State:
+    """The end of a run: a report whose run had no gate stage says so (``gate``), and the reports
+    file is written to ``ctx.diff_dir``."""
+    if "gate" not in state.ran:
+        missing = {s: {"gate": not_run(f"not a stage of this run ({', '.join(state.ran)})")}
+                   for s, r in state.reports.items() if not r.gate}
+        state = _with_reports(state, missing)
+    if ctx.diff_dir is not None and state.reports:
+        write_reports(ctx.diff_dir, dict(state.reports))
+    return state
 
 
-def validate(planned: Planned, config: ConsolidationConfig | None = None) -> Validated:
-    """Check every scope's diff (SPEC §4); a failing check fails only the scopes whose rows fail it."""
-    t0 = time.perf_counter()
-    config = config or ConsolidationConfig()
-    shard = planned.plan.shard
-    if planned.single is not None:  # a shard of one: the scope's own checks
-        failures = validate_diff(planned.single.diff, planned.single.snapshot, config)
-        failures = failures.with_columns(pl.lit(shard.scope_paths[0]).alias("scope_path"))
-        failing = set(shard.scope_paths) if failures.height else set()
-    else:  # one pandera pass over the shard's diff; a failing check fails only its rows' scopes
-        failures = validate_shard_diff(planned.plan.diff, shard, config)
-        failing = set(failed_scopes(failures, shard))
-    seconds = round(time.perf_counter() - t0, 6)
-    reports = {}
-    by_scope = ({k: v.drop("scope_path") for (k,), v in failures.partition_by("scope_path", as_dict=True).items()}
-                if failures.height else {})
-    for s, r in planned.reports.items():
-        timings = {**r.timings, "validate": seconds}
-        if s in failing:
-            mine = by_scope.get(s)
-            if mine is None:  # a failure no scope of the shard owns fails them all (failed_scopes)
-                mine = failures.drop("scope_path")
-            r = r.with_(status="failed", errors=r.errors + failure_messages(mine), validation=mine.head(200).to_dicts(),
-                        timings=timings)
-        else:
-            r = r.with_(timings=timings)
-        reports[s] = r
-    result = Validated(planned, failures, reports)
-    if planned.diff_dir is not None:
-        if failures.height:
-            body = failures.drop("scope_path") if planned.single is not None else failures
-            body.write_parquet(planned.diff_dir / VALIDATION_FILE)
-        _write_reports(planned.diff_dir, reports, single=planned.single is not None)
-    return result
+def run(stages: tuple, ctx: Context, state: State | None = None) -> State:
+    """Run ``stages`` in order from ``state`` (default: nothing yet): :func:`step` each, then :func:`finish`."""
+    state = state or State()
+    for stage in stages:
+        state = step(stage, ctx, state)
+    return finish(ctx, state)
 
 
-def gate(store: Store, validated: Validated, config: ConsolidationConfig) -> Validated:
-    """The recall-quality gate (SPEC §9, :mod:`deep_sleep.run.gate`) of every scope that passed
-    validation, for the whole shard at once: its figures go into the reports (``gate``), and
-    :func:`apply` holds the destructive rows of a scope whose gate failed.  Node embeddings (which
-    snapshots do not carry) are read from the store in one query."""
-    from deep_sleep.run.gate import recall_gate, recall_gate_shard
-    from deep_sleep.store.vectors import node_embeddings
-
-    if not config.gate.enabled:
-        return validated
-    ok = [s for s, r in validated.reports.items() if r.status != "failed"]
-    if not ok:
-        return validated
-    t0 = time.perf_counter()
-    planned = validated.planned
-    as_of = utc(next(iter(validated.reports.values())).as_of)
-    embeddings = node_embeddings(store, ok)
-    if planned.single is not None:
-        results = {ok[0]: recall_gate(planned.single.snapshot, planned.single.diff, config, embeddings, now=as_of)}
-    else:
-        results = recall_gate_shard(planned.plan.shard, planned.plan.diff, config, embeddings, now=as_of)
-    seconds = round(time.perf_counter() - t0, 6)
-    reports = {s: (r.with_(gate=results[s].to_report(), timings={**r.timings, "gate": seconds})
-                   if s in ok and s in results else r) for s, r in validated.reports.items()}
-    if planned.diff_dir is not None:
-        _write_reports(planned.diff_dir, reports, single=planned.single is not None)
-    return Validated(planned, validated.failures, reports)
+def explain(stages: tuple, ctx: Context) -> str:
+    """What each stage of ``stages`` would do, one line each (the same values :func:`run` runs)."""
+    return "\n".join(f"{i}. {s.describe(ctx)}" for i, s in enumerate(stages, 1))
 
 
-def apply(store: Store, validated: Validated, mode: str = "nightly", started_at: datetime | None = None,
-          holds: HoldsConfig | None = None, gate_failed: Mapping[str, bool] | None = None) -> Applied:
-    """Apply every scope that passed validation (atomically per scope: a scope that fails leaves the
-    store as it was for that scope and the others apply), record each scope's run in the ledger.
-
-    ``holds`` (the configuration's section; None: no holds — e.g. the quick nap, which keeps no files)
-    and ``gate_failed`` (scope → the recall-quality gate failed) hold rows for approval
-    (:func:`deep_sleep.run.holds.hold`; a shard of many: :func:`deep_sleep.run.holds.split_holds_shard`
-    once for the whole shard): written under the diff directory's ``held/`` (a shard's: one set of
-    files, every row with ``scope_path``), in the report and the ledger; the rest applies."""
-    started_at = started_at or datetime.now(UTC)
-    planned = validated.planned
-    if gate_failed is None:  # the gate stage's verdicts, kept in the reports
-        gate_failed = {s: bool(r.gate.get("failed")) for s, r in validated.reports.items() if r.gate}
-    reports = {}
-    todo = dict(validated.reports)
-    if planned.single is None and len(todo) > 1:
-        # Many scopes: one split of the whole shard's diff (split_holds_shard: every scope's split as
-        # split_holds of that scope alone), its held rows written once under held/; then every scope's
-        # part to apply goes through one set-based apply per batch of scopes (apply_shard: atomic per
-        # scope, a failed batch retried scope by scope).
-        diff = planned.plan.diff
-        if holds is not None:
-            diff, todo = _hold_shard(planned, todo, holds, gate_failed or {})
-        reports.update(_apply_many(store, planned, todo, mode, started_at, diff=diff))
-        held_rows.record_holds_many(store, {r.run_id: r.held for r in reports.values()
-                                            if r.held and r.status == "applied"})
-        if planned.diff_dir is not None:
-            _write_reports(planned.diff_dir, reports, single=False)
-        return Applied(validated, reports)
-    for s, report in todo.items():
-        if report.status == "failed":
-            record_run(store, report, mode, started_at, "failed")
-            reports[s] = report
-            continue
-        t0 = time.perf_counter()
-        diff = planned.scope_diff(s)
-        gate = bool((gate_failed or {}).get(s))
-        if holds is not None and (holds.enabled or gate) and diff.has_changes:
-            if planned.diff_dir is None:
-                raise InputError("holds keep the held rows beside the diff: run the pipeline with a diff directory, "
-                                 "or without a holds policy")
-            out = held_rows.held_dir(planned.diff_dir, s, shard=planned.single is None)
-            diff, report = held_rows.hold(diff, planned.scope_snapshot(s), report, holds, out, gate)
-        try:
-            result = apply_diff(store, diff, report, mode=mode, started_at=started_at,
-                                quarantined=planned.scope_quarantined(s))
-            if report.held:
-                held_rows.record_holds(store, report.run_id, report.held)
-        except Exception as exc:
-            if len(validated.reports) == 1:
-                raise
-            failed = report.with_(status="failed", errors=report.errors + [f"apply failed: {type(exc).__name__}: {exc}"])
-            record_run(store, failed, mode, started_at, "failed")
-            reports[s] = failed
-            continue
-        reports[s] = report.with_(
-            status="applied", rows_changed=result.applied, conflicts=result.conflicts,
-            timings={**report.timings, "apply": round(time.perf_counter() - t0, 6),
-                     **{f"apply.{part}": v for part, v in (result.seconds or {}).items()}},
-        )
-    if planned.diff_dir is not None:
-        _write_reports(planned.diff_dir, reports, single=planned.single is not None)
-    return Applied(validated, reports)
+def new_run_id() -> str:
+    """A new run id (a UUID4 text)."""
+    return str(uuid.uuid4())
 
 
-def _hold_shard(planned: Planned, reports: dict[str, ConsolidationReport], policy: HoldsConfig,
-                gate_failed: Mapping[str, bool]) -> tuple[Diff, dict[str, ConsolidationReport]]:
-    """The shard's diff to apply and the reports, the scopes that hold rows with ``held`` set
-    (``status: pending``): :func:`~deep_sleep.run.holds.split_holds_shard` of the scopes that passed
-    validation (a failed scope holds nothing; its rows are not applied anyway), the held rows written
-    to ``<diff_dir>/held/`` (a stale one — a re-run of the apply on the same files — is replaced)."""
-    ok = [s for s, r in reports.items() if r.status != "failed"]
-    splitting = policy.enabled or any(gate_failed.get(s) for s in ok)
-    out = planned.diff_dir / held_rows.HELD_DIR if planned.diff_dir is not None else None
-    if out is not None and out.exists():
-        shutil.rmtree(out)
-    if not splitting or not planned.plan.diff.has_changes:
-        return planned.plan.diff, reports
-    if out is None:
-        raise InputError("holds keep the held rows beside the diff: run the pipeline with a diff directory, "
-                         "or without a holds policy")
-    t0 = time.perf_counter()
-    split = held_rows.split_holds_shard(planned.plan.diff, planned.plan.shard, policy, gate_failed, scopes=ok)
-    seconds = round(time.perf_counter() - t0, 6)
-    if not split.held.has_changes:
-        return planned.plan.diff, reports
-    split.write(out)
-    summaries = split.summaries()
-    reports = {s: r.with_(held={**summaries[s], "status": "pending"}, timings={**r.timings, "holds": seconds})
-               if s in summaries else r for s, r in reports.items()}
-    return split.apply, reports
+def consolidate(store: Store, scopes: list[Scope | str] | Scope | str, as_of: datetime | str | None = None,
+                config: ConsolidationConfig | None = None, *, runs_dir: str | Path | None = None, stages: tuple = NIGHT,
+                mode: str = "nightly", phases: tuple[str, ...] | None = None, summarizer: Summarizer | None = None,
+                run_id: str | None = None, started_at: datetime | None = None) -> State:
+    """Run a night for one scope or a shard of scopes (``stages``: :data:`NIGHT`; :data:`PLAN` stops
+    before the apply) with its files in a run directory of its own under ``runs_dir``
+    (:func:`~deep_sleep.run.layout.run_location`; default ``$DEEP_SLEEP_RUNS_DIR`` or
+    ``.deep_sleep/runs``, or an object-store URL: staged in a local temporary directory and published
+    there).  Returns the final :class:`State`; ``state.reports`` has every scope's report.
 
+        >>> state = consolidate(store, "org/acme", as_of="2026-11-20T03:00:00Z")   # doctest: +SKIP
+        >>> state.report().status                                                  # doctest: +SKIP
+        'applied'
 
-def _apply_many(store: Store, planned: Planned, reports: dict[str, ConsolidationReport], mode: str,
-                started_at: datetime, diff: Diff | None = None) -> dict[str, ConsolidationReport]:
-    """:func:`~deep_sleep.run.apply.apply_shard` of ``reports``' scopes of the shard's diff (or of
-    ``diff``, a shard diff of the same scopes: e.g. what their holds left to apply)."""
-    t0 = time.perf_counter()
-    diff = planned.plan.diff if diff is None else diff
-    if len(reports) < len(planned.plan.shard.scope_paths):
-        wanted = pl.Series(sorted(reports), dtype=pl.String).implode()
-        diff = Diff({name: TableDiff(**{k: f.filter(pl.col("scope_path").is_in(wanted)) if f.height else f
-                                        for k, f in td.frames().items()})
-                     for name, td in diff.tables.items()})
-    q = planned.plan.quarantined
-    q = q.filter(pl.col("scope_path").is_in(pl.Series(sorted(reports), dtype=pl.String).implode())) if q.height else None
-    results = apply_shard(store, diff, reports, mode=mode, started_at=started_at, quarantined=q if q is not None and q.height else None)
-    seconds = round(time.perf_counter() - t0, 6)
-    out = {}
-    for s, report in reports.items():
-        r = results[s]
-        if report.status == "failed":
-            out[s] = report
-        elif r.status == "failed":
-            out[s] = report.with_(status="failed", errors=report.errors + [f"apply failed: {r.error}"])
-        else:
-            out[s] = report.with_(status="applied", rows_changed=r.applied, conflicts=r.conflicts,
-                                  timings={**report.timings, "apply": seconds})
-    return out
+    ``run_id``: the run directory's id, and for a single scope its run id (default: a new UUID).
+    ``summarizer``: for phases 4 and 10 (default: the configuration's, :func:`deep_sleep.run.llm.summarizer_for`
+    — None, the deterministic text, unless ``llm.enabled``).
+    """
+    import tempfile
 
+    from deep_sleep.run.layout import run_location
+    from deep_sleep.run.llm import summarizer_for
 
-def run(store: Store, scopes: list[Scope | str] | Scope | str, config: ConsolidationConfig | None = None,
-        as_of: datetime | None = None, base: Path | None = None, *, mode: str = "nightly",
-        phases: tuple[str, ...] | None = None, summarizer: Summarizer | None = None,
-        apply_changes: bool = True) -> Applied | Validated:
-    """The whole pipeline over ``scopes`` (files under ``base`` when given); stops before the apply
-    (returns the :class:`Validated`) with ``apply_changes=False`` — ``deep-sleep plan``."""
-    config = config or ConsolidationConfig()
-    started = datetime.now(UTC)
-    as_of = utc(as_of or started)
-    extracted = extract(store, scopes, as_of, config, None if base is None else base / "snapshot")
-    planned = transform(extracted, config, as_of, None if base is None else base / "diff", phases=phases,
-                        summarizer=summarizer)
-    validated = gate(store, validate(planned, config), config)
-    if not apply_changes:
-        return validated
-    return apply(store, validated, mode=mode, started_at=started, holds=config.holds if base is not None else None)
-
-
-def publish(planned: Planned, location: str) -> None:
-    """Copy the run's snapshot and diff directories to ``location`` (``s3://…``, ``gs://…``,
-    ``file://…``): workers on other machines share no disk.  Called before the apply (the ledger
-    names these files) and after it (the reports it rewrote)."""
-    if planned.extracted.snapshot_dir is not None:
-        files.publish_dir(planned.extracted.snapshot_dir, files.join(location, "snapshot"))
-    if planned.diff_dir is not None:
-        files.publish_dir(planned.diff_dir, files.join(location, "diff"))
-
-
-def plan_only(shard: Shard, config: ConsolidationConfig, as_of: datetime, out: Path | None = None, *,
-              phases: tuple[str, ...] | None = None) -> Validated:
-    """Replay: transform and validate a stored shard or snapshot, without the apply executor."""
-    extracted = Extracted(shard, shard.source)
-    return validate(transform(extracted, config, as_of, out, phases=phases), config)
-
-
-# -- files -------------------------------------------------------------------------------------
-def _failure_schema() -> dict:
-    from deep_sleep.validation.diff_checks import FAILURE_SCHEMA
-
-    return dict(FAILURE_SCHEMA)
+    ctx = Context.of(as_of, config, scopes=scopes, store=store, mode=mode, phases=phases, started_at=started_at)
+    ctx = replace(ctx, summarizer=summarizer if summarizer is not None else summarizer_for(ctx.config, store))
+    run_id = run_id or str(uuid.uuid4())
+    location = run_location(runs_dir, ctx.scopes, ctx.as_of, run_id)
+    remote = files.is_remote(location)  # workers share no disk: stage locally, publish to the object store
+    base = Path(tempfile.mkdtemp(prefix="deep-sleep-run-")) if remote else files.local_path(location)
+    ctx = replace(ctx.with_base(base), location=location if remote else None,
+                  run_ids={ctx.scopes[0]: run_id} if len(ctx.scopes) == 1 else {})
+    try:
+        return run(stages, ctx)
+    finally:
+        if remote:
+            shutil.rmtree(base, ignore_errors=True)
 
 
 def failure_messages(failures: pl.DataFrame) -> list[str]:
@@ -421,81 +445,5 @@ def failure_messages(failures: pl.DataFrame) -> list[str]:
             f"e.g. {', '.join(x for x in r['example_ids'] if x)}" for r in summary.iter_rows(named=True)]
 
 
-def _write_diff_dir(planned: Planned, out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    if planned.single is not None:  # the single-scope directory: plan() wrote the diff
-        if planned.single.quarantined.height:
-            planned.single.quarantined.write_parquet(out / QUARANTINE_FILE)
-        _write_reports(out, planned.reports, single=True)
-        return
-    for kind in KINDS:
-        for stale in out.glob(f"*.{kind}.parquet"):
-            stale.unlink()
-    for name, td in planned.plan.diff.tables.items():
-        for kind, frame in td.frames().items():
-            if frame.height:
-                frame.sort("scope_path", maintain_order=True).write_parquet(out / f"{name}.{kind}.parquet",
-                                                                            **tables.PARQUET_OPTIONS)
-    if planned.plan.quarantined.height:
-        planned.plan.quarantined.write_parquet(out / QUARANTINE_FILE)
-    _write_reports(out, planned.reports, single=False)
-
-
-def _write_reports(out: Path, reports: dict[str, ConsolidationReport], single: bool) -> None:
-    if single:
-        (report,) = reports.values()
-        report.write(out)
-        return
-    rows = [{"scope_path": s, "run_id": r.run_id, "status": r.status, "diff_hash": r.diff_hash,
-             "report": json.dumps(r.to_dict(), sort_keys=True)} for s, r in sorted(reports.items())]
-    frame = pl.DataFrame(rows, schema={"scope_path": pl.String, "run_id": pl.String, "status": pl.String,
-                                       "diff_hash": pl.String, "report": pl.String})
-    tmp = out / f".{REPORTS_FILE}.tmp"
-    frame.write_parquet(tmp)
-    tmp.replace(out / REPORTS_FILE)
-
-
-def is_shard_diff(directory: str | Path) -> bool:
-    return (files.fetch_dir(directory) / REPORTS_FILE).is_file()
-
-
-def read_scope_report(directory: str | Path, scope_path: str | None = None) -> ConsolidationReport:
-    """One scope's report out of a diff directory (a shard's: ``scope_path`` is required; a URL is
-    fetched first, :func:`deep_sleep.core.files.fetch_dir`)."""
-    src = files.fetch_dir(directory)
-    if not is_shard_diff(src):
-        return ConsolidationReport.read(src)
-    if scope_path is None:
-        raise InputError(f"{src} holds the diffs of many scopes; name one (--scope)")
-    rows = pl.scan_parquet(src / REPORTS_FILE).filter(pl.col("scope_path") == scope_path).collect()
-    if not rows.height:
-        raise SnapshotError(f"{src}: no report of scope {Scope.parse(scope_path)} in {REPORTS_FILE}")
-    return ConsolidationReport.from_dict(json.loads(rows.item(0, "report")))
-
-
-def read_scope_diff(directory: str | Path, scope_path: str | None = None) -> Diff:
-    """One scope's diff out of a diff directory (a shard's: its rows alone, as a run of that scope
-    alone wrote them; a single-scope directory: the diff; a URL is fetched first)."""
-    src = files.fetch_dir(directory)
-    if not is_shard_diff(src):
-        return Diff.read(src)
-    if scope_path is None:
-        raise InputError(f"{src} holds the diffs of many scopes; name one (--scope)")
-    shard = Diff.read(src, where=pl.col("scope_path") == scope_path)
-    return shard.by_scope((scope_path,)).get(scope_path, Diff.empty())
-
-
-def read_scope_snapshot(directory: str | Path, scope_path: str | None = None) -> Snapshot:
-    """One scope's snapshot out of a snapshot directory (a shard's or a single scope's; a URL is fetched first)."""
-    directory = files.fetch_dir(directory)
-    shard = Shard.read(directory)
-    if scope_path is None:
-        if len(shard.scope_paths) != 1:
-            raise InputError(f"{directory} holds {len(shard.scope_paths)} scopes; name one (--scope)")
-        scope_path = shard.scope_paths[0]
-    return replace(shard.scope(scope_path), source=Path(directory))
-
-
-__all__ = ["Extracted", "Planned", "Validated", "Applied", "extract", "transform", "validate", "apply", "run",
-           "plan_only", "publish", "read_scope_diff", "read_scope_report", "read_scope_snapshot", "is_shard_diff",
-           "failure_messages"]
+__all__ = ["Context", "State", "Extract", "Transform", "Gate", "Hold", "Validate", "Publish", "Apply", "NIGHT", "PLAN",
+           "REPLAY", "NAP", "run", "step", "finish", "explain", "consolidate", "new_run_id", "failure_messages"]

@@ -4,24 +4,24 @@
 record — phase, table, kind, id, a human label, ``before → after`` of every changed column, and
 the reason of a delete — and :func:`preview_markdown` summarises it for a terminal (counts per
 phase and kind, then the first records of each) and for a Prefect Markdown artifact alike.  The
-plan itself is the nightly pipeline without its apply stage (:func:`deep_sleep.run.stages.plan_scope`);
-nothing here reads a store.
+plan itself is the nightly's stages without the apply (:data:`deep_sleep.run.pipeline.PLAN`) and
+the :class:`Preview` stage; nothing here reads a store.
 
-A shard (many scopes in one set of frames) is previewed in one pass by :func:`preview_shard`, each
-scope's rows exactly :func:`preview`'s of that scope alone.  :func:`plan_preview` adds what the apply
-would hold (:func:`deep_sleep.run.holds.would_hold`).  A fleet's plan (``nightly --plan``) hands each
+A shard (many scopes in one set of frames; a single scope is a shard of one) is previewed in one
+pass, each scope's rows exactly those of a shard of that scope alone.  :func:`plan_preview` adds
+what the Hold stage split off for approval.  A fleet's plan (``nightly --plan``) hands each
 shard's :class:`PreviewDigest` — counts, and :func:`head_records` of its top scopes — to
 :func:`night_plan_markdown`, which renders the same sections as ``deep-sleep plan`` per scope.
 
-    >>> preview(snapshot, diff).columns   # doctest: +SKIP
-    ['phase', 'table', 'kind', 'id', 'label', 'change', 'reason']
+    >>> preview(shard, diff).columns   # doctest: +SKIP
+    ['scope_path', 'phase', 'table', 'kind', 'id', 'label', 'change', 'reason']
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import polars as pl
 
@@ -30,8 +30,7 @@ from deep_sleep.core.shard import Shard
 from deep_sleep.core.snapshot import Snapshot
 
 if TYPE_CHECKING:
-    from deep_sleep.core.holds_config import HoldsConfig
-    from deep_sleep.run.pipeline import Validated
+    from deep_sleep.run.pipeline import Context, State
 
 PREVIEW_FILE = "preview.parquet"
 PREVIEW_SCHEMA = {"phase": pl.String, "table": pl.String, "kind": pl.String, "id": pl.String,
@@ -127,20 +126,16 @@ def _records(source: Snapshot | Shard, diff: Diff, by: list[str]) -> list[pl.Dat
     return parts
 
 
-def preview(snapshot: Snapshot, diff: Diff) -> pl.DataFrame:
-    """One row per record the diff changes (see the module docstring), in phase, table, kind, id order."""
-    parts = _records(snapshot, diff, [])
-    if not parts:
-        return pl.DataFrame(schema=PREVIEW_SCHEMA)
-    return pl.concat([p.cast(PREVIEW_SCHEMA) for p in parts]).sort("phase", "table", "kind", "id", maintain_order=True)
+def preview(shard: Shard | Snapshot, diff: Diff) -> pl.DataFrame:
+    """One row per record the diff changes (see the module docstring) of every scope of ``shard`` in
+    one pass (``diff``: the shard's, every frame with ``scope_path``): a ``scope_path`` column first,
+    then each scope's rows in phase, table, kind, id order.  Every lookup (a row's before-image, an
+    edge's end labels) is joined on (``scope_path``, id), so a scope never sees another's rows.  A
+    :class:`Snapshot` is a shard of one, and its rows come without ``scope_path``."""
+    if isinstance(shard, Snapshot):
+        from deep_sleep.run.plan import as_shard_diff
 
-
-def preview_shard(shard: Shard, diff: Diff) -> pl.DataFrame:
-    """:func:`preview` of every scope of a shard in one pass (``diff``: the shard's, every frame with
-    ``scope_path``): a ``scope_path`` column first, then each scope's rows exactly as :func:`preview`
-    of that scope's snapshot and diff gives them (``tests/run/test_preview.py`` checks it scope by
-    scope).  Every lookup (a row's before-image, an edge's end labels) is joined on
-    (``scope_path``, id), so a scope never sees another's rows."""
+        return preview(Shard.of(shard), as_shard_diff(diff, shard.scope_path)).drop("scope_path")
     parts = _records(shard, diff, ["scope_path"])
     if not parts:
         return pl.DataFrame(schema=SHARD_PREVIEW_SCHEMA)
@@ -248,7 +243,7 @@ def held_markdown(records: pl.DataFrame, why: tuple[str, ...] | list[str] = (), 
 # -- a shard's plan, and a fleet's ---------------------------------------------------------------
 @dataclass(frozen=True)
 class PlanPreview:
-    """Every record a shard's validated plan would change (:func:`preview_shard` with the ``held``
+    """Every record a shard's validated plan would change (:func:`preview` with the ``held``
     column of :func:`with_holds`), and why the holds policy would hold rows, per scope."""
 
     records: pl.DataFrame
@@ -319,18 +314,35 @@ class PreviewDigest:
                    pl.concat([d.head for d in digests], how="diagonal_relaxed"), why)
 
 
-def plan_preview(validated: Validated, policy: HoldsConfig | None) -> PlanPreview:
-    """The records of a validated plan (a shard's, or a shard of one) and the rows its apply would hold
-    under ``policy`` (:func:`deep_sleep.run.holds.would_hold`, with each scope's recall-quality gate
-    verdict from its report) — the plan stops here, where :func:`deep_sleep.run.pipeline.apply` would
-    start."""
-    from deep_sleep.run.holds import would_hold
+def plan_preview(state: State) -> PlanPreview:
+    """The records of a run's plan (:func:`preview` of its shard and diff) with what its Hold stage
+    split off for approval (``held``: the rule; :attr:`deep_sleep.run.holds.HoldSplit.rows`) — the
+    plan stops here, where the apply would start."""
+    records = preview(state.plan.shard, state.plan.diff)
+    if state.split is None or not state.split.rows.height:
+        return PlanPreview(records.with_columns(pl.lit(None, dtype=pl.String).alias("held")), {})
+    ok = set(state.ok)
+    rows = state.split.rows.filter(pl.col("scope_path").is_in(pl.Series(sorted(ok), dtype=pl.String).implode()))
+    return PlanPreview(with_holds(records, rows), {s: w for s, w in state.split.why.items() if s in ok})
 
-    planned = validated.planned
-    gate_failed = {s: bool(r.gate.get("failed")) for s, r in validated.reports.items() if r.gate}
-    records = preview_shard(planned.plan.shard, planned.plan.diff)
-    held, why = would_hold(planned.plan.diff, planned.plan.shard, policy, gate_failed)
-    return PlanPreview(with_holds(records, held), why)
+
+@dataclass(frozen=True)
+class Preview:
+    """The plan's last stage: every record of the diff and what would be held
+    (:func:`plan_preview`), kept in the state and written to ``<diff>/preview.parquet``."""
+
+    name: ClassVar[str] = "preview"
+
+    def run(self, ctx: Context, state: State) -> State:
+        from dataclasses import replace
+
+        found = plan_preview(state)
+        if ctx.diff_dir is not None:
+            found.write(ctx.diff_dir, single=len(state.reports) == 1)
+        return replace(state, preview=found)
+
+    def describe(self, ctx: Context) -> str:
+        return "preview: every record the run would change, and what it would hold"
 
 
 def _display(scope_path: str) -> str:
@@ -395,4 +407,4 @@ def night_plan_markdown(title: str, scopes: list[dict], digest: PreviewDigest, *
 
 
 __all__ = ["PREVIEW_FILE", "PlanPreview", "PreviewDigest", "head_records", "held_markdown", "night_plan_markdown",
-           "plan_preview", "preview", "preview_markdown", "preview_shard", "record_counts", "with_holds"]
+           "plan_preview", "preview", "preview_markdown", "record_counts", "with_holds", "Preview"]

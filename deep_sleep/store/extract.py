@@ -21,16 +21,9 @@ from deep_sleep.core.snapshot import Snapshot, iso, utc
 from deep_sleep.store.db import Store
 from deep_sleep.store.errors import StoreError
 
-NAP_FLOOR_SQL = (
-    "SELECT max(as_of) AS as_of FROM consolidation_runs WHERE scope_path = $1 AND status = 'applied' AND mode = 'quick_nap'"
-)
-PREVIOUS_RUN_SQL = (
-    "SELECT max(as_of) AS as_of FROM consolidation_runs WHERE scope_path = $1 AND status = 'applied' AND mode = 'nightly'"
-)
-
-
 def select_sql(table: str, bounded: bool) -> str:
-    """The extract query of one table (pure; parameters: $1 scope_path[, $2 log_since])."""
+    """One scope's rows of one table (pure; parameters: $1 scope_path[, $2 log_since]): what the
+    benchmarks' COPY baseline reads."""
     cols = ", ".join(c.select_sql for c in tables.TABLES[table])
     where = "scope_path = $1"
     if bounded and table == "memory_access_log":
@@ -81,34 +74,10 @@ def _begin_snapshot(cur) -> datetime:
 
 
 def extract(store: Store, scope: Scope | str, log_since: datetime | None = None) -> Snapshot:
-    """Read one scope consistently.  ``taken_at`` is the store's transaction start time."""
-    scope = Scope.coerce(scope)
-    with store.adbc() as con:
-        cur = con.cursor()
-        try:
-            taken_at = _begin_snapshot(cur)
-            cur.execute(PREVIOUS_RUN_SQL, parameters=(scope.path,))
-            previous = cur.fetch_arrow_table().column(0)[0].as_py()
-            # Access events a quick nap already counted are not counted again by the nightly.
-            cur.execute(NAP_FLOOR_SQL, parameters=(scope.path,))
-            nap = cur.fetch_arrow_table().column(0)[0].as_py()
-            floors = [utc(t) for t in (log_since, nap) if t is not None]
-            since = max(floors) if floors else None
-            frames = {}
-            for table in tables.TABLES:
-                bounded = since is not None
-                params = (scope.path, since) if bounded and table == "memory_access_log" else (scope.path,)
-                cur.execute(select_sql(table, bounded), parameters=params)
-                frames[table] = _to_polars(table, cur.fetch_arrow_table())
-        finally:
-            con.rollback()
-            cur.close()
-    return Snapshot(
-        scope_path=scope.path,
-        taken_at=utc(taken_at),
-        previous_run_as_of=utc(previous) if previous else None,
-        frames=frames,
-    )
+    """Read one scope consistently: :func:`extract_shard` of a shard of one, as that scope's
+    :class:`Snapshot` (``deep-sleep snapshot``; the pipeline takes the shard)."""
+    path = Scope.coerce(scope).path
+    return extract_shard(store, [path], log_since=log_since).scope(path)
 
 
 # -- shards: many scopes in one transaction ----------------------------------------------------

@@ -27,7 +27,7 @@ def test_urls_keep_their_scheme_and_local_paths_stay_paths(tmp_path):
 
 
 def test_runs_dir_refuses_a_url_and_runs_location_keeps_it(monkeypatch):
-    from deep_sleep.run.stages import runs_dir, runs_location
+    from deep_sleep.run.layout import runs_dir, runs_location
 
     assert runs_location("s3://b/runs") == "s3://b/runs"
     monkeypatch.setenv("DEEP_SLEEP_RUNS_DIR", "s3://b/env")

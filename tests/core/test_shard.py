@@ -122,7 +122,7 @@ def test_replay_of_one_scope_of_a_shard_equals_the_replay_of_its_own_snapshot(tm
     assert any(a.counters.values())
     # Without --scope, the whole shard in one pass: a shard diff directory, each scope readable out of it.
     assert main([*args, str(tmp_path / "shard"), "--as-of", T.isoformat(), "--out", str(tmp_path / "c")]) in (0, 1)
-    from deep_sleep.run.pipeline import read_scope_diff, read_scope_report
+    from deep_sleep.run.layout import read_scope_diff, read_scope_report
 
     one = read_scope_report(tmp_path / "c", target.scope_path)
     assert one.diff_hash == a.diff_hash and one.counters == a.counters

@@ -25,7 +25,8 @@ def fleet(admin_dsn):
     name = f"ds_live_day_{os.getpid()}"
     store = create_database(admin_dsn, name)
     load(store, generate_fleet(FleetSpec(scopes=3, nodes=40, templates=2, now=NOW, seed=5)))
-    first = pipeline.run(store, [fleet_scope(i).path for i in range(3)], as_of=NOW)
+    first = pipeline.run(pipeline.NIGHT, pipeline.Context.of(NOW, scopes=[fleet_scope(i).path for i in range(3)],
+                                                            store=store, holds=False))  # no run directory: no holds
     assert {r.status for r in first.reports.values()} == {"applied"}
     yield store
     drop_database(admin_dsn, name)
@@ -66,7 +67,7 @@ def test_a_live_day_writes_the_named_scopes_turns_into_each_scope_only_and_feeds
         assert sessions == 2
 
     # the next night finds the day's work: the revisited nodes' versions moved on, the note expired
-    second = pipeline.run(fleet, day_scopes, as_of=NOW + DAY)
+    second = pipeline.run(pipeline.NIGHT, pipeline.Context.of(NOW + DAY, scopes=day_scopes, store=fleet, holds=False))
     for s in day_scopes:
         report = second.reports[s]
         assert report.status == "applied", report.errors

@@ -9,7 +9,7 @@ from datetime import timedelta
 
 import pytest
 
-from deep_sleep.run.stages import consolidate_scope
+from deep_sleep.run.pipeline import consolidate
 from deep_sleep.core.scope import Scope
 from tests.jobs.test_approve import NOW, decisions, ledger, live_ids, seed_40_percent
 
@@ -68,7 +68,7 @@ def _decide_through_the_form(store, run_id: str, run_input: dict) -> dict:
 @pytest.mark.flow
 def test_approval_through_the_paused_flow_runs_input_form(prefect_harness, store, scope, runs_dir):
     ids = seed_40_percent(store, scope)
-    run = consolidate_scope(store, scope, as_of=NOW, base_dir=runs_dir)
+    run = consolidate(store, scope, NOW, runs_dir=runs_dir).report()
     assert run.held["rows"] == {"memory_nodes": {"deletes": 4}}
     out = _decide_through_the_form(store, run.run_id, {"approve": True, "phase": None})
     assert out["result"]["decision"] == "approved" and out["result"]["applied"] == {"memory_nodes": {"deletes": 4}}
@@ -79,7 +79,7 @@ def test_approval_through_the_paused_flow_runs_input_form(prefect_harness, store
     # another scope: rejected through the form; nothing applied
     other = Scope.root("org", scope.tenant_id + "r").child("brand", "b1")
     kept = seed_40_percent(store, other)
-    run2 = consolidate_scope(store, other, as_of=NOW + timedelta(seconds=1), base_dir=runs_dir)
+    run2 = consolidate(store, other, NOW + timedelta(seconds=1), runs_dir=runs_dir).report()
     out2 = _decide_through_the_form(store, run2.run_id, {"approve": False})
     assert out2["result"]["decision"] == "rejected" and set(kept["weak"]) <= live_ids(store, other)
     assert ledger(store, run2.run_id)[0] == "rejected"

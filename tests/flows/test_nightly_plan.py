@@ -108,9 +108,12 @@ def test_nightly_plan_shows_every_record_applies_nothing_and_the_night_applies_i
     weak = shard.filter(pl.col("id") == ids["weak"]).row(0, named=True)
     assert (weak["scope_path"], weak["kind"], weak["held"], weak["label"]) == (a.path, "delete", "delete_share",
                                                                                "trivia: old weak fact")
-    # held: a's prune (1 of its 6 semantic nodes) and every scope's SOUL inserts (the drift's 5 traits)
-    assert rows[a.display()]["held"] == 6 and rows[b.display()]["held"] == rows[c.display()]["held"] == 5
-    assert shard.get_column("held").drop_nulls().len() == 11 and summary["held_rows"] == 16
+    # held: a's prune (1 of its 6 semantic nodes) only — identity drift's soul_profiles inserts (5 traits a
+    # scope) are not held by default any more (HoldsConfig.drift_changes = False): they are planned to apply
+    assert rows[a.display()]["held"] == 1 and rows[b.display()]["held"] == rows[c.display()]["held"] == 0
+    assert shard.get_column("held").drop_nulls().len() == 1 and summary["held_rows"] == 1
+    drift = shard.filter((pl.col("table") == "soul_profiles") & (pl.col("phase") == "drift"))
+    assert drift.height == 10 and drift.get_column("held").null_count() == 10  # a's and b's 5 traits each, not held
 
     # the CLI prints the same renderer's text
     monkeypatch.delenv("DEEP_SLEEP_DSN", raising=False)  # the CLI hands its DSN to the flow through it

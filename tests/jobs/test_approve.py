@@ -17,7 +17,7 @@ from deep_sleep.jobs.errors import HoldError
 from deep_sleep.jobs.ledger import get_run
 from deep_sleep.jobs.undo import undo
 from deep_sleep.run.holds import HELD_DIR, read_held
-from deep_sleep.run.stages import consolidate_scope
+from deep_sleep.run.pipeline import consolidate
 from deep_sleep.transforms.config import load_config
 from tests.storeutil import access, edge, insert, node, scalar
 
@@ -47,15 +47,19 @@ def ledger(store, run_id: str) -> tuple[str, dict]:
 
 
 def decisions(store, run_id: str) -> list[tuple]:
+    """(phase, decision, conflicts, rows applied, approval run id, decided by) per decided phase: what an
+    approval applied and its conflicts are its own ledger row's (migration 026), named by approval_run_id."""
     with store.pg() as con:
-        return con.execute("SELECT phase, decision, conflicts, applied_rows, approval_run_id::text, decided_by"
-                           " FROM consolidation_decisions WHERE run_id = %s::uuid ORDER BY phase", (run_id,)).fetchall()
+        return con.execute("SELECT d.phase, d.decision, a.conflicts, a.rows_changed, d.approval_run_id::text, d.decided_by"
+                           " FROM consolidation_decisions d LEFT JOIN consolidation_runs a ON a.run_id = d.approval_run_id"
+                           " WHERE d.run_id = %s::uuid ORDER BY d.phase", (run_id,)).fetchall()
 
 
 def test_the_run_holds_the_40_percent_delete_and_approve_applies_it_without_overwriting_a_live_write(store, scope, runs_dir):
     ids = seed_40_percent(store, scope)
-    run = consolidate_scope(store, scope, as_of=NOW, base_dir=runs_dir)
+    run = consolidate(store, scope, NOW, runs_dir=runs_dir).report()
     assert run.status == "applied", run.errors
+    assert run.gate["status"] == "no_used_query" and run.gate["failed"] is False  # the gate ran: no recall to measure
     # everything but the held deletions applied: strengthen's updates landed, the weak nodes are still there
     assert run.held["rows"] == {"memory_nodes": {"deletes": 4}}
     assert run.held["reasons"] == {"delete_share": 4} and run.held["status"] == "pending"
@@ -63,8 +67,9 @@ def test_the_run_holds_the_40_percent_delete_and_approve_applies_it_without_over
     assert run.rows_changed.get("memory_nodes", {}).get("deletes", 0) == 0
     assert run.rows_changed["memory_nodes"]["updates"] >= 3
     assert set(ids["weak"]) <= live_ids(store, scope)
-    held, reasons = read_held(run.diff_uri)
+    held, reasons = read_held(run.diff_uri, scope.path)  # a shard diff: every row names its scope
     assert sorted(held.table("memory_nodes").deletes["id"]) == sorted(ids["weak"]) and reasons.height == 4
+    assert set(held.table("memory_nodes").deletes["scope_path"]) == {scope.path} == set(reasons["scope_path"])
     status, in_ledger = ledger(store, run.run_id)
     assert status == "pending" and in_ledger["rows"] == {"memory_nodes": {"deletes": 4}}
     h = read_holds(store, run.run_id)
@@ -105,9 +110,54 @@ def test_the_run_holds_the_40_percent_delete_and_approve_applies_it_without_over
     assert undone.complete and set(ids["weak"]) <= live_ids(store, scope)
 
 
+def test_racing_approvals_of_one_run_apply_once_and_the_loser_writes_nothing(store, scope, runs_dir):
+    """Two approvals of the same run at once: one applies the held rows, the other raises HoldError —
+    whether it lost the race on the decision rows' primary key or read them already decided — and writes
+    nothing: no decision row, no ledger row of its own, no archive rows (SPEC §9, migration 026)."""
+    import threading
+
+    ids = seed_40_percent(store, scope)
+    run = consolidate(store, scope, NOW, runs_dir=runs_dir).report()
+    assert run.held["rows"] == {"memory_nodes": {"deletes": 4}}
+    start, out = threading.Barrier(2), []
+
+    def go():
+        start.wait()
+        try:
+            out.append(approve(store, run.run_id, decided_by="race"))
+        except Exception as exc:  # noqa: BLE001 - anything but a HoldError fails the assertion below, named
+            out.append(exc)
+
+    workers = [threading.Thread(target=go) for _ in range(2)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(timeout=120)
+    won = [d for d in out if not isinstance(d, Exception)]
+    lost = [e for e in out if isinstance(e, HoldError)]
+    assert len(won) == 1 and len(lost) == 1, out
+    d = won[0]
+    assert d.applied == {"memory_nodes": {"deletes": 4}} and d.conflicts == 0
+    assert not (set(ids["weak"]) & live_ids(store, scope))
+    assert decisions(store, run.run_id) == [("prune_orphans", "approved", 0, {"memory_nodes": {"deletes": 4}},
+                                             d.approval_run_id, "race")]
+    approvals = [r[0] for r in _rows(store, "SELECT run_id::text FROM consolidation_runs WHERE approval_of = %s::uuid",
+                                     run.run_id)]
+    assert approvals == [d.approval_run_id]  # the loser left no ledger row
+    # the held deletes archived once, by the winner
+    assert _rows(store, "SELECT run_id::text, count(*) FROM consolidation_archive WHERE row_id = ANY(%s) GROUP BY 1",
+                 ids["weak"]) == [(d.approval_run_id, 4)]
+    assert ledger(store, run.run_id)[0] == "approved"
+
+
+def _rows(store, sql: str, *params) -> list[tuple]:
+    with store.pg() as con:
+        return con.execute(sql, params).fetchall()
+
+
 def test_reject_discards_the_held_rows_and_is_recorded(store, scope, runs_dir):
     ids = seed_40_percent(store, scope)
-    run = consolidate_scope(store, scope, as_of=NOW, base_dir=runs_dir)
+    run = consolidate(store, scope, NOW, runs_dir=runs_dir).report()
     d = reject(store, run.run_id)
     assert d.decision == "rejected" and d.held_rows == {"memory_nodes": {"deletes": 4}} and d.applied == {}
     assert set(ids["weak"]) <= live_ids(store, scope)
@@ -117,7 +167,7 @@ def test_reject_discards_the_held_rows_and_is_recorded(store, scope, runs_dir):
     with pytest.raises(HoldError, match="already decided"):
         approve(store, run.run_id)
     # the next night proposes the deletes again (and holds them again): a rejection is not a tombstone
-    again = consolidate_scope(store, scope, as_of=NOW + timedelta(days=1), base_dir=runs_dir)
+    again = consolidate(store, scope, NOW + timedelta(days=1), runs_dir=runs_dir).report()
     assert again.held["rows"] == {"memory_nodes": {"deletes": 4}}
 
 
@@ -132,7 +182,7 @@ def test_a_soul_change_and_a_used_node_delete_are_held_and_approved_by_phase(sto
     insert(store, "recall_events", [{"id": str(uuid.uuid4()), "scope_path": scope.path, "tenant_id": scope.tenant_id,
                                      "query": "trivia", "node_id": used["id"], "similarity": 0.8, "score": 0.7, "features": [0.0] * 12,
                                      "label": 1.0, "label_source": "explicit", "created_at": NOW - timedelta(days=2)}])
-    run = consolidate_scope(store, scope, as_of=NOW, base_dir=runs_dir)
+    run = consolidate(store, scope, NOW, runs_dir=runs_dir).report()
     assert run.status == "applied", run.errors
     # 1 of 42 semantic nodes deleted is under 5 %: only the used rule holds it
     assert run.held["reasons"] == {"soul_change": 1, "used_node": 1}, run.held
@@ -154,7 +204,7 @@ def test_a_soul_change_and_a_used_node_delete_are_held_and_approved_by_phase(sto
 
 def test_a_run_with_nothing_held_and_unknown_runs_are_refused(store, scope, runs_dir):
     insert(store, "memory_nodes", [node(scope, f"project: fine {i}", NOW - timedelta(hours=3)) for i in range(3)])
-    run = consolidate_scope(store, scope, as_of=NOW, base_dir=runs_dir)
+    run = consolidate(store, scope, NOW, runs_dir=runs_dir).report()
     assert run.held == {} and ledger(store, run.run_id) == ("none", {})
     assert not (runs_dir / HELD_DIR).exists()
     with pytest.raises(HoldError, match="holds nothing"):
@@ -166,7 +216,7 @@ def test_a_run_with_nothing_held_and_unknown_runs_are_refused(store, scope, runs
 def test_holds_off_applies_everything(store, scope, runs_dir):
     ids = seed_40_percent(store, scope)
     config = load_config(overrides={"holds": {"enabled": False}})
-    run = consolidate_scope(store, scope, config, as_of=NOW, base_dir=runs_dir)
+    run = consolidate(store, scope, NOW, config, runs_dir=runs_dir).report()
     assert run.held == {} and run.rows_changed["memory_nodes"]["deletes"] == 4
     assert not (set(ids["weak"]) & live_ids(store, scope))
 
@@ -188,7 +238,7 @@ def test_plan_says_which_rows_would_be_held_and_the_cli_approves_them(store, sco
     assert records.filter(pl.col("held").is_null() & (pl.col("phase") == "strengthen")).height >= 3
     assert set(ids["weak"]) <= live_ids(store, scope)  # the plan applied nothing
 
-    run = consolidate_scope(store, scope, as_of=NOW, base_dir=runs_dir)
+    run = consolidate(store, scope, NOW, runs_dir=runs_dir).report()
     assert main(["--dsn", store.dsn, "approve", run.run_id[:8], "--by", "ops"]) == 0
     assert "approved 4 held row(s) of prune_orphans; applied 4, 0 conflict(s)" in capsys.readouterr().out
     assert not (set(ids["weak"]) & live_ids(store, scope))
@@ -203,7 +253,8 @@ def test_a_shard_run_holds_per_scope_and_approve_reads_its_scope_out_of_the_shar
     calm = Scope.root("org", scope.tenant_id + "c").child("brand", "b1")
     ids = seed_40_percent(store, scope)
     insert(store, "memory_nodes", [node(calm, f"project: fine {i}", NOW - timedelta(hours=3)) for i in range(3)])
-    applied = pipeline.run(store, [scope, calm], load_config(), NOW, base=runs_dir / "shard")
+    applied = pipeline.run(pipeline.NIGHT, pipeline.Context.of(NOW, load_config(), scopes=[scope, calm], store=store,
+                                                           base=runs_dir / "shard"))
     held, other = applied.reports[scope.path], applied.reports[calm.path]
     assert held.held["rows"] == {"memory_nodes": {"deletes": 4}} and other.held == {}
     assert (runs_dir / "shard" / "diff" / HELD_DIR).is_dir() and set(ids["weak"]) <= live_ids(store, scope)

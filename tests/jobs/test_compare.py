@@ -19,7 +19,7 @@ from deep_sleep.jobs.compare import (
     comparison_markdown,
 )
 from deep_sleep.jobs.replay_range import find_snapshots, replay_snapshot, replay_stored
-from deep_sleep.run.stages import consolidate_scope
+from deep_sleep.run.pipeline import consolidate
 from tests.storeutil import small_graph
 
 NOW = datetime(2026, 11, 20, 3, 0, tzinfo=UTC)
@@ -47,7 +47,7 @@ def test_compare_diffs_names_rows_only_in_a_only_in_b_and_changed_columns():
 
 def test_replay_of_a_stored_run_reproduces_its_hash_and_two_configs_compare_per_phase(store, scope, runs_dir, tmp_path):
     small_graph(store, scope, NOW)
-    run = consolidate_scope(store, scope, as_of=NOW, base_dir=runs_dir)
+    run = consolidate(store, scope, NOW, runs_dir=runs_dir).report()
     assert run.status == "applied" and run.rows_changed
 
     # the stored snapshot, replayed at the ledger's as_of, gives the run's diff byte for byte

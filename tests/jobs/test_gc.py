@@ -13,7 +13,7 @@ from deep_sleep.jobs.errors import UndoError
 from deep_sleep.jobs.gc import GcAction, LedgerRun, RunDir, gc, list_run_dirs, plan_gc
 from deep_sleep.jobs.ledger import get_run
 from deep_sleep.jobs.undo import undo
-from deep_sleep.run.stages import consolidate_scope
+from deep_sleep.run.pipeline import consolidate
 from tests.storeutil import scalar, small_graph
 
 NOW = datetime(2026, 11, 30, 3, 0, tzinfo=UTC)
@@ -60,10 +60,10 @@ def _invariant(store) -> list[str]:
 
 def test_gc_on_the_store(store, scope, runs_dir, capsys):
     small_graph(store, scope, NOW - timedelta(days=40))
-    old = consolidate_scope(store, scope, as_of=NOW - timedelta(days=40), base_dir=runs_dir)
-    second = consolidate_scope(store, scope, as_of=NOW - timedelta(days=39), base_dir=runs_dir)
+    old = consolidate(store, scope, NOW - timedelta(days=40), runs_dir=runs_dir).report()
+    second = consolidate(store, scope, NOW - timedelta(days=39), runs_dir=runs_dir).report()
     undo(store, second.run_id)  # an undone run needs nothing any more
-    recent = consolidate_scope(store, scope, as_of=NOW - timedelta(days=2), base_dir=runs_dir)
+    recent = consolidate(store, scope, NOW - timedelta(days=2), runs_dir=runs_dir).report()
     assert {old.status, second.status, recent.status} == {"applied"}
     archived_old = scalar(store, "SELECT count(*) FROM consolidation_archive WHERE run_id = %s", old.run_id)
     assert archived_old > 0  # the first run deleted rows (the expired working node and its edge)
@@ -101,15 +101,17 @@ def test_a_shard_directory_is_kept_while_any_of_its_runs_can_be_undone(store, sc
     import uuid
 
     from deep_sleep.core.scope import Scope
-    from deep_sleep.run import pipeline
     from deep_sleep.transforms.config import load_config
 
     other = Scope.root("org", scope.tenant_id + "x").child("brand", "b1")
     as_of = NOW - timedelta(days=40)
     for s in (scope, other):
         small_graph(store, s, as_of)
-    base = runs_dir / "_shards" / f"{as_of.strftime('%Y%m%dT%H%M%S.%fZ')}_{uuid.uuid4()}"
-    applied = pipeline.run(store, [scope, other], load_config(overrides={"holds": {"enabled": False}}), as_of, base=base)
+    shard_id = str(uuid.uuid4())
+    base = runs_dir / "_shards" / f"{as_of.strftime('%Y%m%dT%H%M%S.%fZ')}_{shard_id}"
+    applied = consolidate(store, [scope, other], as_of, load_config(overrides={"holds": {"enabled": False}}),
+                          runs_dir=runs_dir, run_id=shard_id)
+    assert (base / "snapshot").is_dir() and (base / "diff").is_dir()  # a shard of many: under _shards/
     ids = {r.run_id for r in applied.reports.values()}
     assert {r.status for r in applied.reports.values()} == {"applied"}
     (listed,) = [d for d in list_run_dirs(runs_dir) if d.path == base]
@@ -135,7 +137,7 @@ def test_a_forced_gc_of_one_runs_directory_leaves_the_runs_of_another_alone(stor
     runs = {}
     for s, d in ((scope, tmp_path / "a"), (other, tmp_path / "b")):
         small_graph(store, s, as_of)
-        runs[d.name] = consolidate_scope(store, s, as_of=as_of, base_dir=d)
+        runs[d.name] = consolidate(store, s, as_of, runs_dir=d).report()
     kept_rows = scalar(store, "SELECT count(*) FROM consolidation_archive WHERE run_id = %s", runs["b"].run_id)
     assert kept_rows > 0 and {r.status for r in runs.values()} == {"applied"}
 

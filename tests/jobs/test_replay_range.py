@@ -11,7 +11,7 @@ from deep_sleep.transforms.config import ConsolidationConfig, load_config
 
 from deep_sleep.jobs.ledger import last_runs, runs_markdown
 from deep_sleep.jobs.replay_range import find_snapshots, range_markdown, replay_range
-from deep_sleep.run.stages import consolidate_scope
+from deep_sleep.run.pipeline import consolidate
 from tests.storeutil import small_graph
 
 NOW = datetime(2026, 11, 20, 3, 0, tzinfo=UTC)
@@ -20,7 +20,7 @@ NOW = datetime(2026, 11, 20, 3, 0, tzinfo=UTC)
 def test_replay_range_replays_each_snapshot_in_range_at_its_own_as_of(store, scope, runs_dir, tmp_path):
     small_graph(store, scope, NOW - timedelta(days=2))
     days = [NOW - timedelta(days=2), NOW - timedelta(days=1), NOW]
-    runs = [consolidate_scope(store, scope, as_of=d, base_dir=runs_dir) for d in days]
+    runs = [consolidate(store, scope, d, runs_dir=runs_dir).report() for d in days]
     assert [r.status for r in runs] == ["applied"] * 3
     taken = [s.taken_at for s in find_snapshots(runs_dir, scope)]
     assert len(taken) == 3 and taken == sorted(taken)
@@ -47,7 +47,7 @@ def test_replay_flow_over_a_date_range_with_a_comparison(prefect_harness, store,
     from deep_sleep.flows.replay import ReplayParameters, deep_sleep_replay
 
     small_graph(store, scope, NOW)
-    run = consolidate_scope(store, scope, as_of=NOW, base_dir=runs_dir)
+    run = consolidate(store, scope, NOW, runs_dir=runs_dir).report()
     params = ReplayParameters(scope=scope.display(), runs_dir=str(runs_dir), dsn=store.dsn, out=str(tmp_path / "out"),
                               compare_config={"working_ttl": {"enabled": False}})
     (summary,) = deep_sleep_replay(params)

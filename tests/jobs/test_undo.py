@@ -19,13 +19,8 @@ from deep_sleep.jobs.ledger import get_run, last_runs, runs_markdown
 from deep_sleep.jobs.undo import undo, undo_markdown
 from deep_sleep.jobs.undo_sql import CHANGED, GONE, KEY_EXISTS, NOT_WRITTEN_UPDATE
 from deep_sleep.run.apply import record_run
-from deep_sleep.run.stages import (
-    apply_stage,
-    consolidate_scope,
-    extract_stage,
-    plan_stage,
-    validate_stage,
-)
+from deep_sleep.run import pipeline
+from deep_sleep.run.pipeline import consolidate
 from tests.storeutil import dump, edge, insert, node, scalar, small_graph
 
 NOW = datetime(2026, 11, 20, 3, 0, tzinfo=UTC)
@@ -62,7 +57,7 @@ def rows(store, scope, without_version: bool = False) -> dict[str, dict[str, str
 def test_undo_restores_unchanged_rows_byte_for_byte_and_reports_the_changed_ones(store, scope, runs_dir):
     ids = rich_graph(store, scope)
     before, before_nv = rows(store, scope), rows(store, scope, without_version=True)
-    run = consolidate_scope(store, scope, NO_HOLDS, as_of=NOW, base_dir=runs_dir)
+    run = consolidate(store, scope, NOW, NO_HOLDS, runs_dir=runs_dir).report()
     assert run.status == "applied", run.errors
     changed = {t: k for t, k in run.rows_changed.items()}
     assert changed["memory_nodes"]["updates"] >= 5 and changed["memory_nodes"]["deletes"] == 2
@@ -146,15 +141,15 @@ def test_undo_restores_unchanged_rows_byte_for_byte_and_reports_the_changed_ones
 def test_rows_the_apply_skipped_as_conflicts_are_not_undone(store, scope, tmp_path):
     ids = small_graph(store, scope, NOW)
     two = ("strengthen", "working_ttl")
-    snap_dir = extract_stage(store, scope, NOW, ConsolidationConfig(), tmp_path / "snapshot")
-    diff_dir = plan_stage(snap_dir, ConsolidationConfig(), NOW, tmp_path / "diff", run_id=str(uuid.uuid4()), phases=two)
-    assert validate_stage(snap_dir, diff_dir).status != "failed"
+    ctx = pipeline.Context.of(NOW, ConsolidationConfig(), scopes=scope, store=store, base=tmp_path, phases=two)
+    planned = pipeline.run(pipeline.PLAN, ctx)  # extract, transform, gate, hold, validate: everything but the apply
+    assert planned.report().status != "failed", planned.report().errors
     target = ids["hot"][0]
     with store.pg() as live:  # the one change since the snapshot is a live writer's: the apply skips the row
         live.execute("UPDATE memory_nodes SET importance = 7.25 WHERE id = %s", (target,))
         live.commit()
-    run = apply_stage(store, diff_dir)
-    assert run.conflicts == 1
+    run = pipeline.run((pipeline.Apply(),), ctx, planned).report()  # the apply, later, on the planned state
+    assert run.status == "applied" and run.conflicts == 1
     gone = ids["hot"][1]
     with store.pg() as live:  # and after the run a live writer deletes a row the run updated
         live.execute("DELETE FROM memory_nodes WHERE id = %s", (gone,))
@@ -173,7 +168,7 @@ def test_failed_runs_and_runs_whose_snapshot_is_gone_are_refused(store, scope, r
         undo(store, failed.run_id)
 
     small_graph(store, scope, NOW)
-    run = consolidate_scope(store, scope, as_of=NOW, base_dir=runs_dir, phases=("strengthen", "working_ttl"))
+    run = consolidate(store, scope, NOW, runs_dir=runs_dir, phases=("strengthen", "working_ttl")).report()
     shutil.rmtree(run.snapshot_uri)
     before = dump(store, scope)
     with pytest.raises(UndoError, match="its snapshot .* is not there.*Nothing was changed"):
@@ -190,7 +185,7 @@ def test_undo_of_a_whole_synthetic_scope_restores_every_table(store, scope, runs
               for t, f in generate(spec).items()}
     load(store, frames)
     before = rows(store, scope, without_version=True)
-    run = consolidate_scope(store, scope, NO_HOLDS, as_of=NOW, base_dir=runs_dir)
+    run = consolidate(store, scope, NOW, NO_HOLDS, runs_dir=runs_dir).report()
     assert run.status == "applied", run.errors
     assert {"memory_nodes", "memory_edges", "episodic_events", "pending_connections", "recall_events"} <= set(run.rows_changed)
     result = undo(store, run.run_id)
@@ -205,8 +200,10 @@ def test_undo_of_a_run_that_held_rows_undoes_what_it_applied_and_leaves_the_held
     insert(store, "memory_nodes", [node(scope, "SOUL:name", NOW - timedelta(hours=2),
                                         properties={"_last_edited_by": "user_manual_edit", "value": "Ada"})])
     before = rows(store, scope, without_version=True)
-    run = consolidate_scope(store, scope, as_of=NOW, base_dir=runs_dir)  # the default config holds SOUL changes
-    assert run.status == "applied" and run.held["rows"] == {"soul_profiles": {"inserts": 6}}, run.held  # soul_corrections 1, drift 5
+    run = consolidate(store, scope, NOW, runs_dir=runs_dir).report()  # the default config holds SOUL changes
+    # the SOUL correction's row is held; identity drift's 5 soul_profiles rows apply (HoldsConfig.drift_changes is off)
+    assert run.status == "applied" and run.held["rows"] == {"soul_profiles": {"inserts": 1}}, run.held
+    assert run.rows_changed["soul_profiles"] == {"inserts": 5}, run.rows_changed
     result = undo(store, run.run_id)
     assert result.complete, undo_markdown(result)
     assert rows(store, scope, without_version=True) == before

@@ -12,7 +12,7 @@ import pytest
 
 from deep_sleep.online.nap import nap_snapshot, quick_nap
 from deep_sleep.online.turn import record_turn
-from deep_sleep.run.stages import consolidate_scope
+from deep_sleep.run.pipeline import consolidate
 from tests.online.helpers import NOW, rows
 from tests.storeutil import scalar
 
@@ -89,7 +89,7 @@ def test_the_nightly_does_not_restrengthen_what_a_nap_counted(store, scope, runs
         record_turn(store, scope, [{"op": "upsert_node", "label": "project: alpha"}], now=NOW + timedelta(minutes=turn))
     alpha = scalar(store, "SELECT id::text FROM memory_nodes WHERE scope_path = %s AND label = 'project: alpha'", scope.path)
     assert scalar(store, "SELECT importance FROM memory_nodes WHERE id = %s", alpha) == 5.5
-    report = consolidate_scope(store, scope, as_of=NOW + timedelta(hours=1), base_dir=runs_dir)
+    report = consolidate(store, scope, NOW + timedelta(hours=1), runs_dir=runs_dir).report()
     assert report.status == "applied"
     assert report.counters["nodes_strengthened"] == 0
     assert scalar(store, "SELECT importance FROM memory_nodes WHERE id = %s", alpha) == 5.5
@@ -102,7 +102,7 @@ def test_quick_nap_on_a_connection_and_a_live_write_conflict(store, scope):
     from deep_sleep.transforms.config import ConsolidationConfig
 
     from deep_sleep.online.pg import store_of
-    from deep_sleep.run.apply import apply_diff
+    from deep_sleep.run.apply import apply
     from deep_sleep.run.plan import plan
 
     for turn in range(1, 3):
@@ -112,8 +112,10 @@ def test_quick_nap_on_a_connection_and_a_live_write_conflict(store, scope):
         snap = nap_snapshot(con, scope, NOW + timedelta(minutes=5), config)
         planned = plan(snap, config, NOW + timedelta(minutes=5), phases=QUICK_NAP)
         record_turn(con, scope, [{"op": "upsert_node", "label": "project: gamma", "importance": 9}], now=NOW + timedelta(minutes=4), nap=False)
-        result = apply_diff(store_of(con), planned.diff, planned.report.with_(run_id=str(uuid.uuid4())), mode="quick_nap")
-        assert result.conflicts == 1
+        # planned.diff is a shard diff (a shard of one): every row carries its scope_path
+        results = apply(store_of(con), planned.diff, {scope.path: planned.report.with_(run_id=str(uuid.uuid4()))},
+                        mode="quick_nap")
+        assert results[scope.path].status == "applied" and results[scope.path].conflicts == 1
         assert scalar(store, "SELECT importance FROM memory_nodes WHERE scope_path = %s AND label = 'project: gamma'", scope.path) == 9.0
         report = quick_nap(con, scope, as_of=NOW + timedelta(minutes=6))
     assert report.status == "applied" and report.counters["nodes_strengthened"] == 0  # the window starts at the last nap

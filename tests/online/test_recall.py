@@ -14,7 +14,7 @@ from deep_sleep.core.scope import Scope
 from deep_sleep.online.errors import OnlineArgumentError
 from deep_sleep.online.recall import feedback, recall
 from deep_sleep.online.turn import record_turn
-from deep_sleep.run.stages import consolidate_scope
+from deep_sleep.run.pipeline import consolidate
 from tests.online.helpers import NOW, rows, sibling
 from tests.storeutil import edge, insert, node, scalar
 
@@ -23,11 +23,11 @@ def test_feedback_keeps_training_an_existing_model(store, scope, runs_dir):
     receipt = record_turn(store, scope, [{"op": "upsert_node", "label": "topic: garden roses"}], now=NOW, nap=False)
     first = recall(store, scope, "garden roses", k=1, now=NOW)
     feedback(store, first[0].recall_id, used=True)
-    consolidate_scope(store, scope, as_of=NOW + timedelta(hours=1), base_dir=runs_dir)
+    consolidate(store, scope, NOW + timedelta(hours=1), runs_dir=runs_dir).report()
     w1 = scalar(store, "SELECT weights FROM reranker_models WHERE scope_path = %s", scope.path)
     second = recall(store, scope, "garden roses", k=1, now=NOW + timedelta(hours=2))
     feedback(store, second[0].recall_id, used=False)
-    report = consolidate_scope(store, scope, as_of=NOW + timedelta(hours=3), base_dir=runs_dir)
+    report = consolidate(store, scope, NOW + timedelta(hours=3), runs_dir=runs_dir).report()
     assert report.conflicts == 0 and report.counters["reranker_steps"] == 1
     w2, steps = rows(store, "SELECT weights, steps FROM reranker_models WHERE scope_path = %s", scope.path)[0]
     assert steps == 2 and w2 != w1

@@ -14,7 +14,7 @@ from deep_sleep.core.scope import Scope
 from deep_sleep.online.errors import OnlineArgumentError
 from deep_sleep.online.recall import feedback, recall
 from deep_sleep.online.turn import record_turn
-from deep_sleep.run.stages import consolidate_scope
+from deep_sleep.run.pipeline import consolidate
 from deep_sleep.transforms.config import ConsolidationConfig
 from tests.online.helpers import NOW, rows, sibling
 from tests.storeutil import insert, node, scalar
@@ -82,7 +82,7 @@ def test_a_turn_is_stored_recalled_in_its_scope_only_and_consolidated_by_the_nex
     # the next nightly run consolidates what the turn and the recalls left
     as_of = NOW + timedelta(hours=1)
     # holds off: the nightly's drift of the SOUL traits is what this test reads back (issue 16 holds SOUL changes)
-    report = consolidate_scope(store, scope, ConsolidationConfig(holds={"enabled": False}), as_of=as_of, base_dir=runs_dir)
+    report = consolidate(store, scope, as_of, ConsolidationConfig(holds={"enabled": False}), runs_dir=runs_dir).report()
     assert report.status == "applied", report.errors
     assert report.counters["nodes_strengthened"] == 1          # one write + two reads in the window
     assert scalar(store, "SELECT importance FROM memory_nodes WHERE id = %s", node_id) == 6.5

@@ -19,14 +19,9 @@ from deep_sleep.transforms.config import ConsolidationConfig
 from deep_sleep.core.diff import Diff
 from deep_sleep.core.report import ConsolidationReport
 from deep_sleep.core.snapshot import Snapshot
-from deep_sleep.run.plan import plan
-from deep_sleep.run.stages import (
-    apply_stage,
-    consolidate_scope,
-    extract_stage,
-    plan_stage,
-    validate_stage,
-)
+from deep_sleep.run import pipeline
+from deep_sleep.run.apply import apply
+from deep_sleep.run.plan import as_shard_diff, plan, write_diff
 from deep_sleep.store.extract import extract
 from tests.storeutil import dump, scalar, small_graph
 
@@ -35,17 +30,25 @@ NOW = datetime(2026, 11, 20, 3, 0, tzinfo=UTC)
 TWO = ("strengthen", "working_ttl")
 
 
-def _planned(store, scope, tmp_path, as_of=NOW):
-    config = ConsolidationConfig()
-    snap_dir = extract_stage(store, scope, as_of, config, tmp_path / "snapshot")
-    diff_dir = plan_stage(snap_dir, config, as_of, tmp_path / "diff", run_id=str(uuid.uuid4()), phases=TWO)
-    assert validate_stage(snap_dir, diff_dir).status != "failed"
-    return snap_dir, diff_dir
+def _planned(store, scope, tmp_path, as_of=NOW) -> tuple[pipeline.Context, pipeline.State]:
+    """The night up to its apply (:data:`~deep_sleep.run.pipeline.PLAN`), files under ``tmp_path``."""
+    ctx = pipeline.Context.of(as_of, ConsolidationConfig(), scopes=scope, store=store, base=tmp_path, phases=TWO)
+    state = pipeline.run(pipeline.PLAN, ctx)
+    assert state.report().status != "failed"
+    return ctx, state
+
+
+def _apply(ctx: pipeline.Context, state: pipeline.State) -> ConsolidationReport:
+    return pipeline.run((pipeline.Apply(),), ctx, state).report()
+
+
+def _consolidate(store, scope, runs_dir) -> ConsolidationReport:
+    return pipeline.consolidate(store, scope, NOW, runs_dir=runs_dir, phases=TWO).report()
 
 
 def test_run_applies_strengthen_and_ttl_and_archives(store, scope, runs_dir):
     ids = small_graph(store, scope, NOW)
-    report = consolidate_scope(store, scope, as_of=NOW, base_dir=runs_dir, phases=TWO)
+    report = _consolidate(store, scope, runs_dir)
     assert report.status == "applied", report.errors
     assert report.counters["nodes_strengthened"] == 3
     assert report.counters["working_ttl_pruned"] == 1
@@ -70,12 +73,12 @@ def test_run_applies_strengthen_and_ttl_and_archives(store, scope, runs_dir):
 
 def test_live_write_between_extract_and_apply_survives_and_counts_one_conflict(store, scope, tmp_path):
     ids = small_graph(store, scope, NOW)
-    _, diff_dir = _planned(store, scope, tmp_path)
+    planned = _planned(store, scope, tmp_path)
     target = ids["hot"][0]
     with store.pg() as live:  # a live turn, on its own connection, after the snapshot
         live.execute("UPDATE memory_nodes SET importance = 7.25, label = 'project: edited live' WHERE id = %s", (target,))
         live.commit()
-    report = apply_stage(store, diff_dir)
+    report = _apply(*planned)
     assert report.status == "applied"
     assert report.conflicts == 1
     assert report.rows_changed["memory_nodes"]["updates"] == 2
@@ -86,13 +89,13 @@ def test_live_write_between_extract_and_apply_survives_and_counts_one_conflict(s
 
 def test_second_run_at_same_as_of_is_empty_and_replay_reproduces_the_hash(store, scope, runs_dir, tmp_path):
     small_graph(store, scope, NOW)
-    first = consolidate_scope(store, scope, as_of=NOW, base_dir=runs_dir, phases=TWO)
+    first = _consolidate(store, scope, runs_dir)
     assert first.status == "applied" and first.rows_changed
     # replay the stored snapshot of the applied run: same diff, byte for byte
     replay = plan(Snapshot.read(first.snapshot_uri), ConsolidationConfig(), NOW, phases=TWO)
     assert replay.report.diff_hash == first.diff_hash
     assert replay.report.counters == first.counters
-    second = consolidate_scope(store, scope, as_of=NOW, base_dir=runs_dir, phases=TWO)
+    second = _consolidate(store, scope, runs_dir)
     assert second.counters == dict.fromkeys(second.counters, 0)
     assert second.rows_changed == {}
     assert second.diff_hash == Diff.empty().content_hash()
@@ -102,9 +105,9 @@ def test_diff_files_round_trip_with_the_same_hash(store, scope, tmp_path):
     small_graph(store, scope, NOW)
     snap = extract(store, scope)
     result = plan(snap, ConsolidationConfig(), NOW, phases=TWO)
-    result.diff.write(tmp_path / "d")
+    write_diff(result.diff, result.shard.scope_paths, tmp_path / "d")  # a shard of one: the single-scope layout
     again = Diff.read(tmp_path / "d")
-    assert again.content_hash() == result.diff.content_hash()
+    assert again.content_hash() == result.report.diff_hash == result.scope_diff().content_hash()
     assert sorted(p.name for p in (tmp_path / "d").iterdir()) == [
         "memory_edges.deletes.parquet", "memory_nodes.deletes.parquet", "memory_nodes.updates.parquet"]
     assert set(pl.read_parquet(tmp_path / "d" / "memory_nodes.updates.parquet").columns) == {"id", "expected_version", "importance", "phase"}
@@ -115,23 +118,23 @@ CRASHER = textwrap.dedent(
     import sys, time
     from pathlib import Path
     import deep_sleep.run.apply as ap
+    from deep_sleep.run import pipeline
     from deep_sleep.store.db import Store
-    from deep_sleep.run.stages import apply_stage
 
-    dsn, diff_dir, marker, after = sys.argv[1], sys.argv[2], Path(sys.argv[3]), int(sys.argv[4])
-    real = ap._scalar
+    dsn, scope, runs, marker, after = sys.argv[1], sys.argv[2], sys.argv[3], Path(sys.argv[4]), int(sys.argv[5])
+    real = ap._write
     calls = []
 
-    def pausing(cur, sql, params):
-        n = real(cur, sql, params)
-        calls.append(sql)
+    def pausing(cur, s, guarded, fast):
+        got = real(cur, s, guarded, fast)
+        calls.append(s.sql)
         if len(calls) == after:
-            marker.write_text(sql[:60])
+            marker.write_text(s.sql[:60])
             time.sleep(600)  # inside the open transaction, until the test kills us
-        return n
+        return got
 
-    ap._scalar = pausing
-    apply_stage(Store(dsn), Path(diff_dir))
+    ap._write = pausing
+    pipeline.consolidate(Store(dsn), scope, "2026-11-20T03:00:00Z", runs_dir=runs, phases=("strengthen", "working_ttl"))
     """
 )
 
@@ -139,13 +142,13 @@ CRASHER = textwrap.dedent(
 @pytest.mark.parametrize("after", [1, 2, 3])
 def test_sigkill_inside_apply_leaves_the_store_as_it_was_and_a_rerun_applies(store, scope, tmp_path, after):
     small_graph(store, scope, NOW)
-    _, diff_dir = _planned(store, scope, tmp_path)
     before = dump(store, scope)
     script = tmp_path / "crash.py"
     script.write_text(CRASHER)
     marker = tmp_path / "in-transaction"
     env = {**os.environ, "PYTHONPATH": str(Path.cwd())}
-    proc = subprocess.Popen([sys.executable, str(script), store.dsn, str(diff_dir), str(marker), str(after)], env=env)
+    proc = subprocess.Popen([sys.executable, str(script), store.dsn, scope.path, str(tmp_path / "runs"), str(marker),
+                             str(after)], env=env)
     deadline = time.monotonic() + 120
     while not marker.exists():
         assert proc.poll() is None, "the applying process ended before reaching the pause point"
@@ -158,8 +161,9 @@ def test_sigkill_inside_apply_leaves_the_store_as_it_was_and_a_rerun_applies(sto
     deadline = time.monotonic() + 30
     while scalar(store, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND state LIKE 'idle in transaction%%'") and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert dump(store, scope) == before
-    rerun = apply_stage(store, diff_dir)
+    assert dump(store, scope) == before  # the ledger too: no run was recorded
+    assert scalar(store, "SELECT count(*) FROM consolidation_runs WHERE scope_path = %s", scope.path) == 0
+    rerun = _consolidate(store, scope, tmp_path / "runs")
     assert rerun.status == "applied" and rerun.conflicts == 0
     assert dump(store, scope) != before
     assert rerun.rows_changed["memory_nodes"] == {"deletes": 1, "updates": 3}
@@ -172,9 +176,8 @@ def test_edge_deletes_without_node_deletes_apply(store, scope):
     edges = snap.table("memory_edges").select("id", "version")
     diff = Diff.of("memory_edges", "meta_nodes", deletes=edges, reason="member left the group")
     report = ConsolidationReport(scope_path=scope.path, as_of="2026-11-20T03:00:00Z", run_id=str(uuid.uuid4()))
-    from deep_sleep.run.apply import apply_diff
-
-    result = apply_diff(store, diff, report)
+    result = apply(store, as_shard_diff(diff, scope.path), {scope.path: report})[scope.path]
+    assert result.status == "applied"
     assert result.applied == {"memory_edges": {"deletes": 1}} and result.conflicts == 0
     assert scalar(store, "SELECT count(*) FROM memory_edges WHERE source_id = %s", ids["hot"][0]) == 0
 
@@ -189,12 +192,12 @@ def test_an_edge_stays_when_its_nodes_delete_lost_to_a_live_write(store, scope, 
     monkeypatch.setattr(deep_sleep.run.apply, "SMALL_STAGE_ROWS", small_rows)
     ids = small_graph(store, scope, NOW)
     expired = ids["expired"][0]
-    _, diff_dir = _planned(store, scope, tmp_path)
-    assert Diff.read(diff_dir).row_counts()["memory_edges"]["deletes"] == 1
+    planned = _planned(store, scope, tmp_path)
+    assert planned[1].tonight.row_counts()["memory_edges"]["deletes"] == 1
     with store.pg() as live:
         live.execute("UPDATE memory_nodes SET properties = properties || '{\"touched\": true}' WHERE id = %s", (expired,))
         live.commit()
-    report = apply_stage(store, diff_dir)
+    report = _apply(*planned)
     assert report.status == "applied"
     assert report.conflicts == 2  # the node's delete and its edge's
     assert scalar(store, "SELECT count(*) FROM memory_nodes WHERE id = %s", expired) == 1
@@ -206,7 +209,8 @@ def test_small_frames_stage_through_json_exactly_as_adbc_ingests_them(store):
     """The quick nap's staging path (one JSON parameter) gives the same column types and values as
     ADBC's COPY ingest, for every type a diff carries."""
     from deep_sleep.core import tables
-    from deep_sleep.run.apply import stage, stage_sql
+    from deep_sleep.run.apply import stage
+    from deep_sleep.run.statements import stage_sql
 
     emb = [[float(i) / 7 for i in range(tables.EMBEDDING_DIM)], [1e-30] * tables.EMBEDDING_DIM]
     body = pl.DataFrame(
@@ -245,7 +249,6 @@ def test_the_golden_small_diff_lands_in_every_table_through_both_data_sources(st
     """The statements of ``tests/run/golden_sql/small_inline.sql`` (nodes, edges, events, soul and
     pending connections; updates, inserts, deletes) run on the store, inline and staged alike."""
     import deep_sleep.run.apply
-    from deep_sleep.run.apply import apply_diff
     from tests.run.test_statements import RUN_ID, _ids, small_diff
     from tests.storeutil import insert
 
@@ -262,8 +265,8 @@ def test_the_golden_small_diff_lands_in_every_table_through_both_data_sources(st
     insert(store, "pending_connections", [{**base, "id": p, "source_label": "a", "target_label": "b", "relation": "RELATED_TO"}
                                           for p in ids("pending", 3)])
     report = ConsolidationReport(scope_path=scope.path, as_of="2026-11-20T03:00:00Z", run_id=str(uuid.uuid4()))
-    result = apply_diff(store, small_diff(scope.path), report)
-    assert result.conflicts == 0
+    result = apply(store, as_shard_diff(small_diff(scope.path), scope.path), {scope.path: report})[scope.path]
+    assert result.status == "applied" and result.conflicts == 0
     assert result.applied == {
         "memory_nodes": {"deletes": 1, "updates": 3}, "memory_edges": {"deletes": 1, "inserts": 2},
         "pending_connections": {"deletes": 1, "updates": 2}, "episodic_events": {"updates": 2},

@@ -1,7 +1,8 @@
-"""apply_shard on the real store: a shard's diff applied in batches of scopes gives every scope exactly
-the store rows, archive, quarantine and ledger row that apply_diff of that scope's own diff gives; a
-scope whose apply raises is recorded failed and the others apply; a live write survives and is counted
-as its own scope's conflict; a row naming another scope's id changes nothing of that scope."""
+"""The apply on the real store: a shard's diff applied in batches of scopes gives every scope exactly
+the store rows, archive, quarantine and ledger row that the apply of that scope alone (a batch of one)
+gives; the inline and staged data sources give the same rows; a scope whose apply raises is recorded
+failed and the others apply; a live write survives and is counted as its own scope's conflict; a row
+naming another scope's id changes nothing of that scope."""
 
 from __future__ import annotations
 
@@ -18,9 +19,10 @@ from deep_sleep.core import tables
 from deep_sleep.core.diff import Diff, TableDiff
 from deep_sleep.core.report import ConsolidationReport
 from deep_sleep.dev.seed import SeedSpec, generate, load
-from deep_sleep.run.apply import apply_diff, apply_shard
-from deep_sleep.run.plan import plan_shard
-from deep_sleep.run.statements import shard_statements
+from deep_sleep.core.errors import InputError
+from deep_sleep.run.apply import apply
+from deep_sleep.run.plan import as_shard_diff, plan
+from deep_sleep.run.statements import statements
 from deep_sleep.store.db import create_database, drop_database
 from deep_sleep.store.extract import extract_shard
 from deep_sleep.transforms.config import ConsolidationConfig
@@ -53,7 +55,7 @@ def _scopes(frames) -> list[str]:
 
 
 def _plan(store, scopes):
-    planned = plan_shard(extract_shard(store, scopes), ConsolidationConfig(), AS_OF)
+    planned = plan(extract_shard(store, scopes), ConsolidationConfig(), AS_OF)
     reports = {s: r.with_(run_id=str(uuid.uuid4())) for s, r in planned.reports.items()}
     return planned, reports
 
@@ -92,9 +94,12 @@ def test_a_shard_applies_exactly_as_each_scope_alone(twin_stores, batch_scopes):
                                                 "drop_pp": 25.0, "failed": True})
     assert planned.diff.has_changes and planned.quarantined.height == 1
     assert _store_rows(alone_store) == _store_rows(shard_store)  # the twins start equal
-    for s, d in planned.scope_diffs().items():
-        apply_diff(alone_store, d, reports[s], started_at=STARTED, quarantined=planned.scope_plan(s).quarantined)
-    got = apply_shard(shard_store, planned.diff, reports, started_at=STARTED, quarantined=planned.quarantined,
+    for s in scopes:  # each scope alone: a batch of one, its own diff as a run of it alone hands it over
+        q = planned.quarantined.filter(pl.col("scope_path") == s)
+        one = apply(alone_store, as_shard_diff(planned.scope_diff(s), s), {s: reports[s]}, started_at=STARTED,
+                    quarantined=q if q.height else None)
+        assert one[s].status == "applied" and one[s].batch == 0
+    got = apply(shard_store, planned.diff, reports, started_at=STARTED, quarantined=planned.quarantined,
                       batch_scopes=batch_scopes)
     assert {s: g.status for s, g in got.items()} == dict.fromkeys(scopes, "applied")
     assert not any(g.retried for g in got.values())
@@ -115,59 +120,60 @@ def test_a_shard_applies_exactly_as_each_scope_alone(twin_stores, batch_scopes):
     assert all(g.conflicts == 0 for g in got.values())  # no live writer: every row landed
 
 
-def test_a_single_scopes_diff_as_a_shard_of_one_applies_exactly_as_the_plain_statements(twin_stores, monkeypatch):
-    """apply_diff's fast path for a big diff (the batch transaction of apply_shard, a shard of one) against
-    its plain statements, scope by scope on twin stores: the same store rows, archive, quarantine, ledger
-    (a gate verdict included) and counts — with a live write the plan did not see counted as a conflict."""
+def test_inline_and_staged_rows_give_the_same_store(twin_stores, monkeypatch):
+    """A batch of at most SMALL_STAGE_ROWS rows feeds each write inline (a JSON parameter), a bigger one
+    stages every table first; scope by scope on twin stores, both give the same store rows, archive,
+    quarantine, ledger (a gate verdict included) and counts — with a live write the plan did not see
+    counted as a conflict alike."""
     import deep_sleep.run.apply as apply_mod
+    from deep_sleep.run.apply import planned_statements
 
-    plain_store, fast_store, scopes = twin_stores
-    planned, reports = _plan(plain_store, scopes)
+    inline_store, staged_store, scopes = twin_stores
+    planned, reports = _plan(inline_store, scopes)
     gated = "org\x1facme"
     reports[gated] = reports[gated].with_(gate={"queries": 2, "recall_before": 1.0, "recall_after": 0.5,
                                                 "drop_pp": 50.0, "failed": True})
     target = planned.diff.table("memory_nodes").updates.filter(pl.col("scope_path") == gated).get_column("id")[0]
-    for st in (plain_store, fast_store):
+    for st in (inline_store, staged_store):
         with st.pg() as live:
             live.execute("UPDATE memory_nodes SET label = 'project: edited live' WHERE id = %s", (target,))
             live.commit()
-    # the automatic choice: every diff here is small, so lower the threshold to the biggest scope's rows
-    rows = {s: sum(n for kinds in d.row_counts().values() for n in kinds.values()) for s, d in planned.scope_diffs().items()}
-    monkeypatch.setattr(apply_mod, "SHARD_OF_ONE_ROWS", max(rows.values()))
-    big = max(rows, key=rows.get)
     results = {}
-    for s, d in planned.scope_diffs().items():  # a scope's own diff, as a single-scope run hands it over
-        q = planned.scope_plan(s).quarantined
-        plain = apply_diff(plain_store, d, reports[s], started_at=STARTED, quarantined=q, as_shard=False)
-        fast = apply_diff(fast_store, d, reports[s], started_at=STARTED, quarantined=q, as_shard=True if s != big else None)
-        assert (fast.applied, fast.conflicts) == (plain.applied, plain.conflicts), s
-        results[s] = (plain, fast)
-    assert results[gated][0].conflicts >= 1  # the live write, counted alike
-    # the fast path's seconds come under apply_diff's names (the benchmarks and reports print them)
-    plain_keys, fast_keys = set(results[big][0].seconds), set(results[big][1].seconds)
-    assert "stage" in fast_keys and "quarantine_and_ledger_and_commit" in fast_keys
-    assert {k for k in fast_keys if "." in k} <= {k for k in plain_keys if "." in k} | {
-        f"{t}.{k}" for t, kinds in results[big][1].applied.items() for k in kinds}
-    plain_rows, fast_rows = _store_rows(plain_store), _store_rows(fast_store)
-    for table in plain_rows:
-        assert fast_rows[table] == plain_rows[table], table
-    recall = plain_store.pg().execute("SELECT recall_before, recall_after FROM consolidation_runs WHERE scope_path = %s",
-                                      (gated,)).fetchone()
+    for s in scopes:
+        d = as_shard_diff(planned.scope_diff(s), s)
+        q = planned.quarantined.filter(pl.col("scope_path") == s)
+        q = q if q.height else None
+        assert {x.source for x in planned_statements(d, {s: reports[s]}, q).statements if x.is_write} <= {"inline_json"}
+        inline = apply(inline_store, d, {s: reports[s]}, started_at=STARTED, quarantined=q)[s]
+        monkeypatch.setattr(apply_mod, "SMALL_STAGE_ROWS", 0)
+        assert {x.source for x in planned_statements(d, {s: reports[s]}, q).statements if x.is_write} <= {"staged_table"}
+        staged = apply(staged_store, d, {s: reports[s]}, started_at=STARTED, quarantined=q)[s]
+        monkeypatch.undo()
+        assert (staged.status, staged.applied, staged.conflicts) == (inline.status, inline.applied, inline.conflicts), s
+        results[s] = inline
+    assert results[gated].conflicts >= 1  # the live write, counted alike
+    inline_rows, staged_rows = _store_rows(inline_store), _store_rows(staged_store)
+    for table in inline_rows:
+        assert staged_rows[table] == inline_rows[table], table
+    recall = inline_store.pg().execute("SELECT recall_before, recall_after FROM consolidation_runs WHERE scope_path = %s",
+                                       (gated,)).fetchone()
     assert recall == (1.0, 0.5)
-    assert scalar(fast_store, "SELECT count(*) FROM consolidation_quarantine") == 1
-    assert scalar(fast_store, "SELECT count(*) FROM consolidation_archive") > 0
+    assert scalar(staged_store, "SELECT count(*) FROM consolidation_quarantine") == 1
+    assert scalar(staged_store, "SELECT count(*) FROM consolidation_archive") > 0
 
 
-def test_a_diff_with_a_row_of_another_scope_keeps_the_plain_statements():
-    """The batch refuses a row of a scope without a report; the plain statements skip it (a conflict),
-    so such a diff is never turned into a shard of one."""
-    from deep_sleep.run.apply import _shard_of_one
-
-    row = pl.DataFrame({"id": [str(uuid.uuid4())], "scope_path": ["org\x1fother"], "label": ["x"]})
-    mine = pl.DataFrame({"id": [str(uuid.uuid4())], "expected_version": [1], "importance": [1.0]})
-    assert _shard_of_one(Diff({"memory_nodes": TableDiff(inserts=row)}), "org\x1facme") is None
-    one = _shard_of_one(Diff({"memory_nodes": TableDiff(updates=mine)}), "org\x1facme")
-    assert one.table("memory_nodes").updates.get_column("scope_path").to_list() == ["org\x1facme"]
+def test_a_row_of_a_scope_without_a_report_is_refused(store):
+    """A row keeps the scope it names (``as_shard_diff`` adds the scope only where a row has none), and a
+    batch refuses a row of a scope it does not apply: nothing is written."""
+    row = pl.DataFrame({"id": [str(uuid.uuid4())], "scope_path": ["org\x1fother"], "label": ["x"], "phase": ["p"]})
+    mine = pl.DataFrame({"id": [str(uuid.uuid4())], "expected_version": [1], "importance": [1.0], "phase": ["p"]})
+    diff = as_shard_diff(Diff({"memory_nodes": TableDiff(inserts=row, updates=mine)}), "org\x1facme")
+    assert diff.table("memory_nodes").inserts.get_column("scope_path").to_list() == ["org\x1fother"]
+    assert diff.table("memory_nodes").updates.get_column("scope_path").to_list() == ["org\x1facme"]
+    report = ConsolidationReport(scope_path="org\x1facme", as_of="2026-11-30T03:00:00Z", run_id=str(uuid.uuid4()))
+    with pytest.raises(InputError, match="rows of scopes without a report"):
+        apply(store, diff, {"org\x1facme": report})
+    assert scalar(store, "SELECT count(*) FROM consolidation_runs WHERE run_id = %s", report.run_id) == 0
 
 
 def _with_row(diff: Diff, table: str, kind: str, row: pl.DataFrame) -> Diff:
@@ -201,7 +207,7 @@ def test_a_failing_scope_is_recorded_failed_a_live_write_is_its_scopes_conflict_
     reports[invalid] = reports[invalid].with_(status="failed", errors=["validation failed: test"])
     before = _store_rows(store)
     mine_of = lambda rows, scope: [r for r in rows if json.loads(r).get("scope_path") == scope]  # noqa: E731
-    got = apply_shard(store, diff, reports, started_at=STARTED, quarantined=planned.quarantined)
+    got = apply(store, diff, reports, started_at=STARTED, quarantined=planned.quarantined)
     assert got[bad_scope].status == "failed" and "memory_nodes_layer_check" in got[bad_scope].error
     assert got[bad_scope].retried and "memory_nodes_layer_check" in got[bad_scope].batch_error
     assert {s: g.status for s, g in got.items() if s not in (bad_scope, invalid)} == dict.fromkeys(
@@ -235,7 +241,7 @@ def test_a_failing_batch_retries_only_its_own_scopes(twin_stores):
     bad_scope = "org\x1fac"  # the first scope in byte order: batch 0
     invalid = sorted(scopes, key=str.encode)[-1]  # in the last batch, which applies in one transaction
     reports[invalid] = reports[invalid].with_(status="failed", errors=["validation failed: test"])
-    got = apply_shard(store, _with_row(planned.diff, "memory_nodes", "inserts", _poison(planned.diff, bad_scope)), reports,
+    got = apply(store, _with_row(planned.diff, "memory_nodes", "inserts", _poison(planned.diff, bad_scope)), reports,
                       started_at=STARTED, quarantined=planned.quarantined, batch_scopes=2)
     assert got[bad_scope].batch == 0 and got[bad_scope].status == "failed"
     assert {s for s, g in got.items() if g.retried} == {s for s, g in got.items() if g.batch == 0}
@@ -277,7 +283,7 @@ def test_a_row_naming_another_scopes_id_changes_nothing_of_that_scope(store):
     })
     reports = {s: ConsolidationReport(scope_path=s, as_of="2026-11-30T03:00:00Z", run_id=str(uuid.uuid4()))
                for s in (mine, theirs)}
-    got = apply_shard(store, diff, reports)
+    got = apply(store, diff, reports)
     assert got[mine].status == "applied" and got[theirs].status == "applied"
     assert dump() == before and edges() == 1
     assert got[mine].applied == {"memory_nodes": {"deletes": 0, "updates": 1, "inserts": 0}, "memory_edges": {"deletes": 0}}
@@ -286,26 +292,25 @@ def test_a_row_naming_another_scopes_id_changes_nothing_of_that_scope(store):
     assert scalar(store, "SELECT count(*) FROM consolidation_archive WHERE run_id = %s", reports[mine].run_id) == 0
 
 
-def test_shard_statements_are_pure_and_keep_every_write_scoped():
+def test_statements_are_pure_and_keep_every_write_scoped():
     diff = Diff({"memory_nodes": TableDiff(
         updates=pl.DataFrame({"id": ["a", "a", "b"], "expected_version": [1, 1, 2], "importance": [5.0, None, 6.0],
                               "label": [None, "x", None], "phase": ["p", "q", "p"], "scope_path": ["s1", "s1", "s2"]}),
         inserts=pl.DataFrame({"id": ["c", "d"], "scope_path": ["s1", "s2"], "tenant_id": ["t", "t"],
                               "label": ["l", "m"], "importance": [None, 3.0], "phase": ["p", "p"]}))})
     run_ids = {"s1": str(uuid.uuid4()), "s2": str(uuid.uuid4())}
-    one, two = shard_statements(diff, run_ids), shard_statements(diff, run_ids)
+    one, two = statements(diff, run_ids), statements(diff, run_ids)
     assert one.statements == two.statements and one.fed.equals(two.fed)
     writes = [s for s in one.statements if s.is_write]
     assert all("t.scope_path = s.scope_path" in s.sql for s in writes if s.kind != "inserts")
     # s1's inserts take importance's default, s2's give it: two inserts, by column signature
     inserts = [s.sql for s in writes if s.kind == "inserts"]
-    assert len(inserts) == 2 and sum("importance" in sql for sql in inserts) == 1
+    columns = [re.search(r"INSERT INTO memory_nodes \(([^)]*)\)", sql).group(1) for sql in inserts]
+    assert sorted(columns) == ["id, scope_path, tenant_id, label", "id, scope_path, tenant_id, label, importance"]
     assert sorted(one.fed.rows()) == [("s1", "memory_nodes", "inserts", 1), ("s1", "memory_nodes", "updates", 1),
                                       ("s2", "memory_nodes", "inserts", 1), ("s2", "memory_nodes", "updates", 1)]
-    from deep_sleep.core.errors import InputError
-
     with pytest.raises(InputError):
-        shard_statements(diff, {"s1": run_ids["s1"]})
+        statements(diff, {"s1": run_ids["s1"]})
 
 
 def test_each_scopes_inserts_take_the_defaults_of_the_columns_it_gives_no_value(store):
@@ -319,7 +324,7 @@ def test_each_scopes_inserts_take_the_defaults_of_the_columns_it_gives_no_value(
                             "properties": [None, '{"k": 1}', '{"k": 2}'], "phase": ["p"] * 3})
     reports = {s: ConsolidationReport(scope_path=s, as_of="2026-11-30T03:00:00Z", run_id=str(uuid.uuid4()))
                for s in (plain, rich)}
-    got = apply_shard(store, Diff({"memory_nodes": TableDiff(inserts=inserts)}), reports)
+    got = apply(store, Diff({"memory_nodes": TableDiff(inserts=inserts)}), reports)
     assert {s: (g.status, g.retried, g.conflicts, g.applied) for s, g in got.items()} == {
         plain: ("applied", False, 0, {"memory_nodes": {"inserts": 1}}),
         rich: ("applied", False, 0, {"memory_nodes": {"inserts": 2}})}
@@ -329,12 +334,14 @@ def test_each_scopes_inserts_take_the_defaults_of_the_columns_it_gives_no_value(
     assert [(r[1], r[2]) for r in rows] == [(5.0, {}), (3.0, {"k": 1}), (4.0, {"k": 2})]
 
 
-def test_a_batchs_updates_and_deletes_probe_each_store_table_by_index_never_scan_it(admin_dsn):
+def test_a_batchs_updates_and_deletes_probe_each_store_table_by_index_never_scan_it(admin_dsn, monkeypatch):
     """Every update and delete of a batch reaches the store rows through the table's index, one probe per
     staged row (a nested loop), never by reading the whole table: the write costs in proportion to the
     batch's rows, not to the store's (at a hundred thousand scopes, every batch would read every node)."""
-    from deep_sleep.run.apply import _run, planned_shard_statements
+    import deep_sleep.run.apply as apply_mod
+    from deep_sleep.run.apply import _run, planned_statements
 
+    monkeypatch.setattr(apply_mod, "SMALL_STAGE_ROWS", 0)  # the staged path (a big batch's)
     name = f"ds_plans_{os.getpid()}_{uuid.uuid4().hex[:6]}"
     store = create_database(admin_dsn, name)
     try:
@@ -345,7 +352,7 @@ def test_a_batchs_updates_and_deletes_probe_each_store_table_by_index_never_scan
         with store.adbc() as con:
             cur = con.cursor()
             try:
-                for s in planned_shard_statements(planned.diff, reports).statements:
+                for s in planned_statements(planned.diff, reports).statements:
                     if s.is_write:
                         cur.adbc_statement.set_options(**{"adbc.postgresql.use_copy": "false"})  # EXPLAIN is no COPY source
                         cur.execute("EXPLAIN " + s.sql)

@@ -18,15 +18,8 @@ import psycopg
 import pytest
 from deep_sleep.transforms.config import ConsolidationConfig
 
-from deep_sleep.core.holds_config import HoldsConfig
 from deep_sleep.core.scope import Scope
-from deep_sleep.run.stages import (
-    apply_stage,
-    consolidate_scope,
-    extract_stage,
-    plan_stage,
-    validate_stage,
-)
+from deep_sleep.run import pipeline
 from deep_sleep.store.db import Store
 from tests.storeutil import create_database, drop_database, scalar
 
@@ -64,6 +57,29 @@ def bulk_scope(store: Store, scope: Scope, nodes: int) -> None:
             {"s": scope.path, "t": scope.tenant_id, "now": NOW})
         con.commit()
         con.execute("ANALYZE")
+
+
+def apply_from_files(store: Store, diff_dir: Path):
+    """Apply what a planned run directory's files say applies (its diff less its held rows), as the
+    run it names: an apply re-run by hand on a planned night's files, in any process."""
+    from deep_sleep.core.diff import Diff
+    from deep_sleep.core.report import ConsolidationReport
+    from deep_sleep.jobs.undo_plan import without_rows
+    from deep_sleep.run.apply import apply
+    from deep_sleep.run.holds import read_held
+    from deep_sleep.run.plan import as_shard_diff
+
+    report = ConsolidationReport.read(diff_dir)
+    s = report.scope_path
+    diff = without_rows(as_shard_diff(Diff.read(diff_dir), s), read_held(diff_dir, s)[0])
+    return apply(store, diff, {s: report.with_(status="planned")}, started_at=datetime.now(UTC))[s], report.run_id
+
+
+def _planned(store: Store, scope: Scope, config: ConsolidationConfig, base: Path) -> Path:
+    """The night up to its apply, files under ``base``; its diff directory."""
+    ctx = pipeline.Context.of(NOW, config, scopes=scope, store=store, base=base, run_ids={scope.path: str(uuid.uuid4())})
+    assert pipeline.run(pipeline.PLAN, ctx).report().status == "planned"
+    return ctx.diff_dir
 
 
 def checksum(store: Store, scope: Scope) -> dict[str, str]:
@@ -136,9 +152,7 @@ class Writer(threading.Thread):
 def test_live_writers_during_a_large_apply_lose_nothing(store, scope, tmp_path):
     bulk_scope(store, scope, 30_000)
     config = ConsolidationConfig(holds={"enabled": False})  # every planned delete and decay is to land
-    snap_dir = extract_stage(store, scope, NOW, config, tmp_path / "snapshot")
-    diff_dir = plan_stage(snap_dir, config, NOW, tmp_path / "diff", run_id=str(uuid.uuid4()))
-    assert validate_stage(snap_dir, diff_dir, config).status == "planned"
+    diff_dir = _planned(store, scope, config, tmp_path)
     with store.pg() as con:
         ids = [r[0] for r in con.execute("SELECT id::text FROM memory_nodes WHERE scope_path = %s ORDER BY id", (scope.path,))]
         decays = {r[0] for r in con.execute("SELECT id::text FROM memory_nodes WHERE scope_path = %s AND importance > 1 "
@@ -151,7 +165,7 @@ def test_live_writers_during_a_large_apply_lose_nothing(store, scope, tmp_path):
     time.sleep(0.5)  # live turns land between the snapshot and the apply ...
     apply_began = time.time()
     # ... and during it (no holds: every planned delete and decay is to land, for the checks below)
-    report = apply_stage(store, diff_dir, holds=HoldsConfig(enabled=False))
+    report, run_id = apply_from_files(store, diff_dir)
     apply_ended = time.time()
     time.sleep(0.2)
     stop.set()
@@ -181,12 +195,12 @@ def test_live_writers_during_a_large_apply_lose_nothing(store, scope, tmp_path):
     # a write that found no row hit a node the run had deleted before it: that node is archived by the run
     gone = sorted({g for w in writers for g in w.gone})
     assert scalar(store, "SELECT count(*) FROM consolidation_archive WHERE run_id = %s AND row_id = ANY(%s)",
-                  report.run_id, gone) == len(gone)
+                  run_id, gone) == len(gone)
     assert report.conflicts >= len(early & decays)
-    assert scalar(store, "SELECT conflicts FROM consolidation_runs WHERE run_id = %s", report.run_id) == report.conflicts
+    assert scalar(store, "SELECT conflicts FROM consolidation_runs WHERE run_id = %s", run_id) == report.conflicts
     # the next run consolidates what the live writers made it skip (the decay of those nodes)
     skipped = sorted(nid for nid in early if rows[nid][0] < 8)
-    again = consolidate_scope(store, scope, config, as_of=NOW, base_dir=tmp_path / "runs")
+    again = pipeline.consolidate(store, scope, NOW, config, runs_dir=tmp_path / "runs").report()
     assert again.status == "applied" and again.conflicts == 0
     # each was decayed, or (importance < 4, at most one neighbour, a week old) pruned
     with store.pg() as con:
@@ -201,12 +215,12 @@ KILLED_APPLY = textwrap.dedent(
     import sys
     from pathlib import Path
     from deep_sleep.store.db import Store
-    from deep_sleep.run.stages import apply_stage
+    from tests.run.test_concurrency import apply_from_files
 
     dsn, diff_dir, marker = sys.argv[1], sys.argv[2], Path(sys.argv[3])
     store = Store(dsn)
     marker.write_text("starting")
-    apply_stage(store, Path(diff_dir))
+    apply_from_files(store, Path(diff_dir))
     marker.write_text("done")
     """
 )
@@ -224,15 +238,12 @@ def crash_template(admin_dsn, tmp_path_factory):
     scope = Scope.root("org", "crash").child("brand", "b1")
     bulk_scope(store, scope, 8_000)
     work = tmp_path_factory.mktemp("crash")
-    config = ConsolidationConfig()
-    snap_dir = extract_stage(store, scope, NOW, config, work / "snapshot")
-    diff_dir = plan_stage(snap_dir, config, NOW, work / "diff", run_id=str(uuid.uuid4()))
-    assert validate_stage(snap_dir, diff_dir, config).status == "planned"
+    diff_dir = _planned(store, scope, ConsolidationConfig(), work)
     before = {**checksum(store, scope), **run_records(store)}
     # the after-state, from an uninterrupted apply on a clone
     ref = _clone(admin_dsn, name, f"{name}_ref")
     t = time.perf_counter()
-    apply_stage(ref, diff_dir)
+    apply_from_files(ref, diff_dir)
     seconds = time.perf_counter() - t
     after = {**checksum(ref, scope), **run_records(ref)}
     assert all(after[k] != before[k] for k in after)  # the run changes every domain table, the ledger and the archive
@@ -282,7 +293,7 @@ def test_sigkill_at_random_moments_leaves_before_or_after_and_reruns_converge(cr
         applied = scalar(store, "SELECT count(*) FROM consolidation_runs WHERE status = 'applied'")
         assert applied == (0 if state == t["before"] else 1)
         if state == t["before"]:  # a rerun converges to the after-state
-            assert apply_stage(store, t["diff_dir"]).status == "applied"
+            assert apply_from_files(store, t["diff_dir"])[0].status == "applied"
             assert {**checksum(store, t["scope"]), **run_records(store)} == t["after"]
     assert all(opened)  # every kill came after the transaction had opened, none before the child got going
     assert outcomes["before"] > 0  # most kills land inside the transaction

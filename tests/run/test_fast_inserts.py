@@ -13,8 +13,8 @@ import pytest
 
 from deep_sleep.core.diff import Diff, TableDiff
 from deep_sleep.run import apply as apply_mod
-from deep_sleep.run.apply import apply_shard
-from deep_sleep.run.statements import shard_statements
+from deep_sleep.run.apply import apply as apply_shard
+from deep_sleep.run.statements import statements as shard_statements
 from tests.run import test_apply_shard as shard_tests
 from tests.run.test_apply_shard import STARTED, _plan, _store_rows
 from tests.storeutil import scalar
@@ -40,13 +40,23 @@ def _live_edge(con, edge: dict) -> None:
                  STARTED, STARTED))
 
 
+@pytest.fixture(autouse=True)
+def staged(monkeypatch):
+    """Fast inserts are the staged path's (a DO block takes no parameters; inline rows run guarded):
+    every batch here is staged, whatever its size."""
+    monkeypatch.setattr(apply_mod, "SMALL_STAGE_ROWS", 0)
+
+
 def _outcome(got) -> dict:
     return {s: (g.status, g.retried, g.applied, g.conflicts) for s, g in got.items()}
 
 
 def test_every_shard_insert_has_a_plain_fast_path_beside_its_guarded_sql():
     diff = pl.DataFrame({"id": ["c", "d"], "scope_path": ["s1", "s2"], "tenant_id": ["t", "t"], "label": ["l", "m"]})
-    planned = shard_statements(Diff({"memory_nodes": TableDiff(inserts=diff)}), {"s1": str(uuid.uuid4()), "s2": str(uuid.uuid4())})
+    run_ids = {"s1": str(uuid.uuid4()), "s2": str(uuid.uuid4())}
+    inline = shard_statements(Diff({"memory_nodes": TableDiff(inserts=diff)}), run_ids)
+    assert all(s.fast_sql is None for s in inline.statements)  # inline rows: the guarded insert alone
+    planned = shard_statements(Diff({"memory_nodes": TableDiff(inserts=diff)}), run_ids, small_rows=0)
     inserts = [s for s in planned.statements if s.step == "insert"]
     assert inserts and all(s.sql.count("ON CONFLICT DO NOTHING") == 1 for s in inserts)
     for s in inserts:  # the same INSERT, plain first, guarded in the unique_violation handler only

@@ -24,8 +24,9 @@ from deep_sleep.core.snapshot import Snapshot
 from deep_sleep.core.tables import EMBEDDING_DIM
 from deep_sleep.dev.generate import generate
 from deep_sleep.dev.spec import SeedSpec
-from deep_sleep.run.gate import ranked_hits, recall_gate, recall_gate_shard
-from deep_sleep.run.plan import plan, plan_shard
+from deep_sleep.run import gate as gate_mod
+from deep_sleep.run.gate import ranked_hits
+from deep_sleep.run.plan import as_shard_diff, plan
 from deep_sleep.transforms.config import ConsolidationConfig
 
 AS_OF = datetime(2026, 11, 30, 3, 0, tzinfo=UTC)
@@ -90,6 +91,16 @@ def _scope_with(used_weak: bool) -> Snapshot:
     return _snapshot(nodes, edges, recalls)
 
 
+def recall_gate(snap: Snapshot | Shard, diff: Diff, config, embeddings=None, **kw):
+    """One scope's verdict (a Snapshot); a shard's verdicts (a Shard)."""
+    got = gate_mod.recall_gate(snap, diff, config, embeddings, **kw)
+    return got if isinstance(snap, Shard) else got[snap.scope_path]
+
+
+def _subset(report: dict, **want) -> bool:
+    return {k: report.get(k) for k in want} == want
+
+
 def _planned(snap: Snapshot):
     result = plan(snap, ConsolidationConfig(), AS_OF, phases=("decay_importance", "prune_orphans"))
     deleted = result.diff.table("memory_nodes").deletes.get_column("id").to_list()
@@ -100,10 +111,11 @@ def test_weak_old_used_memories_that_prune_removes_fail_the_gate():
     snap = _scope_with(used_weak=True)
     result, deleted = _planned(snap)
     assert deleted == [_id(50)]  # prune takes the weak old orphan the agent used
-    gate = recall_gate(result.snapshot, result.diff, ConsolidationConfig(), _label_embeddings(snap), now=AS_OF)
+    gate = recall_gate(result.scope_snapshot(), result.diff, ConsolidationConfig(), _label_embeddings(snap), now=AS_OF)
     assert (gate.queries, gate.recall_before, gate.recall_after) == (1, 1.0, 0.0)
     assert gate.drop_pp == pytest.approx(100.0) and gate.failed
-    assert gate.to_report() == {"queries": 1, "recall_before": 1.0, "recall_after": 0.0, "drop_pp": 100.0, "failed": True}
+    assert gate.to_report() == {"status": "measured", "detail": gate.detail, "queries": 1, "recall_before": 1.0,
+                                "recall_after": 0.0, "drop_pp": 100.0, "failed": True}
     assert "FAILED" in gate.detail
 
 
@@ -111,7 +123,7 @@ def test_a_scope_where_nothing_used_is_touched_passes_unchanged():
     snap = _scope_with(used_weak=False)
     result, deleted = _planned(snap)
     assert deleted == [_id(50)]  # the diff still deletes, but nothing the agent used
-    gate = recall_gate(result.snapshot, result.diff, ConsolidationConfig(), _label_embeddings(snap), now=AS_OF)
+    gate = recall_gate(result.scope_snapshot(), result.diff, ConsolidationConfig(), _label_embeddings(snap), now=AS_OF)
     assert (gate.queries, gate.recall_before, gate.recall_after, gate.drop_pp, gate.failed) == (1, 1.0, 1.0, 0.0, False)
 
 
@@ -119,8 +131,8 @@ def test_a_small_drop_within_the_threshold_passes_and_a_larger_one_fails():
     snap = _scope_with(used_weak=True)
     result, _ = _planned(snap)
     emb = _label_embeddings(snap)
-    assert not recall_gate(result.snapshot, result.diff, GateConfig(max_drop_pp=100.0), emb).failed
-    assert recall_gate(result.snapshot, result.diff, GateConfig(max_drop_pp=99.0), emb).failed
+    assert not recall_gate(result.scope_snapshot(), result.diff, GateConfig(max_drop_pp=100.0), emb).failed
+    assert recall_gate(result.scope_snapshot(), result.diff, GateConfig(max_drop_pp=99.0), emb).failed
 
 
 class _Fixed:
@@ -184,14 +196,29 @@ def test_new_importance_moves_ranks_through_the_model():
     assert recall_gate(snap, diff, GateConfig(k=1), emb, embedder=embedder).drop_pp == 0.0  # A stays first
 
 
-def test_no_used_queries_no_embeddings_or_disabled_measure_nothing():
+def test_a_gate_that_cannot_measure_says_why_and_never_reads_as_passed():
+    """SPEC §9 as amended: no used query, no vectors, recall@k of zero before the diff, or switched off —
+    each by its status, never failed, never "measured"."""
     snap, emb, embedder = _golden()
     unused = snap.with_frames({"recall_events": snap.table("recall_events").with_columns(pl.lit(0.0).alias("label"))})
-    for result in (recall_gate(unused, Diff.empty(), GateConfig(), emb, embedder=embedder),
-                   recall_gate(snap, Diff.empty(), GateConfig(), None, embedder=embedder),
-                   recall_gate(snap, Diff.empty(), GateConfig(enabled=False), emb, embedder=embedder)):
-        assert (result.queries, result.recall_before, result.failed, result.to_report()) == (0, None, False, {})
-        assert result.detail
+    # the query finds none of its used memories before the diff (E, not B or D, is the only used one; k = 1)
+    far = snap.with_frames({"recall_events": snap.table("recall_events").with_columns(
+        pl.when(pl.col("node_id") == _id(3)).then(1.0).otherwise(0.0).alias("label"))})
+    cases = {
+        "no_used_query": recall_gate(unused, Diff.empty(), GateConfig(), emb, embedder=embedder),
+        "no_vectors": recall_gate(snap, Diff.empty(), GateConfig(), None, embedder=embedder),
+        "disabled": recall_gate(snap, Diff.empty(), GateConfig(enabled=False), emb, embedder=embedder),
+        "zero_before": recall_gate(far, Diff.empty(), GateConfig(k=1), emb, embedder=embedder),
+    }
+    for status, result in cases.items():
+        assert result.status == status and not result.measured and not result.failed, status
+        report = result.to_report()
+        assert report["status"] == status and report["failed"] is False and report["detail"] == gate_mod.UNMEASURED[status]
+    assert cases["no_used_query"].queries == 0 and cases["no_used_query"].recall_before is None
+    assert (cases["zero_before"].queries, cases["zero_before"].recall_before) == (1, 0.0)  # the figures are kept
+    # a diff that would take the used memory away cannot fail a gate that saw nothing before
+    drop = Diff.of("memory_nodes", "prune_orphans", deletes=pl.DataFrame({"id": [_id(3)], "version": [1]}), reason="t")
+    assert recall_gate(far, drop, GateConfig(k=1), emb, embedder=embedder).status == "zero_before"
 
 
 def _fleet_snapshots(seed: int, scopes: int = 3) -> list[Snapshot]:
@@ -217,16 +244,14 @@ def test_an_empty_diff_never_drops(seed):
 def test_the_shard_gate_is_each_scopes_gate():
     snaps = _fleet_snapshots(5, scopes=4)
     shard = Shard.from_snapshots(snaps)
-    planned = plan_shard(shard, ConsolidationConfig(), AS_OF)
+    planned = plan(shard, ConsolidationConfig(), AS_OF)
     emb = pl.concat([_label_embeddings(s) for s in snaps])
-    together = recall_gate_shard(planned.shard, planned.diff, ConsolidationConfig(), emb, now=AS_OF)
-    alone = {s: recall_gate(planned.shard.scope(s), d, ConsolidationConfig(), emb, now=AS_OF)
-             for s, d in planned.scope_diffs().items()}
+    together = recall_gate(planned.shard, planned.diff, ConsolidationConfig(), emb, now=AS_OF)
     assert set(together) == set(shard.scope_paths)
     assert any(r.queries for r in together.values())
     for s in shard.scope_paths:
-        want = alone.get(s) or recall_gate(planned.shard.scope(s), Diff.empty(), ConsolidationConfig(), emb, now=AS_OF)
-        assert together[s] == want, s
+        alone = recall_gate(planned.scope_snapshot(s), planned.scope_diff(s), ConsolidationConfig(), emb, now=AS_OF)
+        assert together[s] == alone, s
 
 
 # -- on the real store -------------------------------------------------------------------------
@@ -234,7 +259,7 @@ def test_the_shard_gate_is_each_scopes_gate():
 def test_plan_scope_gate_ranks_as_live_recall_and_report_and_ledger_keep_the_figures(store, scope, runs_dir):
     from deep_sleep.online.recall import feedback, recall
     from deep_sleep.online.turn import record_turn
-    from deep_sleep.run.stages import apply_stage, plan_scope
+    from deep_sleep.run import pipeline
     from deep_sleep.store.extract import extract
     from deep_sleep.store.vectors import node_embeddings
     from tests.online.helpers import rows
@@ -265,13 +290,18 @@ def test_plan_scope_gate_ranks_as_live_recall_and_report_and_ledger_keep_the_fig
     got = ranked_hits(snap, GateConfig(k=10), node_embeddings(store, [scope]), now=now, with_scores=True)
     assert got.get_column("score").to_list() == pytest.approx([h.score for h in hits], abs=1e-6)
 
-    planned = plan_scope(store, scope, as_of=now + timedelta(hours=1), base_dir=runs_dir)
-    assert weak.node_id in pl.read_parquet(planned.diff_dir / "memory_nodes.deletes.parquet").get_column("id").to_list()
-    gate = planned.report.gate
-    assert gate == {"queries": 1, "recall_before": 1.0, "recall_after": 0.0, "drop_pp": 100.0, "failed": True}
-    assert '"gate"' in (planned.diff_dir / "report.json").read_text()
-    applied = apply_stage(store, planned.diff_dir, started_at=planned.started_at)
+    ctx = pipeline.Context.of(now + timedelta(hours=1), ConsolidationConfig(), scopes=scope, store=store, base=runs_dir / "r")
+    planned = pipeline.run(pipeline.PLAN, ctx)
+    assert weak.node_id in pl.read_parquet(ctx.diff_dir / "memory_nodes.deletes.parquet").get_column("id").to_list()
+    gate = planned.report().gate
+    assert _subset(gate, status="measured", queries=1, recall_before=1.0, recall_after=0.0, drop_pp=100.0, failed=True)
+    assert '"gate"' in (ctx.diff_dir / "report.json").read_text()
+    # the weak node's delete waits for approval (the agent used it: used_node names it, ahead of gate_failed)
+    assert planned.report().held["reasons"] == {"used_node": 1}
+    assert any("recall-quality gate failed" in w for w in planned.report().held["why"])
+    applied = pipeline.run((pipeline.Apply(),), ctx, planned).report()
     assert applied.gate == gate
+    assert rows(store, "SELECT count(*) FROM memory_nodes WHERE id = %s", weak.node_id) == [(1,)]
     assert rows(store, "SELECT recall_before, recall_after FROM consolidation_runs WHERE run_id = %s",
                 applied.run_id) == [(1.0, 0.0)]
 
@@ -280,7 +310,7 @@ def test_nodes_without_embeddings_are_never_seeds():
     snap, emb, embedder = _golden()
     none = emb.clear()  # the store has no embedding for any node: the live recall would find nothing either
     gate = recall_gate(snap, Diff.empty(), GateConfig(k=2), none, embedder=embedder)
-    assert (gate.queries, gate.recall_before, gate.recall_after, gate.failed) == (1, 0.0, 0.0, False)
+    assert (gate.status, gate.queries, gate.recall_before, gate.failed) == ("no_vectors", 1, None, False)
     # only A has one: B and E are not seeds; D is reached from A by spreading, C and E never
     only_a = emb.filter(pl.col("id") == _id(1))
     got = ranked_hits(snap, GateConfig(k=10), only_a, embedder=embedder).get_column("node_id").to_list()
@@ -304,10 +334,9 @@ def test_the_shard_gate_on_a_fleet_with_prefix_sibling_scopes_is_each_scopes_gat
             for n, f in frames.items()}
     paths = sorted({rename.get(fleet_scope(i).path, fleet_scope(i).path) for i in range(20)}, key=str.encode)
     shard = Shard.from_frames(dict.fromkeys(paths), AS_OF, snap)
-    planned = plan_shard(shard, ConsolidationConfig(), AS_OF)
-    together = recall_gate_shard(planned.shard, planned.diff, ConsolidationConfig(), emb, now=AS_OF)
-    diffs = planned.scope_diffs()
-    alone = {s: recall_gate(planned.shard.scope(s), diffs.get(s, Diff.empty()), ConsolidationConfig(), emb, now=AS_OF)
+    planned = plan(shard, ConsolidationConfig(), AS_OF)
+    together = recall_gate(planned.shard, planned.diff, ConsolidationConfig(), emb, now=AS_OF)
+    alone = {s: recall_gate(planned.scope_snapshot(s), planned.scope_diff(s), ConsolidationConfig(), emb, now=AS_OF)
              for s in paths}
     assert together == alone
     assert {"org\x1fac", "org\x1facme"} <= {s for s, g in together.items() if g.queries}

@@ -1,4 +1,5 @@
-"""Issue 16 item 2: split_holds (pure) — a golden case, each rule alone, the applied part valid."""
+"""split_holds (pure) — a golden case, each rule alone, the closure under the graph, the applied part
+valid on its own (SPEC §9 as amended 2026-12-04; issue 29's reproduction in miniature)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ import polars as pl
 from deep_sleep.core import tables
 from deep_sleep.core.diff import Diff
 from deep_sleep.core.holds_config import HoldsConfig
+from deep_sleep.core.shard import Shard
 from deep_sleep.core.snapshot import Snapshot
-from deep_sleep.run.holds import only_phases, phases_of, split_holds
-from deep_sleep.run.plan import plan
+from deep_sleep.run import holds
+from deep_sleep.run.holds import only_phases, phases_of
+from deep_sleep.run.plan import as_shard_diff, plan
 from deep_sleep.transforms.config import load_config
 from deep_sleep.validation import validate_diff
 
@@ -64,6 +67,15 @@ def diff() -> Diff:
     ])
 
 
+def split_holds(d: Diff, snap: Snapshot, policy: HoldsConfig, gate_failed: bool = False) -> holds.HoldSplit:
+    """The split of one scope's diff (a shard of one)."""
+    return holds.split_holds(as_shard_diff(d, snap.scope_path), Shard.of(snap), policy, {snap.scope_path: gate_failed})
+
+
+def ids_of(d: Diff, table: str, kind: str) -> list[str]:
+    return sorted(d.table(table).frames()[kind].get_column("id").to_list())
+
+
 def held_ids(split, table: str, kind: str) -> dict[str, str]:
     rows = split.rows.filter((pl.col("table") == table) & (pl.col("kind") == kind))
     return dict(zip(rows["id"], rows["reason"], strict=True))
@@ -77,19 +89,19 @@ def test_golden_split_exact():
     # E0 and E2 touch the held N0 and N9; E1 (N6→N7) touches no held node and goes tonight
     assert held_ids(split, "memory_edges", "deletes") == {E[0]: "with_held_node", E[2]: "with_held_node"}
     assert held_ids(split, "soul_profiles", "updates") == {SOUL: "soul_change"}
-    assert split.apply.table("memory_nodes").deletes["id"].to_list() == [W]  # working-memory expiry is routine
-    assert split.apply.table("memory_edges").deletes["id"].to_list() == [E[1]]
+    assert ids_of(split.apply, "memory_nodes", "deletes") == [W]  # working-memory expiry is routine
+    assert ids_of(split.apply, "memory_edges", "deletes") == [E[1]]
     assert split.apply.table("memory_nodes").updates.height == 4  # no importance rule without the gate
     assert split.apply.table("memory_edges").inserts.height == 1  # an insert to a node that stays is fine
     assert "soul_profiles" not in split.apply.tables
-    assert split.summary() == {
+    assert split.summaries() == {SCOPE: {
         "rows": {"memory_edges": {"deletes": 2}, "memory_nodes": {"deletes": 5}, "soul_profiles": {"updates": 1}},
         "reasons": {"delete_share": 4, "soul_change": 1, "used_node": 1, "with_held_node": 2},
         "phases": {"prune_orphans": 5, "soul_corrections": 1, "supersession": 2},
         "why": ["the run deletes 5 of 10 semantic nodes (50.0 %; the policy holds more than 5 % or more than 500)",
                 "the run changes the agent's SOUL profile (soul_profiles)",
                 "the run deletes memories the agent used (explicit positive recall feedback)"],
-    }
+    }}
     # row for row: nothing lost, nothing doubled
     for table, td in d.tables.items():
         for kind, frame in td.frames().items():
@@ -112,14 +124,15 @@ def test_a_failed_gate_holds_every_destructive_row_and_the_lowered_importance():
     assert held_ids(split, "memory_edges", "deletes") == dict.fromkeys(E, "gate_failed")
     # N7 lowered 5.0 → 4.0 (held); N6 raised by strengthen then lowered to 5.5 by decay: net 5.5 > 5.0, applies
     assert held_ids(split, "memory_nodes", "updates") == {N[7]: "gate_failed"}
-    assert sorted(split.apply.table("memory_nodes").updates["id"]) == [N[5], N[6], N[6]]
-    assert split.why[-1] != "" and any("gate" in w for w in split.why)
+    assert ids_of(split.apply, "memory_nodes", "updates") == [N[5], N[6], N[6]]
+    assert any("gate" in w for w in split.why[SCOPE])
 
 
 def test_each_rule_alone_and_off():
     snap, d = snapshot(), diff()
     off = split_holds(d, snap, HoldsConfig(enabled=False))
-    assert not off.held.has_changes and off.apply is d and off.summary() == {}
+    assert not off.held.has_changes and off.summaries() == {}
+    assert off.apply.row_counts() == d.row_counts()
     lenient = HoldsConfig(max_delete_share=1.0, soul_changes=False)
     split = split_holds(d, snap, lenient)  # only the used node's delete waits, with its edge
     assert held_ids(split, "memory_nodes", "deletes") == {N[9]: "used_node"}
@@ -145,10 +158,97 @@ def test_a_planned_prune_of_40_percent_is_held_and_the_rest_applies():
                                    "soul_profiles": snapshot().table("soul_profiles").head(0),
                                    "recall_events": snapshot().table("recall_events").head(0)})
     result = plan(snap, load_config(), NOW)
-    pruned = result.diff.table("memory_nodes").deletes
-    assert sorted(pruned["id"]) == N[:4]
-    split = split_holds(result.diff, snap, HoldsConfig())
-    assert sorted(split.held.table("memory_nodes").deletes["id"]) == N[:4]
+    assert ids_of(result.diff, "memory_nodes", "deletes") == N[:4]
+    split = holds.split_holds(result.diff, result.shard, HoldsConfig())
+    assert ids_of(split.held, "memory_nodes", "deletes") == N[:4]
     assert split.apply.table("memory_nodes").deletes.height == 0
     assert split.apply.table("memory_nodes").updates.height == result.diff.table("memory_nodes").updates.height
     assert validate_diff(split.apply, snap).height == 0
+
+
+# -- the closure under the graph (SPEC §9 as amended; issue 29) ---------------------------------------
+def _graph(edges: list[tuple[str, str]], layers: dict[str, str] | None = None) -> Snapshot:
+    """Ten old semantic nodes N0–N9 (importance 5; ``layers`` overrides a node's layer) and ``edges``
+    (E0, E1, … in order)."""
+    base = snapshot()
+    nodes = base.table("memory_nodes").filter(pl.col("id").is_in(N)).with_columns(
+        pl.col("id").replace_strict({**{n: "semantic" for n in N}, **(layers or {})}, default="semantic").alias("layer"))
+    e = tables.conform("memory_edges", pl.DataFrame({
+        "id": [f"00000000-0000-4000-a000-{i:012d}" for i in range(len(edges))], "scope_path": SCOPE, "tenant_id": "acme",
+        "source_id": [a for a, _ in edges], "target_id": [b for _, b in edges], "relation": "RELATED_TO", "weight": 1.0,
+        "properties": "{}", "created_at": OLD, "updated_at": OLD, "version": 2}))
+    return base.with_frames({"memory_nodes": nodes, "memory_edges": e, "soul_profiles": base.table("soul_profiles").head(0)})
+
+
+def _deletes(node_ids: list[str], edge_ids: list[str], phase: str = "prune_orphans") -> Diff:
+    parts = [Diff.of("memory_nodes", phase, deletes=ids(*node_ids), reason="test")]
+    if edge_ids:
+        parts.append(Diff.of("memory_edges", phase, deletes=pl.DataFrame({"id": edge_ids, "version": [2] * len(edge_ids)}),
+                             reason="with node"))
+    return Diff.combine(parts)
+
+
+def test_issue_29_in_miniature_an_edge_goes_with_the_endpoint_that_goes_tonight():
+    """The fresh-clone night of issue 29: U (TTL expired, but the agent used it) has its delete held
+    (used_node); its edge U—V has V at the other end, an orphan pruned tonight.  The edge must go with
+    V tonight — held with U it would point at a node the store no longer has."""
+    used, other = N[9], N[1]  # recall_events: N9 has explicit positive feedback
+    for source, target in ((used, other), (other, used)):  # the held node as the edge's source, then as its target
+        snap = _graph([(source, target)])
+        d = _deletes([used, other], ["00000000-0000-4000-a000-000000000000"])
+        split = split_holds(d, snap, HoldsConfig(max_delete_share=1.0))
+        assert held_ids(split, "memory_nodes", "deletes") == {used: "used_node"}
+        assert held_ids(split, "memory_edges", "deletes") == {}
+        assert ids_of(split.apply, "memory_nodes", "deletes") == [other]
+        assert ids_of(split.apply, "memory_edges", "deletes") == ["00000000-0000-4000-a000-000000000000"]
+        assert validate_diff(split.apply, snap).height == 0  # the applied part alone: no dangling edge
+        # and the old split (the edge held with U) is exactly what validation rejects
+        wrong = Diff.combine([Diff.of("memory_nodes", "prune_orphans", deletes=ids(other), reason="test")])
+        failures = validate_diff(wrong, snap)
+        assert failures.get_column("check").to_list() == ["no surviving edge points at a deleted node"]
+
+
+def test_a_held_node_keeps_its_edges_only_while_no_other_endpoint_goes():
+    """Held N9 (used): its edge to N8 (N8 stays) waits with it, whether N9 is the edge's source or its
+    target; its edge to N1 (pruned tonight) goes tonight with N1."""
+    for e0, e1 in (((N[9], N[8]), (N[9], N[1])), ((N[8], N[9]), (N[1], N[9]))):
+        snap = _graph([e0, e1])
+        d = _deletes([N[9], N[1]], [f"00000000-0000-4000-a000-{i:012d}" for i in range(2)])
+        split = split_holds(d, snap, HoldsConfig(max_delete_share=1.0))
+        assert held_ids(split, "memory_edges", "deletes") == {"00000000-0000-4000-a000-000000000000": "with_held_node"}
+        assert ids_of(split.apply, "memory_edges", "deletes") == ["00000000-0000-4000-a000-000000000001"]
+        assert validate_diff(split.apply, snap).height == 0
+
+
+def test_a_meta_node_whose_clusters_delete_is_held_keeps_its_new_members_waiting_too():
+    """Phase 4 drops the members that fell out of the top max_members and adds the new ones; a failed
+    gate holds the drop (a delete), so the adds wait too (cluster_cap): the applied part never takes
+    the META node over its cap."""
+    meta = N[0]
+    snap = _graph([(meta, N[1]), (meta, N[2])])
+    new = pl.DataFrame({"id": ["00000000-0000-4000-a000-000000000050"], "scope_path": SCOPE, "tenant_id": "acme",
+                        "source_id": [meta], "target_id": [N[3]], "relation": "CLUSTERS", "weight": 1.0})
+    snap = snap.with_frames({"memory_edges": snap.table("memory_edges").with_columns(pl.lit("CLUSTERS").alias("relation"))})
+    d = Diff.combine([
+        Diff.of("memory_edges", "meta_nodes", deletes=pl.DataFrame({"id": ["00000000-0000-4000-a000-000000000001"],
+                                                                     "version": [2]}), reason="member left the top"),
+        Diff.of("memory_edges", "meta_nodes", inserts=new),
+    ])
+    split = split_holds(d, snap, HoldsConfig(), gate_failed=True)
+    assert held_ids(split, "memory_edges", "deletes") == {"00000000-0000-4000-a000-000000000001": "gate_failed"}
+    assert held_ids(split, "memory_edges", "inserts") == {"00000000-0000-4000-a000-000000000050": "cluster_cap"}
+    assert not split.apply.has_changes
+    # the gate passing: both apply
+    assert not split_holds(d, snap, HoldsConfig(), gate_failed=False).held.has_changes
+
+
+def test_identity_drift_is_routine_and_soul_corrections_wait():
+    """SPEC §9 as amended: drift's bounded steps are not held by default; SOUL corrections are."""
+    snap = snapshot()
+    d = Diff.combine([
+        Diff.of("soul_profiles", "drift", updates=pl.DataFrame({"id": [SOUL], "version": [1], "value": ["0.5100"]})),
+    ])
+    assert not split_holds(d, snap, HoldsConfig()).held.has_changes
+    assert held_ids(split_holds(d, snap, HoldsConfig(drift_changes=True)), "soul_profiles", "updates") == {SOUL: "soul_change"}
+    corrected = Diff.of("soul_profiles", "soul_corrections", updates=pl.DataFrame({"id": [SOUL], "version": [1], "value": ["curt"]}))
+    assert held_ids(split_holds(corrected, snap, HoldsConfig()), "soul_profiles", "updates") == {SOUL: "soul_change"}

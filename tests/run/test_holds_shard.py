@@ -1,16 +1,22 @@
-"""Issue 16 item 2 at fleet scale: split_holds_shard (one pass over a shard) gives every scope exactly
-the split of split_holds on that scope alone — applied part, held part, reasons, why and summary —
-for planned random fleets (nested scopes, ``org/ac`` beside ``org/acme``) and for hand-built shards
-whose scopes share ids (every rule keyed by scope); the shard's held files read back per scope."""
+"""Holds at fleet scale: split_holds over a shard of many scopes gives every scope exactly the split
+of that scope alone (a shard of one) — applied part, held part, reasons, why and summary — for
+planned random fleets (nested scopes, ``org/ac`` beside ``org/acme``) and for hand-built shards whose
+scopes share ids (every rule keyed by scope); the shard's held files read back per scope; a shard
+night holds and applies as scope-by-scope nights.  What each rule holds is pinned by test_holds.py's
+golden cases and by the golden shard's reasons below."""
 
 from __future__ import annotations
 
 import random
 import uuid
+from dataclasses import dataclass
 from datetime import timedelta
+from typing import ClassVar
 
 import polars as pl
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from deep_sleep.transforms.config import ConsolidationConfig
 from polars.testing import assert_frame_equal
 
@@ -18,14 +24,8 @@ from deep_sleep.core.diff import KINDS, Diff, TableDiff
 from deep_sleep.core.holds_config import HoldsConfig
 from deep_sleep.core.shard import Shard
 from deep_sleep.core.snapshot import Snapshot
-from deep_sleep.run.holds import (
-    HELD_DIR,
-    held_dir,
-    read_held,
-    split_holds,
-    split_holds_shard,
-)
-from deep_sleep.run.plan import plan_shard
+from deep_sleep.run.holds import HELD_DIR, REASONS_FILE, read_held, split_holds
+from deep_sleep.run.plan import as_shard_diff, plan
 from tests.run import test_holds as golden
 from tests.run.test_plan_shard import AS_OF, fleet
 from tests.transforms.shard_cases import AC, ACME, NESTED
@@ -58,26 +58,29 @@ def assert_same_diff(got: Diff, want: Diff, what: str) -> None:
     assert got.content_hash() == want.content_hash(), what
 
 
+def _one(d: Diff, s: str) -> Diff:
+    return d.by_scope((s,)).get(s, Diff.empty())
+
+
 def assert_each_scope_alone(diff: Diff, shard: Shard, policy: HoldsConfig, gate: dict[str, bool],
                             scopes: set[str] | None = None) -> int:
-    """split_holds_shard gives each scope split_holds' split of that scope alone; the held rows seen."""
-    got = split_holds_shard(diff, shard, policy, gate, scopes)
+    """split_holds of the shard gives each scope the split of that scope alone; the held rows seen."""
+    got = split_holds(diff, shard, policy, gate, scopes)
     summaries = got.summaries()
-    alone_diffs = diff.by_scope()
     held_rows = 0
     for s in shard.scope_paths:
-        mine = alone_diffs.get(s, Diff.empty())
+        mine = as_shard_diff(_one(diff, s), s)
+        alone = Shard.of(shard.scope(s))
         if scopes is not None and s not in scopes:
-            want = split_holds(mine, shard.scope(s), HoldsConfig(enabled=False))
+            want = split_holds(mine, alone, HoldsConfig(enabled=False))
         else:
-            want = split_holds(mine, shard.scope(s), policy, gate.get(s, False))
-        one = got.scope(s)
-        assert_same_diff(one.apply, want.apply, f"{s} applied")
-        assert_same_diff(one.held, want.held, f"{s} held")
+            want = split_holds(mine, alone, policy, {s: gate.get(s, False)})
+        assert_same_diff(_one(got.apply, s), _one(want.apply, s), f"{s} applied")
+        assert_same_diff(_one(got.held, s), _one(want.held, s), f"{s} held")
         order = ["table", "kind", "phase", "id"]
-        assert_frame_equal(one.rows.sort(order), want.rows.sort(order))
-        assert one.why == want.why, s
-        assert summaries.get(s, {}) == want.summary(), s
+        assert_frame_equal(got.rows.filter(pl.col("scope_path") == s).sort(order), want.rows.sort(order))
+        assert got.why.get(s) == want.why.get(s), s
+        assert summaries.get(s, {}) == want.summaries().get(s, {}), s
         held_rows += want.rows.height
     # row for row: nothing lost, nothing doubled, every row of the shard's diff in one part
     for name, td in diff.tables.items():
@@ -91,7 +94,7 @@ def test_planned_random_fleets_split_as_each_scope_alone(seed):
     snaps = fleet(12, seed=seed, sizes=(5, 30, 80))
     shard = Shard.from_snapshots(snaps)
     assert {AC, ACME} <= set(shard.scope_paths) and any(p.startswith(ACME + "\x1f") for p in shard.scope_paths)
-    diff = plan_shard(shard, ConsolidationConfig(), AS_OF).diff
+    diff = plan(shard, ConsolidationConfig(), AS_OF).diff
     rng = random.Random(seed)
     seen = 0
     for policy in POLICIES:
@@ -149,7 +152,7 @@ def test_scopes_sharing_ids_split_as_each_scope_alone(policy):
 
 def test_golden_shard_reasons():
     shard, diff = golden_shard()
-    got = split_holds_shard(diff, shard, HoldsConfig(), {AC: True})
+    got = split_holds(diff, shard, HoldsConfig(), {AC: True})
     assert got.scopes == [AC, ACME, NESTED]
     reasons = {s: dict(got.rows.filter(pl.col("scope_path") == s).group_by("reason").len().iter_rows())
                for s in got.scopes}
@@ -163,43 +166,70 @@ def test_golden_shard_reasons():
 
 def test_the_shards_held_rows_are_written_once_and_read_per_scope(tmp_path):
     shard, diff = golden_shard()
-    got = split_holds_shard(diff, shard, HoldsConfig())
+    got = split_holds(diff, shard, HoldsConfig())
     out = got.write(tmp_path / "diff" / HELD_DIR)
     assert sorted(p.name for p in out.iterdir()) == ["memory_edges.deletes.parquet", "memory_nodes.deletes.parquet",
                                                      "reasons.parquet", "soul_profiles.updates.parquet"]
     for s in shard.scope_paths:
         held, reasons = read_held(tmp_path / "diff", s)
-        one = got.scope(s)
-        assert_same_diff(held, one.held, s)
-        assert_frame_equal(reasons.sort("table", "kind", "id"), one.rows.sort("table", "kind", "id"))
+        assert_same_diff(_one(held, s), _one(got.held, s), s)
+        assert_frame_equal(reasons.sort("table", "kind", "id"),
+                           got.rows.filter(pl.col("scope_path") == s).sort("table", "kind", "id"))
     assert not read_held(tmp_path / "diff", "org\x1fother")[0].has_changes
-    with pytest.raises(Exception, match="name the scope"):
-        read_held(tmp_path / "diff")
 
 
-def test_the_per_scope_folders_of_earlier_releases_still_read(tmp_path):
+def test_the_layouts_of_earlier_releases_still_read(tmp_path):
+    """Shards of earlier releases kept each scope's held rows in a folder of its own (``held/<scope>/``,
+    a single-scope diff directory and reasons without scope_path); a single-scope run kept ``held/``
+    itself so.  Both read back in this release's form."""
+    from urllib.parse import quote
+
+    from deep_sleep.core.scope import Scope
+
     shard, diff = golden_shard()
-    got = split_holds_shard(diff, shard, HoldsConfig())
+    got = split_holds(diff, shard, HoldsConfig())
     for s in shard.scope_paths:
-        got.scope(s).write(held_dir(tmp_path, s, shard=True))
-    for s in shard.scope_paths:
-        held, reasons = read_held(tmp_path, s)
-        assert_same_diff(held, got.scope(s).held, s)
-        assert reasons.height == got.scope(s).rows.height
+        folder = tmp_path / "old-shard" / HELD_DIR / quote(Scope.parse(s).display(), safe="")
+        _one(got.held, s).write(folder)
+        got.rows.filter(pl.col("scope_path") == s).drop("scope_path").write_parquet(folder / REASONS_FILE)
+    _one(got.held, ACME).write(tmp_path / "old-single" / HELD_DIR)
+    got.rows.filter(pl.col("scope_path") == ACME).drop("scope_path").write_parquet(tmp_path / "old-single" / HELD_DIR / REASONS_FILE)
+    for base, scopes in ((tmp_path / "old-shard", shard.scope_paths), (tmp_path / "old-single", (ACME,))):
+        for s in scopes:
+            held, reasons = read_held(base, s)
+            assert_same_diff(_one(held, s), _one(got.held, s), s)
+            assert reasons.get_column("scope_path").unique().to_list() == [s]
+            assert reasons.height == got.rows.filter(pl.col("scope_path") == s).height
+
+
+@dataclass(frozen=True)
+class FixedGate:
+    """A gate stage whose verdicts are given (scope → failed): the night's stage list with this value
+    where :class:`~deep_sleep.run.pipeline.Gate` stands (stages are values)."""
+
+    failed: dict[str, bool]
+    name: ClassVar[str] = "gate"
+
+    def run(self, ctx, state):
+        from deep_sleep.run.pipeline import _with_reports
+
+        return _with_reports(state, {s: {"gate": {"status": "measured", "failed": self.failed.get(s, False),
+                                                  "detail": "given by the test"}} for s in state.reports})
+
+    def describe(self, ctx) -> str:
+        return "gate: verdicts given by the test"
 
 
 def _night(store, scopes, base, gate: dict[str, bool]):
-    """extract → transform → validate → apply with the default holds policy and ``gate``'s verdicts."""
+    """The night's stages with the default holds policy and ``gate``'s verdicts (:class:`FixedGate`)."""
     from deep_sleep.transforms.config import load_config
 
     from deep_sleep.run import pipeline
     from tests.jobs.test_approve import NOW
 
-    config = load_config()
-    extracted = pipeline.extract(store, scopes, NOW, config, base / "snapshot")
-    planned = pipeline.transform(extracted, config, NOW, base / "diff")
-    return pipeline.apply(store, pipeline.validate(planned, config), started_at=NOW, holds=config.holds,
-                          gate_failed=gate)
+    stages = tuple(FixedGate(gate) if isinstance(st, pipeline.Gate) else st for st in pipeline.NIGHT)
+    ctx = pipeline.Context.of(NOW, load_config(), scopes=scopes, store=store, base=base, started_at=NOW)
+    return pipeline.run(stages, ctx)
 
 
 def _forty_percent(scope) -> list[tuple[str, list[dict]]]:
@@ -267,3 +297,44 @@ def test_a_shard_night_holds_and_applies_as_scope_by_scope_nights(admin_dsn, tmp
     finally:
         for side in ("alone", "shard"):
             drop_database(admin_dsn, f"ds_holds_{tag}_{side}")
+
+
+# -- the applied part is valid on its own (SPEC §9 as amended; issue 29) -----------------------------
+PROPERTY_POLICIES = [*POLICIES, HoldsConfig(max_delete_share=0.0, max_deletes=0, drift_changes=True)]
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+@given(n=st.integers(1, 24), seed=st.integers(1, 10_000), policy=st.sampled_from(PROPERTY_POLICIES),
+       gate_share=st.sampled_from([0.0, 0.3, 1.0]), data=st.data())
+def test_the_applied_part_and_every_approval_are_valid_on_their_own(n, seed, policy, gate_share, data):
+    """Random fleets × hold policies × gate verdicts: the part a night applies, alone on the snapshot,
+    passes every SPEC §4 check; and so does every approval of a random selection of the held phases
+    (closed under the graph), on the snapshot with the applied part and the earlier approvals folded
+    in — in the order the approvals come."""
+    from deep_sleep.run.holds import close_selection, only_phases, phases_of
+    from deep_sleep.validation import validate_diff
+
+    snaps = fleet(n, seed=seed, sizes=(5, 30, 80))
+    shard = Shard.from_snapshots(snaps)
+    planned = plan(shard, ConsolidationConfig(), AS_OF)
+    assert validate_diff(planned.diff, planned.shard).height == 0  # the whole diff is valid
+    rng = random.Random(seed)
+    gate = {s: rng.random() < gate_share for s in shard.scope_paths}
+    split = split_holds(planned.diff, planned.shard, policy, gate)
+    failures = validate_diff(split.apply, planned.shard)
+    assert failures.height == 0, failures.head(5).to_dicts()
+    state = split.apply.fold(planned.shard)
+    for s in split.scopes:
+        held = split.held.by_scope((s,)).get(s, Diff.empty())
+        held = as_shard_diff(held, s)
+        pending = phases_of(held)
+        while pending:
+            chosen = data.draw(st.lists(st.sampled_from(pending), min_size=1, unique=True), label=f"approve in {s}")
+            selection = close_selection(held, only_phases(held, set(chosen)), planned.shard)
+            failures = validate_diff(selection, state)
+            assert failures.height == 0, (s, chosen, failures.head(5).to_dicts())
+            state = selection.fold(state)
+            from deep_sleep.jobs.undo_plan import without_rows
+
+            held = without_rows(held, selection)
+            pending = phases_of(held)

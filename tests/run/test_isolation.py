@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from deep_sleep.core.diff import Diff
 from deep_sleep.core.scope import Scope
 from deep_sleep.core.snapshot import Snapshot
-from deep_sleep.run.stages import consolidate_scope
+from deep_sleep.run.pipeline import consolidate
 from tests.storeutil import access, dump, edge, insert, node
 
 NOW = datetime(2026, 11, 20, 3, 0, tzinfo=UTC)
@@ -55,7 +55,7 @@ def test_a_run_touches_only_its_own_scope(store, tmp_path_factory, target_index,
         _populate(store, scope, n, seed)
     target = family[target_index]
     before = {s.path: dump(store, s) for s in family}
-    report = consolidate_scope(store, target, as_of=NOW, base_dir=tmp_path_factory.mktemp("runs"))
+    report = consolidate(store, target, NOW, runs_dir=tmp_path_factory.mktemp("runs")).report()
     assert report.status == "applied", report.errors
     assert any(report.counters.values())
     # every other scope is byte-for-byte as it was (rows, ledger, archive)

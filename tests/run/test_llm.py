@@ -21,7 +21,7 @@ from deep_sleep.core.snapshot import Snapshot
 from deep_sleep.dev.seed import SeedSpec, generate, scopes_of
 from deep_sleep.run.llm import ClaudeSummarizer, summarizer_for
 from deep_sleep.run.plan import plan
-from deep_sleep.run.stages import consolidate_scope
+from deep_sleep.run.pipeline import consolidate
 from tests.storeutil import insert, node, scalar
 
 AS_OF = datetime(2026, 11, 29, 3, 0, tzinfo=UTC)
@@ -238,7 +238,7 @@ def test_flag_off_sends_nothing(api, store, scope, monkeypatch, tmp_path):
     assert summarizer_for(ConsolidationConfig(), store) is None
     now = datetime.now(UTC)
     insert(store, "memory_nodes", [node(scope, f"project: part {i}", now - timedelta(hours=2)) for i in range(4)])
-    report = consolidate_scope(store, scope, ConsolidationConfig(), as_of=now, base_dir=tmp_path)
+    report = consolidate(store, scope, now, ConsolidationConfig(), runs_dir=tmp_path).report()
     assert report.counters["meta_nodes_created"] == 1 and report.llm == {}
     summary = scalar(store, "SELECT properties->>'summary' FROM memory_nodes WHERE scope_path = %s AND label = 'META:project'",
                      scope.path)
@@ -252,12 +252,12 @@ def test_enabled_without_a_key_is_a_config_error(monkeypatch):
         summarizer_for(LlmConfig(enabled=True))
 
 
-def test_enabled_through_consolidate_scope_counts_in_the_report(api, store, scope, monkeypatch, tmp_path):
+def test_enabled_through_a_run_counts_in_the_report(api, store, scope, monkeypatch, tmp_path):
     monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
     config = ConsolidationConfig(llm=_llm(api))
     now = datetime.now(UTC)
     insert(store, "memory_nodes", [node(scope, f"project: part {i}", now - timedelta(hours=2)) for i in range(4)])
-    report = consolidate_scope(store, scope, config, as_of=now, base_dir=tmp_path)
+    report = consolidate(store, scope, now, config, runs_dir=tmp_path).report()
     assert report.status == "applied" and report.llm["calls"] == 1 and report.llm["model_summaries"] == 1
     props = json.loads(scalar(store, "SELECT properties::text FROM memory_nodes WHERE scope_path = %s AND label = 'META:project'",
                               scope.path))
@@ -269,7 +269,7 @@ def test_a_rerun_with_the_cached_summaries_changes_nothing_and_the_model_off_tak
     the cache → phases 4 and 10 change nothing; with the model off, META nodes lose summary_model."""
     phases = ("meta_nodes",)
     night = plan(snapshot, ConsolidationConfig(), AS_OF, phases=phases, summarizer=_summarizer(api, store))
-    after = night.diff.fold(snapshot)
+    after = night.scope_diff().fold(snapshot)
     again = plan(after, ConsolidationConfig(), AS_OF, phases=phases, summarizer=_summarizer(api, store))
     assert not again.diff.has_changes and again.report.llm["cache_hits"] == META_GROUPS and len(api.requests) == 3
     off = plan(after, ConsolidationConfig(), AS_OF, phases=phases)

@@ -1,4 +1,4 @@
-"""The pipeline of stage values over a shard, against the real store (issue 12, "what must be shown").
+"""The pipeline's stages over a shard, against the real store (issue 12, "what must be shown").
 
 One shard holds a scope whose validation fails, one with quarantined rows, one whose apply raises,
 one with a live-write conflict and healthy scopes (among them string-prefix siblings): each is
@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 
 
 from deep_sleep.core.scope import Scope
-from deep_sleep.run import pipeline
+from deep_sleep.run import layout, pipeline
 from deep_sleep.transforms.config import ConsolidationConfig
 from tests.storeutil import dump, insert, node, scalar, small_graph
 
@@ -52,17 +52,16 @@ def test_a_bad_scope_never_blocks_the_others(store, tmp_path):
                     f"EXECUTE FUNCTION fail_pipeline_{tag}()")
         con.commit()
     try:
-        config = ConsolidationConfig()
-        extracted = pipeline.extract(store, list(s.values()), NOW, config, tmp_path / "snapshot")
-        assert len(extracted.shard.scope_paths) == len(s)
-        planned = pipeline.transform(extracted, config, NOW, tmp_path / "diff")
-        validated = pipeline.validate(planned, config)
+        ctx = pipeline.Context.of(NOW, ConsolidationConfig(), scopes=list(s.values()), store=store, base=tmp_path,
+                                  started_at=NOW)
+        planned = pipeline.run(pipeline.PLAN, ctx)
+        assert len(planned.shard.scope_paths) == len(s)
         # a live write after the snapshot: the conflict scope's hot node changes under the run
         hot = ids["conflict"]["hot"][0]
         with store.pg() as con:
             con.execute("UPDATE memory_nodes SET importance = 2.5, version = version + 1 WHERE id = %s", (hot,))
             con.commit()
-        applied = pipeline.apply(store, validated, started_at=NOW)
+        applied = pipeline.run((pipeline.Apply(),), ctx, planned)
     finally:
         with store.pg() as con:
             con.execute(f"DROP TRIGGER fail_pipeline_{tag} ON memory_nodes")
@@ -93,13 +92,13 @@ def test_a_bad_scope_never_blocks_the_others(store, tmp_path):
     # the shard's files: one reports row per scope, every diff row with its scope
     import polars as pl
 
-    rows = pl.read_parquet(tmp_path / "diff" / pipeline.REPORTS_FILE)
+    rows = pl.read_parquet(tmp_path / "diff" / layout.REPORTS_FILE)
     assert sorted(rows["scope_path"]) == sorted(sc.path for sc in s.values())
     assert json.loads(rows.filter(pl.col("scope_path") == s["raises"].path)["report"][0])["status"] == "failed"
-    one = pipeline.read_scope_diff(tmp_path / "diff", s["ok"].path)
+    one = layout.read_scope_diff(tmp_path / "diff", s["ok"].path)
     assert one.content_hash() == reports[s["ok"].path].diff_hash
-    assert pipeline.read_scope_report(tmp_path / "diff", s["ok"].path).run_id == reports[s["ok"].path].run_id
-    snap = pipeline.read_scope_snapshot(tmp_path / "snapshot", s["acme"].path)
+    assert layout.read_scope_report(tmp_path / "diff", s["ok"].path).run_id == reports[s["ok"].path].run_id
+    snap = layout.read_scope_snapshot(tmp_path / "snapshot", s["acme"].path)
     assert set(snap.table("memory_nodes")["scope_path"]) == {s["acme"].path}  # org/…ac never sees org/…acme
 
 
@@ -138,8 +137,8 @@ def test_a_shard_run_leaves_the_store_as_scope_by_scope_runs(admin_dsn, tmp_path
             insert(st, "memory_access_log", [{"scope_path": r["scope_path"], "tenant_id": r["tenant_id"], "node_id": r["id"],
                                              "accessed_at": NOW - timedelta(minutes=m)} for r in rows[1::3] for m in (5, 9)])
         for sc in scopes:
-            pipeline.run(stores[0], sc, config, NOW, tmp_path / "alone" / sc.path.replace("\x1f", "_"))
-        shard = pipeline.run(stores[1], scopes, config, NOW, tmp_path / "shard")
+            assert pipeline.consolidate(stores[0], sc, NOW, config, runs_dir=tmp_path / "alone").report().status == "applied"
+        shard = pipeline.consolidate(stores[1], scopes, NOW, config, runs_dir=tmp_path / "shard")
         assert len(shard.reports) == len(scopes) and all(r.status == "applied" for r in shard.reports.values())
         assert any(r.rows_changed for r in shard.reports.values())
         assert _rows(stores[0], scopes) == _rows(stores[1], scopes)

@@ -1,7 +1,8 @@
 """A shard's plan is every scope's own plan (SPEC §2 "Scale"): for fleets of 1–60 scopes of different
 sizes, previous runs, nested scopes and string-prefix siblings (``org/ac`` beside ``org/acme``), one
 pass over the shard gives each scope exactly the diff hash, counters, skips, notes, rows and
-quarantine of a run of that scope alone — whichever phases are shard-native and whichever run per scope."""
+quarantine of a run of that scope alone (a shard of one).  What each phase computes is pinned by its
+golden cases (tests/transforms/golden/); this checks that scopes never mix inside a shard."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from deep_sleep.core.shard import Shard
 from deep_sleep.core.snapshot import Snapshot
 from deep_sleep.dev.generate import generate
 from deep_sleep.dev.spec import SeedSpec
-from deep_sleep.run.plan import plan, plan_shard
+from deep_sleep.run.plan import plan
 from deep_sleep.transforms import ROSTER
 from deep_sleep.transforms.config import ConsolidationConfig
 
@@ -74,15 +75,13 @@ def fleet(n_scopes: int, seed: int, sizes: tuple[int, ...] = (20, 60, 150)) -> l
 def assert_shard_equals_scopes(snaps: list[Snapshot], config: ConsolidationConfig | None = None) -> None:
     config = config or ConsolidationConfig()
     shard = Shard.from_snapshots(snaps)
-    got = plan_shard(shard, config, AS_OF)
-    diffs = got.scope_diffs()
+    got = plan(shard, config, AS_OF)
     for snap in snaps:
         alone = plan(snap, config, AS_OF)
         mine = got.reports[snap.scope_path]
         for field in SAME:
             assert getattr(mine, field) == getattr(alone.report, field), (snap.scope_path, field)
-        assert diffs[snap.scope_path].content_hash() == alone.diff.content_hash()
-        assert got.scope_plan(snap.scope_path).report.diff_hash == alone.report.diff_hash
+        assert got.scope_diff(snap.scope_path).content_hash() == alone.scope_diff().content_hash() == alone.report.diff_hash
 
 
 def test_every_scope_of_a_shard_gets_its_own_plan():
@@ -105,7 +104,7 @@ def test_prefix_siblings_and_nested_scopes_never_mix():
 def test_each_phase_alone_on_a_shard(phase):
     snaps = fleet(6, seed=4)
     shard = Shard.from_snapshots(snaps)
-    got = plan_shard(shard, ConsolidationConfig(), AS_OF, phases=(phase,))
+    got = plan(shard, ConsolidationConfig(), AS_OF, phases=(phase,))
     for snap in snaps:
         alone = plan(snap, ConsolidationConfig(), AS_OF, phases=(phase,))
         mine = got.reports[snap.scope_path]
@@ -121,7 +120,7 @@ def test_random_fleets(n, seed):
 
 def test_scope_hashes_cut_from_one_encoding_equal_each_scopes_own_hash():
     snaps = fleet(10, seed=5)
-    got = plan_shard(Shard.from_snapshots(snaps), ConsolidationConfig(), AS_OF)
+    got = plan(Shard.from_snapshots(snaps), ConsolidationConfig(), AS_OF)
     fast, plain = got.diff.scope_hashes(), got.diff.scope_hashes_plain()
     assert fast == plain and len(fast) >= 5
     counts = got.diff.scope_row_counts()

@@ -1,4 +1,4 @@
-"""The plan: the nightly pipeline without its apply stage, shown record by record."""
+"""The plan: the night's stages without the apply (PLAN and the Preview stage), shown record by record."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from deep_sleep.cli import main
 from deep_sleep.core.diff import Diff
 from deep_sleep.core.scope import Scope
 from deep_sleep.core.snapshot import Snapshot
-from deep_sleep.run.preview import PREVIEW_FILE, preview, preview_markdown, with_holds
-from deep_sleep.run.stages import consolidate_scope, plan_scope
+from deep_sleep.run import pipeline
+from deep_sleep.run.preview import PREVIEW_FILE, Preview, plan_preview, preview, preview_markdown, with_holds
 from tests.storeutil import dump, insert, node, small_graph
 
 NOW = datetime(2026, 11, 30, 3, 0, tzinfo=UTC)
@@ -24,23 +24,25 @@ def test_plan_lists_every_record_a_run_would_change_and_applies_nothing(store, s
     weak = node(scope, "trivia: old weak fact", NOW - timedelta(days=10), importance=2.0)
     insert(store, "memory_nodes", [weak])
     before = dump(store, scope)
-    planned = plan_scope(store, scope, as_of=NOW, base_dir=runs_dir)
+    planned = pipeline.consolidate(store, scope, NOW, runs_dir=runs_dir, stages=(*pipeline.PLAN, Preview()))
+    report = planned.report()
     assert dump(store, scope) == before  # nothing applied, no ledger row
-    records = preview(Snapshot.read(planned.snapshot_dir), Diff.read(planned.diff_dir))
+    records = preview(Snapshot.read(report.snapshot_uri), Diff.read(report.diff_uri))
+    assert_frame_equal(records, planned.preview.scope(scope.path).drop("held"))  # the Preview stage's, from the files
     by = {(r["phase"], r["kind"], r["id"]): r for r in records.iter_rows(named=True)}
     for hot in ids["hot"]:
         r = by[("strengthen", "update", hot)]
         assert r["change"].startswith("importance 5.0 → 5.5") and r["label"].startswith("project: hot")
     assert by[("working_ttl", "delete", ids["expired"][0])]["label"] == "note: scratch"
     assert by[("prune_orphans", "delete", weak["id"])]["reason"]
-    diff = Diff.read(planned.diff_dir)
+    diff = Diff.read(report.diff_uri)
     assert records.height == sum(n for kinds in diff.row_counts().values() for n in kinds.values())
     text = preview_markdown(records, per_phase=1)
     assert "| strengthen | memory_nodes | update | 3 |" in text and "more" in text
 
     # a run from the same state changes exactly what the plan listed
-    run = consolidate_scope(store, scope, as_of=NOW, base_dir=runs_dir)
-    assert run.diff_hash == planned.report.diff_hash
+    run = pipeline.consolidate(store, scope, NOW, runs_dir=runs_dir).report()
+    assert run.diff_hash == report.diff_hash
 
 
 def test_the_cli_plan_prints_and_writes_the_complete_list(store, scope, runs_dir, capsys):
@@ -67,26 +69,24 @@ def fleet_plan():
     from deep_sleep.transforms.config import ConsolidationConfig
 
     from deep_sleep.core.shard import Shard
-    from deep_sleep.run.plan import plan, plan_shard
+    from deep_sleep.run.plan import plan
     from tests.run.test_plan_shard import AS_OF, fleet
 
     snaps = fleet(24, seed=5)
     config = ConsolidationConfig()
     shard = Shard.from_snapshots(snaps)
-    return plan_shard(shard, config, AS_OF), {s.scope_path: plan(s, config, AS_OF) for s in snaps}
+    return plan(shard, config, AS_OF), {s.scope_path: plan(s, config, AS_OF) for s in snaps}
 
 
 def test_preview_of_a_shard_is_every_scopes_own_preview(fleet_plan):
-    from deep_sleep.run.preview import preview_shard
-
     shard_plan, alone = fleet_plan
-    records = preview_shard(shard_plan.shard, shard_plan.diff)
+    records = preview(shard_plan.shard, shard_plan.diff)
     assert records.columns[0] == "scope_path"
     diff_rows = sum(n for kinds in shard_plan.diff.row_counts().values() for n in kinds.values())
     assert records.height == diff_rows > 100
     for s, one in alone.items():
         mine = records.filter(pl.col("scope_path") == s).drop("scope_path")
-        assert_frame_equal(mine, preview(one.snapshot, one.diff))
+        assert_frame_equal(mine, preview(one.scope_snapshot(), one.scope_diff()))
     # the edge ends are looked up inside the edge's scope, inserted nodes included (META: cluster edges)
     edges = records.filter((pl.col("table") == "memory_edges") & (pl.col("kind") == "insert"))
     assert edges.height and edges.get_column("label").null_count() == 0
@@ -96,33 +96,35 @@ def test_preview_of_a_shard_is_every_scopes_own_preview(fleet_plan):
     assert trained.height and trained.get_column("change").str.contains(r"^weights \[-?\d.*… → \[-?\d").all()
 
 
-def test_would_hold_of_a_shard_is_each_scopes_own_split(fleet_plan):
+def test_a_plans_held_records_are_its_hold_stages_split(fleet_plan):
+    """What a plan lists as held is exactly what its Hold stage split off (the rows the apply would
+    leave waiting), scope by scope as each scope alone."""
     from deep_sleep.core.holds_config import HoldsConfig
-    from deep_sleep.run.holds import split_holds, would_hold
+    from deep_sleep.run.holds import split_holds
+    from deep_sleep.run.plan import as_shard_diff
+    from deep_sleep.core.shard import Shard
 
     shard_plan, alone = fleet_plan
-    policy = HoldsConfig(max_delete_share=0.0)  # any semantic delete is held, and every SOUL change
-    held, why = would_hold(shard_plan.diff, shard_plan.shard, policy)
-    assert held.height and len(why) > 1
+    policy = HoldsConfig(max_delete_share=0.0)  # any semantic delete is held, and every SOUL correction
+    split = split_holds(shard_plan.diff, shard_plan.shard, policy)
+    state = pipeline.State(plan=shard_plan, reports=shard_plan.reports, split=split)
+    found = plan_preview(state)
+    held = found.records.filter(pl.col("held").is_not_null())
+    assert held.height == split.rows.height > 0 and len(found.why) > 1
     for s, one in alone.items():
-        split = split_holds(one.diff, one.snapshot, policy)
-        mine = held.filter(pl.col("scope_path") == s).drop("scope_path")
-        assert_frame_equal(mine, split.rows)
-        assert why.get(s, ()) == split.why
-    assert would_hold(shard_plan.diff, shard_plan.shard, None)[0].height == 0
+        mine = split_holds(as_shard_diff(one.scope_diff(), s), Shard.of(one.scope_snapshot()), policy)
+        assert held.filter(pl.col("scope_path") == s).height == mine.rows.height
+        assert found.why.get(s, ()) == mine.why.get(s, ())
+    nothing = plan_preview(pipeline.State(plan=shard_plan, reports=shard_plan.reports))
+    assert nothing.records.get_column("held").null_count() == nothing.records.height
 
 
 def test_the_head_of_the_records_renders_as_the_whole(fleet_plan):
     """A fleet's plan carries only head_records per scope, with the counts of the whole: the text is the same."""
-    from deep_sleep.run.preview import (
-        head_records,
-        held_markdown,
-        preview_shard,
-        record_counts,
-    )
+    from deep_sleep.run.preview import head_records, held_markdown, record_counts
 
     shard_plan, _ = fleet_plan
-    records = preview_shard(shard_plan.shard, shard_plan.diff)
+    records = preview(shard_plan.shard, shard_plan.diff)
     # every third record held, so held rows fall both inside and outside each phase's first rows
     records = records.with_columns(pl.when(pl.int_range(pl.len()) % 3 == 0).then(pl.lit("delete_share")).alias("held"))
     for per_phase in (1, 2, 5):
@@ -141,19 +143,13 @@ def test_a_fleets_plan_is_bounded_and_its_shards_digests_merge(fleet_plan):
     (each at most ``per_phase`` per phase), says how many were left out, and is the same whether the
     scopes were planned in one shard or in two."""
     from deep_sleep.core.holds_config import HoldsConfig
-    from deep_sleep.run.holds import would_hold
-    from deep_sleep.run.preview import (
-        PlanPreview,
-        PreviewDigest,
-        night_plan_markdown,
-        preview_shard,
-        record_counts,
-    )
+    from deep_sleep.run.holds import split_holds
+    from deep_sleep.run.preview import PlanPreview, PreviewDigest, night_plan_markdown, record_counts
 
     shard_plan, _ = fleet_plan
-    records = preview_shard(shard_plan.shard, shard_plan.diff)
-    held, why = would_hold(shard_plan.diff, shard_plan.shard, HoldsConfig())
-    found = PlanPreview(with_holds(records, held), why)
+    records = preview(shard_plan.shard, shard_plan.diff)
+    split = split_holds(shard_plan.diff, shard_plan.shard, HoldsConfig())
+    found = PlanPreview(with_holds(records, split.rows), dict(split.why))
     per = found.per_scope()
     scopes = [{"scope_path": s, "status": "planned", "records": per.get(s, (0, 0))[0], "held": per.get(s, (0, 0))[1],
                "diff_uri": "/runs/x/diff", "reason": ""} for s in shard_plan.shard.scope_paths]

@@ -21,8 +21,10 @@ import pytest
 from deep_sleep.cli import main
 from deep_sleep.core import tables
 from deep_sleep.core.diff import Diff
-from deep_sleep.core.errors import ConfigError
-from deep_sleep.run.statements import SOURCES, Rows, Statement, explain, statements
+from deep_sleep.core.errors import ConfigError, InputError
+from deep_sleep.run.plan import as_shard_diff
+from deep_sleep.run.statements import SOURCES, Rows, Statement, explain
+from deep_sleep.run.statements import statements as build
 from tests.flows.test_replay import _hand_written_snapshot
 
 GOLDEN = Path(__file__).parent / "golden_sql"
@@ -30,6 +32,11 @@ REGEN = os.environ.get("DEEP_SLEEP_REGEN_GOLDEN") == "1"
 SCOPE = "org\x1fgolden\x1fbrand\x1fb1"
 RUN_ID = "00000000-0000-4000-8000-000000000001"
 AT = datetime(2026, 11, 20, 3, 0, tzinfo=UTC)
+
+
+def statements(diff: Diff, scope: str, run_id: str, **kw) -> tuple[Statement, ...]:
+    """The statement list of one scope's diff (a batch of one scope)."""
+    return build(as_shard_diff(diff, scope), {scope: run_id}, **kw).statements
 
 
 def _id(*key: object) -> str:
@@ -121,7 +128,7 @@ def big_diff() -> Diff:
 
 def quarantine() -> pl.DataFrame:
     return pl.DataFrame({"table": ["memory_nodes"], "id": [_id("bad", 0)], "reason": ["importance is NaN"],
-                         "row": ['{"importance": "NaN"}']})
+                         "row": ['{"importance": "NaN"}'], "scope_path": [SCOPE]})
 
 
 CASES = {
@@ -184,8 +191,11 @@ def test_writes_run_deletes_then_updates_then_inserts_nodes_first_and_fold_updat
         ("update", "soul_profiles"), ("insert", "memory_edges"), ("insert", "soul_profiles")]
     node_updates = next(s for s in stmts if s.step == "update" and s.table == "memory_nodes")
     assert node_updates.rows == 3  # four phase rows over three ids: one write per row
-    folded = node_updates.params[1].frame.sort("id")
-    assert folded.columns == ["id", "expected_version", "importance", "last_decayed_at"]
+    folded = node_updates.params[0].frame.sort("id")
+    assert folded.columns == ["scope_path", "id", "expected_version", "importance", "last_decayed_at"]
+    nodes = _ids("node", 4)  # the last non-null value of each column over the phases, the first version
+    assert folded.filter(pl.col("id") == nodes[2]).select("importance", "expected_version").row(0) == (5.4, 1)
+    assert folded.filter(pl.col("id") == nodes[1]).get_column("last_decayed_at").to_list() == [None]
     assert stmts[-1].step == "ledger" and stmts[-1].table == "consolidation_runs"
 
 
@@ -209,7 +219,9 @@ def test_statements_are_pure_values():
     changed = Diff.combine([other, Diff.of("memory_nodes", "strengthen",
                                            updates=_updates("memory_nodes", _ids("node", 1, start=1), importance=[9.0]))])
     assert statements(changed, SCOPE, RUN_ID) != first
-    assert statements(small_diff(), SCOPE + "\x1fother", RUN_ID) != first
+    assert statements(small_diff(SCOPE + "\x1fother"), SCOPE + "\x1fother", RUN_ID) != first
+    with pytest.raises(InputError, match="rows of scopes this batch does not apply"):  # a row never crosses scopes
+        build(as_shard_diff(small_diff(), SCOPE), {SCOPE + "\x1fother": RUN_ID})
     assert Rows(pl.DataFrame({"a": [1]})) != Rows(pl.DataFrame({"a": [2]}))
     assert all(s.source in SOURCES for case in CASES.values() for s in case())
 
@@ -229,6 +241,7 @@ def test_replay_explain_prints_the_statements_and_touches_no_database(tmp_path, 
             "--as-of", "2026-03-01T12:00:00Z", "--out", str(out), "--explain"]
     assert main(argv) == 0
     printed = capsys.readouterr().out
+    assert printed.startswith("-- the stages of a replay:\n--   1. transform")
     explained = printed[printed.index("-- the apply would run"):]
     assert "-- the apply would run 4 statement(s) in one transaction:" in explained
     assert "-- 1. lock\n" in explained
@@ -250,22 +263,18 @@ def test_replay_explain_with_compare_config_is_bad_input(tmp_path, capsys):
     assert "--explain prints the statements of one diff" in capsys.readouterr().err
 
 
-def test_a_big_single_scope_diff_is_explained_and_applied_as_a_shard_of_one():
-    """What ``replay --explain`` prints is what apply_diff runs: a diff of SHARD_OF_ONE_ROWS rows or
-    more as one batch of the shard apply (staged rows carry the scope; one JSON ledger row), a small
-    one (a quick nap's) as the plain statements; ``as_shard`` forces either."""
-    from deep_sleep.run.apply import SHARD_OF_ONE_ROWS, planned_statements
-    from deep_sleep.run.statements import LEDGER_SQL, SHARD_LEDGER_SQL
+def test_one_scope_and_many_get_the_same_statements_but_for_the_scopes():
+    """A single scope is a batch of one: its statements are those of a batch of many, with every row
+    keyed by its own scope and one ledger row per scope; the ledger row carries the holds."""
+    from deep_sleep.run.statements import LEDGER_SQL
 
-    big, small = big_diff(), small_diff()
-    assert sum(n for k in big.row_counts().values() for n in k.values()) >= SHARD_OF_ONE_ROWS
-    as_shard = planned_statements(big, SCOPE, RUN_ID)
-    ledger = [s for s in as_shard if s.step == "ledger"]
-    assert [s.sql for s in ledger] == [SHARD_LEDGER_SQL]
-    assert any(s.staged and s.staged.startswith("_ds_shard_") for s in as_shard)
-    assert "-- params: $1 = the ledger rows (JSON)" in explain(as_shard)
-    plain = planned_statements(big, SCOPE, RUN_ID, as_shard=False)
-    assert plain == statements(big, SCOPE, RUN_ID) and [s.sql for s in plain if s.step == "ledger"] == [LEDGER_SQL]
-    assert planned_statements(small, SCOPE, RUN_ID) == statements(small, SCOPE, RUN_ID)
-    forced = planned_statements(small, SCOPE, RUN_ID, as_shard=True)
-    assert [s.sql for s in forced if s.step == "ledger"] == [SHARD_LEDGER_SQL]
+    other = SCOPE.replace("golden", "golden2")
+    one = statements(small_diff(), SCOPE, RUN_ID)
+    both = build(Diff.combine([as_shard_diff(small_diff(), SCOPE), as_shard_diff(small_diff(other), other)]),
+                 {SCOPE: RUN_ID, other: RUN_ID.replace("1", "2")})
+    assert [(s.step, s.table, s.kind) for s in one] == [(s.step, s.table, s.kind) for s in both.statements]
+    assert [s.rows * 2 for s in one if s.is_write] == [s.rows for s in both.statements if s.is_write]
+    assert both.scopes == (SCOPE, other) and both.fed.get_column("scope_path").unique().sort().to_list() == [SCOPE, other]
+    ledger = [s for s in one if s.step == "ledger"]
+    assert [s.sql for s in ledger] == [LEDGER_SQL]
+    assert all(f"x.{c}" in LEDGER_SQL for c in ("held", "hold_status", "approval_of"))

@@ -73,7 +73,8 @@ def _decay_night(store, scope: Scope) -> dict[str, tuple[int, int]]:
     page_sql = "SELECT id::text, (ctid::text::point)[0]::int FROM memory_nodes WHERE scope_path = %s"
     with store.pg() as con:
         before = dict(con.execute(page_sql, (scope.path,)).fetchall())
-    applied = pipeline.run(store, scope, as_of=NOW, phases=("decay_importance",))
+    applied = pipeline.run(pipeline.NIGHT, pipeline.Context.of(NOW, scopes=scope, store=store, phases=("decay_importance",),
+                                                              holds=False))  # no run directory: no holds
     assert applied.reports[scope.path].counters["nodes_decayed"] == NODES
     with store.pg() as con:
         after = dict(con.execute(page_sql, (scope.path,)).fetchall())

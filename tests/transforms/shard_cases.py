@@ -1,25 +1,28 @@
-"""Hand-built shards for the per-scope tests of shard-native phases (``test_<phase>_shard.py``): rows
-of several scopes (with the string-prefix siblings ``org/ac`` and ``org/acme``, and a nested scope)
-and the one check that a shard run gives each scope exactly what a run of that scope alone gives.
+"""Hand-built shards for the per-scope tests of the phases (``test_<phase>_shard.py``): rows of
+several scopes (with the string-prefix siblings ``org/ac`` and ``org/acme``, and a nested scope) and
+the one differential check that the plan of a shard of many gives each scope exactly what the plan
+of a shard of that scope alone (``Shard.of(snapshot)``) gives.
 
 Two ways to build the input: rows of every scope in one list per table (:func:`shard_of`, rows name
 their ``scope_path``), or one single-scope :class:`Snapshot` per scope (:func:`scope_snapshot` from
 row dicts, :func:`snapshot_of` from frames such as :func:`nodes` / :func:`edges`), then
-:func:`each_scope_alone`."""
+:func:`each_scope_alone`.  :func:`fleet` generates random fleets of single-scope snapshots."""
 
 from __future__ import annotations
 
+import random
 import uuid
 from datetime import UTC, datetime, timedelta
 
 import polars as pl
-from deep_sleep.transforms import roster
 from deep_sleep.transforms.config import ConsolidationConfig
 
 from deep_sleep.core import tables
 from deep_sleep.core.shard import Shard
 from deep_sleep.core.snapshot import Snapshot
-from deep_sleep.run.plan import ShardPlan, plan, plan_shard
+from deep_sleep.dev.generate import generate
+from deep_sleep.dev.spec import SeedSpec
+from deep_sleep.run.plan import Plan, plan
 
 AS_OF = datetime(2026, 11, 30, 3, 0, tzinfo=UTC)
 AC = "org\x1fac"
@@ -66,34 +69,45 @@ def shard_of(rows: dict[str, list[dict]], scopes: tuple[str, ...],
     return shard, snaps
 
 
-def _same_as_alone(shard: Shard, snaps: list[Snapshot], phases: tuple[str, ...], config: ConsolidationConfig | None,
-                   check_rows: bool, **kw) -> ShardPlan:
-    """plan_shard of ``phases`` on ``shard``, after asserting that every scope of ``snaps`` got the
-    report fields (:data:`SAME`) and diff hash of its own plan."""
-    config = config or ConsolidationConfig()
-    for entry in roster(phases):
-        assert getattr(entry.fn, "shard_native", False), f"{entry.name} is not shard_native"
-    got = plan_shard(shard, config, AS_OF, phases=phases, check_rows=check_rows, **kw)
-    diffs = got.scope_diffs()
+def assert_plan_is_each_scope_alone(got: Plan, snaps: list[Snapshot], config: ConsolidationConfig,
+                                    phases: tuple[str, ...] | list[str] | None = None, **kw) -> None:
+    """``got`` (the plan of a shard holding every scope of ``snaps``) gives every scope the report
+    fields (:data:`SAME`), diff, clean snapshot and quarantined rows of the plan of a shard of that
+    scope alone (``kw``: the rest of :func:`plan`'s arguments, as ``got`` was planned)."""
+    assert set(got.shard.scope_paths) == {s.scope_path for s in snaps}
     for snap in snaps:
-        alone = plan(snap, config, AS_OF, phases=phases, check_rows=check_rows, **kw)
+        s = snap.scope_path
+        alone = plan(Shard.of(snap), config, AS_OF, phases=phases, **kw)
+        assert alone.shard.scope_paths == (s,)
         for field in SAME:
-            assert getattr(got.reports[snap.scope_path], field) == getattr(alone.report, field), (snap.scope_path, field)
-        assert diffs[snap.scope_path].content_hash() == alone.diff.content_hash(), snap.scope_path
+            assert getattr(got.reports[s], field) == getattr(alone.report, field), (s, field)
+        assert got.scope_diff(s).content_hash() == alone.scope_diff().content_hash() == got.reports[s].diff_hash, s
+        assert got.scope_quarantined(s).equals(alone.scope_quarantined()), s
+        assert got.scope_snapshot(s).held_nodes == alone.scope_snapshot().held_nodes, s
+
+
+def _same_as_alone(shard: Shard, snaps: list[Snapshot], phases: tuple[str, ...], config: ConsolidationConfig | None,
+                   check_rows: bool, **kw) -> Plan:
+    """The plan of ``phases`` on ``shard``, after asserting that every scope of ``snaps`` got the
+    report fields (:data:`SAME`) and diff of the plan of a shard of that scope alone."""
+    config = config or ConsolidationConfig()
+    got = plan(shard, config, AS_OF, phases=phases, check_rows=check_rows, **kw)
+    assert_plan_is_each_scope_alone(got, snaps, config, phases, check_rows=check_rows, **kw)
     return got
 
 
 def assert_each_scope_alone(shard: Shard, snaps: list[Snapshot], phase: str | tuple[str, ...],
                             config: ConsolidationConfig | None = None, **kw) -> dict:
-    """plan_shard of ``phase`` (or phases) gives every scope the report and diff of its own plan; the reports."""
+    """The plan of ``phase`` (or phases) on ``shard`` gives every scope the report and diff of the plan
+    of a shard of that scope alone; the reports."""
     phases = (phase,) if isinstance(phase, str) else tuple(phase)
     return _same_as_alone(shard, snaps, phases, config, False, **kw).reports
 
 
 def each_scope_alone(snaps: list[Snapshot], phase: str, config: ConsolidationConfig | None = None,
-                     check_rows: bool = True, **kw) -> ShardPlan:
+                     check_rows: bool = True, **kw) -> Plan:
     """The plan of ``phase`` on the shard of ``snaps``, after asserting that every scope got exactly
-    its own report fields and diff hash."""
+    the report fields and diff of the plan of a shard of that scope alone."""
     return _same_as_alone(Shard.from_snapshots(snaps), snaps, (phase,), config, check_rows, **kw)
 
 
@@ -157,7 +171,52 @@ def edges(scope: str, rows: list[dict]) -> pl.DataFrame:
     return tables.conform("memory_edges", pl.DataFrame([{"id": new_id(), **base, **r} for r in rows]))
 
 
-def rows(got: ShardPlan, scope: str, table: str, kind: str) -> pl.DataFrame:
-    """One scope's ``kind`` rows of ``table`` in the shard's diff, by id."""
-    frame = got.scope_diffs()[scope].table(table).frames()[kind]
+def rows(got: Plan, scope: str, table: str, kind: str) -> pl.DataFrame:
+    """One scope's ``kind`` rows of ``table`` in the shard's diff (single-scope form), by id."""
+    frame = got.scope_diff(scope).table(table).frames()[kind]
     return frame.sort("id") if frame.height else frame
+
+
+def _rename(frames: dict[str, pl.DataFrame], old: str, new: str) -> dict[str, pl.DataFrame]:
+    tenant = new.split("\x1f")[1]
+    out = {}
+    for name, f in frames.items():
+        cols = [pl.when(pl.col("scope_path") == old).then(pl.lit(new)).otherwise(pl.col("scope_path")).alias("scope_path")]
+        if "tenant_id" in f.columns:
+            cols.append(pl.when(pl.col("scope_path") == old).then(pl.lit(tenant)).otherwise(pl.col("tenant_id")).alias("tenant_id"))
+        out[name] = f.with_columns(cols)
+    return out
+
+
+def fleet(n_scopes: int, seed: int, sizes: tuple[int, ...] = (20, 60, 150)) -> list[Snapshot]:
+    """``n_scopes`` single-scope snapshots taken at :data:`AS_OF`: nested org and leaf scopes of
+    several tenants, sizes drawn from ``sizes``, half with a previous run, and (from 2 scopes on)
+    ``org/ac`` beside ``org/acme`` (string-prefix siblings)."""
+    rng = random.Random(seed)
+    snaps: list[Snapshot] = []
+    part = 0
+    while len(snaps) < n_scopes:
+        spec = SeedSpec(tenants=rng.randint(1, 3), scopes_per_tenant=rng.randint(0, 3), nodes_per_scope=rng.choice(sizes),
+                        seed=seed * 100 + part, now=AS_OF - timedelta(minutes=5))
+        frames = {t: f for t, f in generate(spec).items() if f.height}
+        paths = sorted(frames["memory_nodes"]["scope_path"].unique().to_list())
+        if part == 1:  # a string-prefix sibling of an earlier part's org/acme
+            frames = _rename(frames, paths[0], AC)
+            paths = sorted(frames["memory_nodes"]["scope_path"].unique().to_list())
+        elif part > 1:  # keep the scopes of every part distinct
+            for p in paths:
+                frames = _rename(frames, p, p.replace("org\x1f", f"org\x1fp{part}", 1))
+            paths = sorted(frames["memory_nodes"]["scope_path"].unique().to_list())
+        taken = {s.scope_path for s in snaps}
+        for p in paths:
+            if len(snaps) == n_scopes:
+                break
+            if p in taken:  # part 1 keeps only its org/ac
+                continue
+            mine = {t: tables.conform(t, f.filter(pl.col("scope_path") == p)) for t, f in frames.items()}
+            prev = AS_OF - timedelta(hours=rng.choice([2, 12, 30])) if rng.random() < 0.5 else None
+            snaps.append(Snapshot(p, AS_OF, prev, mine))
+        part += 1
+    ids = pl.concat([s.table("memory_nodes").select("id") for s in snaps])
+    assert ids.get_column("id").is_unique().all()
+    return snaps

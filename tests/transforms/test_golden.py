@@ -53,8 +53,12 @@ def test_golden(path: Path):
         frames={t: _frame(t, rows) for t, rows in case["input"].items()},
     )
     result = plan(snap, load_config(overrides=case.get("config")), utc(case["as_of"]), phases=[phase])
-    got = {t: {k: _rows(f) for k, f in td.frames().items() if f.height} for t, td in result.diff.tables.items()}
+    diff = result.scope_diff()  # the single-scope form: no scope_path on updates and deletes
+    got = {t: {k: _rows(f) for k, f in td.frames().items() if f.height} for t, td in diff.tables.items()}
     assert got == case["expected"], case["title"]
+    assert result.report.diff_hash == diff.content_hash()
+    for td in result.diff.tables.values():  # the shard form names every row's scope: this one
+        assert all(f.get_column("scope_path").eq(SCOPE).all() for f in td.frames().values() if f.height)
     counters = {k: v for k, v in result.report.counters.items() if v}
     assert counters == case["counters"], case["title"]
     assert result.report.phases_run == [phase]

@@ -199,30 +199,32 @@ def test_episodic_phases_invariants(case):
         # The generated rows are clean: skip the snapshot quarantine (the test below keeps it).
         first = plan(snapshot, config, AS_OF, phases=[phase], check_rows=False)
         again = plan(_shuffled(snapshot, seed), config, AS_OF, phases=[phase], check_rows=False)  # rows in another order
-        assert first.diff.content_hash() == again.diff.content_hash(), phase
-        snap = first.snapshot
+        assert first.report.diff_hash == again.report.diff_hash == first.scope_diff().content_hash(), phase
+        assert validate_diff(first.diff, first.shard, config).height == 0, phase  # the shard form
+        snap, first_diff = first.scope_snapshot(), first.scope_diff()
         if phase == "synthetic_links":
-            made = first.diff.table("memory_edges").inserts
+            made = first_diff.table("memory_edges").inserts
             got = {(r["source_id"], r["target_id"], tuple(json.loads(r["properties"])["source_episodic_ids"]))
                    for r in made.iter_rows(named=True)} if made.height else set()
             assert got == _synthetic_links_by_hand(snap, config)
-        assert validate_diff(first.diff, snap, config).height == 0, (phase, validate_diff(first.diff, snap, config))
-        _check_caps_and_ids(phase, first.diff, snap, config)
+        assert validate_diff(first_diff, snap, config).height == 0, (phase, validate_diff(first_diff, snap, config))
+        _check_caps_and_ids(phase, first_diff, snap, config)
         # rerun on the applied result at the same as_of: empty, unless a per-run cap deferred work,
         # and then repeated runs converge to an empty diff (each capped run makes progress).
-        diff, capped = first.diff, _capped(phase, first.diff, config)
+        diff, capped = first_diff, _capped(phase, first_diff, config)
         event(f"{phase}: {'changes' if diff.has_changes else 'nothing'}{' (capped)' if diff.has_changes and capped else ''}")
         for run in range(MAX_RUNS):
             if not diff.has_changes:
                 break
             snap = replace(diff.fold(snap), previous_run_as_of=AS_OF)
             nxt = plan(snap, config, AS_OF, phases=[phase], check_rows=False)
-            if nxt.diff.has_changes:
-                assert capped, (phase, "a rerun changed something although nothing was capped", nxt.diff.row_counts())
+            nxt_diff = nxt.scope_diff()
+            if nxt_diff.has_changes:
+                assert capped, (phase, "a rerun changed something although nothing was capped", nxt_diff.row_counts())
                 if run == 0:
-                    assert validate_diff(nxt.diff, snap, config).height == 0, phase
-                _check_caps_and_ids(phase, nxt.diff, snap, config)
-            diff, capped = nxt.diff, _capped(phase, nxt.diff, config)
+                    assert validate_diff(nxt_diff, snap, config).height == 0, phase
+                _check_caps_and_ids(phase, nxt_diff, snap, config)
+            diff, capped = nxt_diff, _capped(phase, nxt_diff, config)
         assert not diff.has_changes, (phase, "reruns did not converge")
 
 
@@ -231,5 +233,7 @@ def test_episodic_phases_invariants(case):
 def test_the_three_phases_together_give_a_valid_diff(case):
     snapshot, config, seed = case
     result = plan(snapshot, config, AS_OF, phases=list(PHASES))
-    assert validate_diff(result.diff, result.snapshot, config).height == 0
-    assert result.diff.content_hash() == plan(_shuffled(snapshot, seed), config, AS_OF, phases=list(PHASES)).diff.content_hash()
+    assert validate_diff(result.diff, result.shard, config).height == 0
+    assert validate_diff(result.scope_diff(), result.scope_snapshot(), config).height == 0
+    assert result.report.diff_hash == result.scope_diff().content_hash()
+    assert result.report.diff_hash == plan(_shuffled(snapshot, seed), config, AS_OF, phases=list(PHASES)).report.diff_hash

@@ -160,16 +160,19 @@ def test_deterministic_valid_scoped_idempotent(case, phase, seed):
     phases = GRAPH if phase == "all" else (phase,)
     first = _run(snap, config, phases)
     again = _run(_shuffled(snap, seed), config, phases)
-    assert first.diff.content_hash() == again.diff.content_hash()
+    assert first.report.diff_hash == again.report.diff_hash == first.scope_diff().content_hash()
     assert first.report.counters == again.report.counters
-    for name, td in first.diff.tables.items():  # created ids do not depend on row order or the run
-        assert sorted(td.inserts.get_column("id")) == sorted(again.diff.table(name).inserts.get_column("id"))
-    clean = first.snapshot
-    failures = validate_diff(first.diff, clean)
+    for name, td in first.scope_diff().tables.items():  # created ids do not depend on row order or the run
+        assert sorted(td.inserts.get_column("id")) == sorted(again.scope_diff().table(name).inserts.get_column("id"))
+    clean = first.scope_snapshot()
+    failures = validate_diff(first.diff, first.shard)  # the shard form (every row with its scope_path)
     assert failures.is_empty(), failures.to_dicts()
-    _check_scope(first.diff, clean)
-    rerun = _run(_rerun_snapshot(clean, first.diff), config, phases)
-    assert not rerun.diff.has_changes, rerun.diff.row_counts()
+    assert validate_diff(first.scope_diff(), clean).is_empty()  # the single-scope form
+    _check_scope(first.scope_diff(), clean)
+    for td in first.diff.tables.values():  # the shard diff names each row's scope: this one
+        assert all(f.get_column("scope_path").eq(SCOPE).all() for f in td.frames().values() if f.height)
+    rerun = _run(_rerun_snapshot(clean, first.scope_diff()), config, phases)
+    assert not rerun.scope_diff().has_changes, rerun.scope_diff().row_counts()
 
 
 def _co_neighbours(edges: pl.DataFrame) -> dict[str, set[str]]:
@@ -204,7 +207,7 @@ def _cooccurrence_reference(snap: Snapshot, config: ConsolidationConfig):
 @given(snapshots())
 def test_cooccurrence_matches_the_quadratic_rule_and_keeps_the_cap(case):
     result = _run(case[0], case[1], ["cooccurrence"])
-    snap, config, diff = result.snapshot, case[1], result.diff
+    snap, config, diff = result.scope_snapshot(), case[1], result.scope_diff()
     edges = diff.table("memory_edges")
     created = sorted(edges.inserts.select("source_id", "target_id").iter_rows()) if edges.inserts.height else []
     reinforced = sorted(edges.updates.get_column("id").to_list())
@@ -234,7 +237,7 @@ def _word_start_hit(text: str, markers) -> bool:
 @given(snapshots())
 def test_tag_risk_matches_a_reference(case):
     result = _run(case[0], case[1], ["tag_risk"])
-    snap, config = result.snapshot, case[1]
+    snap, config = result.scope_snapshot(), case[1]
     markers = config.tag_risk.markers
     start = window_start(snap, AS_OF, config.lookback_hours)
     expected = []
@@ -247,7 +250,7 @@ def test_tag_risk_matches_a_reference(case):
         texts = [r["label"]] + [v for v in props.values() if isinstance(v, str)]
         if any(_word_start_hit(x, markers) for x in texts):
             expected.append(r["id"])
-    updates = result.diff.table("memory_nodes").updates
+    updates = result.scope_diff().table("memory_nodes").updates
     assert sorted(updates.get_column("id").to_list()) == sorted(expected)
     for text in updates.get_column("properties", default=pl.Series([], dtype=pl.String)):
         props = json.loads(text)
@@ -258,16 +261,16 @@ def test_tag_risk_matches_a_reference(case):
 @given(snapshots())
 def test_pending_edges_consumes_every_open_row_once(case):
     result = _run(case[0], case[1], ["cooccurrence", "pending_edges"])
-    snap = result.snapshot
+    snap = result.scope_snapshot()
     open_rows = snap.table("pending_connections").filter(pl.col("consumed_by_run").is_null())
     if not open_rows.height:
         assert result.report.phases_skipped["pending_edges"] == "missing input: no pending connections"
         return
-    updates = result.diff.table("pending_connections").updates
+    updates = result.scope_diff().table("pending_connections").updates
     assert sorted(updates.get_column("id").to_list()) == sorted(open_rows.get_column("id").to_list())
     assert set(updates.get_column("outcome").to_list()) <= set(OUTCOMES)
     assert updates.get_column("consumed_by_run").n_unique() == 1
-    edges = result.diff.fold(snap).table("memory_edges")
+    edges = result.scope_diff().fold(snap).table("memory_edges")
     assert edges.select("source_id", "target_id", "relation").is_unique().all()
     before, after = _co_neighbours(snap.table("memory_edges")), _co_neighbours(edges)
     for node, now in after.items():  # pending CO_OCCURRED edges respect the (default) cap too
@@ -279,7 +282,7 @@ def test_pending_edges_consumes_every_open_row_once(case):
 @given(snapshots())
 def test_supersession_leaves_one_current_edge_per_functional_group(case):
     result = _run(case[0], case[1], ["supersession"])
-    snap, config, diff = result.snapshot, case[1], result.diff
+    snap, config, diff = result.scope_snapshot(), case[1], result.scope_diff()
     edges = diff.fold(snap).table("memory_edges")
     functional = pl.col("relation").is_in(pl.Series(list(config.supersession.functional_relations)).implode()) | (
         pl.col("properties").str.json_path_match("$.functional") == "true"
@@ -322,7 +325,7 @@ def test_pending_edges_sees_edges_created_earlier_in_the_run():
     snap = Snapshot(SCOPE, AS_OF, None, {"memory_nodes": nodes, "pending_connections": pending})
     result = _run(snap, ConsolidationConfig(), ["cooccurrence", "pending_edges"])
     assert result.report.counters["edges_created"] == 1
-    assert result.diff.table("pending_connections").updates.get_column("outcome").to_list() == ["exists"]
+    assert result.scope_diff().table("pending_connections").updates.get_column("outcome").to_list() == ["exists"]
 
 
 def test_supersession_closes_a_fact_created_earlier_in_the_same_run():
@@ -350,9 +353,9 @@ def test_supersession_closes_a_fact_created_earlier_in_the_same_run():
     )
     snap = Snapshot(SCOPE, AS_OF, None, {"memory_nodes": nodes, "pending_connections": pending})
     result = _run(snap, ConsolidationConfig(), ["pending_edges", "supersession"])
-    inserts = result.diff.table("memory_edges").inserts.sort("id")
-    assert inserts.height == 2 and not result.diff.table("memory_edges").updates.height
+    inserts = result.scope_diff().table("memory_edges").inserts.sort("id")
+    assert inserts.height == 2 and not result.scope_diff().table("memory_edges").updates.height
     closed = inserts.filter(pl.col("valid_to").is_not_null())
     assert closed.height == 1 and closed.get_column("valid_to")[0] == AS_OF
     assert json.loads(closed.get_column("properties")[0])["superseded_by"] == inserts.get_column("id")[1]
-    assert validate_diff(result.diff, result.snapshot).is_empty()
+    assert validate_diff(result.diff, result.shard).is_empty() and validate_diff(result.scope_diff(), result.scope_snapshot()).is_empty()

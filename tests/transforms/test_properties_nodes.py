@@ -134,19 +134,21 @@ def _run(snap: Snapshot, config: ConsolidationConfig, phase: str):
 def _check_common(snap: Snapshot, config: ConsolidationConfig, phase: str):
     first = _run(snap, config, phase)
     assert first.report.phases_run == [phase]
-    assert _run(_reversed(snap), config, phase).diff.content_hash() == first.diff.content_hash()
-    failures = validate_diff(first.diff, snap, config)
+    assert first.scope_diff().content_hash() == first.report.diff_hash
+    assert _run(_reversed(snap), config, phase).report.diff_hash == first.report.diff_hash
+    failures = validate_diff(first.diff, snap, config)  # the shard form (every row with its scope_path)
     assert failures.height == 0, failures.to_dicts()
-    for name, td in first.diff.tables.items():
+    assert validate_diff(first.scope_diff(), snap, config).height == 0  # the single-scope form
+    for name, td in first.scope_diff().tables.items():
         assert set(td.inserts.get_column("phase")) <= {phase}
         if td.inserts.height:
             assert set(td.inserts.get_column("scope_path")) == {SCOPE}
             assert set(td.inserts.get_column("tenant_id")) == {"prop"}
         for kind in (td.updates, td.deletes):
             assert set(kind.get_column("id")) <= set(snap.table(name).get_column("id"))
-    folded = replace(first.diff.fold(snap), previous_run_as_of=AS_OF)
+    folded = replace(first.scope_diff().fold(snap), previous_run_as_of=AS_OF)
     again = _run(folded, config, phase)
-    assert not again.diff.has_changes, again.diff.row_counts()
+    assert not again.scope_diff().has_changes, again.scope_diff().row_counts()
     return first, folded
 
 
@@ -188,7 +190,7 @@ def test_prune_orphans(case):
             if len(neighbours[i] - gone) <= knobs.max_degree:
                 gone.add(i)
                 changed = True
-    deleted = set(first.diff.table("memory_nodes").deletes.get_column("id"))
+    deleted = set(first.scope_diff().table("memory_nodes").deletes.get_column("id"))
     assert deleted == gone, (sorted(deleted - gone), sorted(gone - deleted))
     assert first.report.counters["nodes_pruned"] == len(gone)
     edges_left = folded.table("memory_edges")
@@ -208,10 +210,10 @@ def test_meta_nodes(case):
                 groups.setdefault(p, []).append(r)
     nodes = folded.table("memory_nodes")
     edges = folded.table("memory_edges").filter(pl.col("relation") == "CLUSTERS")
-    inserted = first.diff.table("memory_nodes").inserts
+    inserted = first.scope_diff().table("memory_nodes").inserts
     for row in inserted.to_dicts():
         assert row["id"] == created_id(SCOPE, "meta_nodes", row["label"][len("META:"):])
-    for row in first.diff.table("memory_edges").inserts.to_dicts():
+    for row in first.scope_diff().table("memory_edges").inserts.to_dicts():
         assert row["id"] == created_id(SCOPE, "meta_nodes", f"{row['source_id']}|{row['target_id']}")
     expected_new = 0
     for prefix, members in groups.items():
@@ -238,7 +240,7 @@ def test_soul_corrections(case):
     snap, config = case
     first, folded = _check_common(snap, config, "soul_corrections")
     # Same window again (previous run unchanged): the upsert is a no-op on its own result.
-    assert not _run(first.diff.fold(snap), config, "soul_corrections").diff.has_changes
+    assert not _run(first.scope_diff().fold(snap), config, "soul_corrections").scope_diff().has_changes
     start = AS_OF - timedelta(hours=config.lookback_hours)
     start = max(start, snap.previous_run_as_of) if snap.previous_run_as_of else start
     latest: dict[str, tuple] = {}
@@ -261,7 +263,7 @@ def test_soul_corrections(case):
     assert folded.table("soul_profiles").get_column("key").is_unique().all()
     assert first.report.counters["soul_rejected"] == rejected
     assert len(first.report.notes.get("soul_corrections", [])) == rejected
-    for row in first.diff.table("soul_profiles").inserts.to_dicts():
+    for row in first.scope_diff().table("soul_profiles").inserts.to_dicts():
         assert row["id"] == created_id(SCOPE, "soul_corrections", row["key"])
 
 
@@ -282,7 +284,7 @@ def test_decay_importance(case):
             and (last is None or (last <= AS_OF - timedelta(hours=knobs.min_interval_hours) and last < AS_OF))
         ):
             expected[r["id"]] = max(r["importance"] - knobs.step, knobs.floor)
-    updates = first.diff.table("memory_nodes").updates
+    updates = first.scope_diff().table("memory_nodes").updates
     got = dict(updates.select("id", "importance").iter_rows()) if updates.height else {}
     assert got == expected
     assert first.report.counters["nodes_decayed"] == len(expected)
@@ -299,4 +301,4 @@ def test_rejected_soul_key_is_named_in_the_notes():
     assert result.report.notes["soul_corrections"] == [
         f"rejected SOUL key 'favorite_color' (node {_uuid(1)}): only name, role, personality, language are honoured"
     ]
-    assert result.report.counters["soul_rejected"] == 1 and not result.diff.has_changes
+    assert result.report.counters["soul_rejected"] == 1 and not result.scope_diff().has_changes

@@ -35,10 +35,11 @@ def test_weak_node_with_a_quarantined_edge_is_not_pruned():
     snap, weak = _snapshot(float("nan"))
     result = plan(snap, load_config(), NOW, phases=["prune_orphans"])
     assert result.report.quarantined == {"memory_edges": {"weight is negative or not finite": 1}}
-    assert weak in result.snapshot.held_nodes
+    assert weak in result.shard.held_nodes
+    assert weak in result.scope_snapshot().held_nodes
     assert result.report.counters["nodes_pruned"] == 0
-    assert result.diff.table("memory_nodes").deletes.height == 0
-    assert result.diff.table("memory_edges").deletes.height == 0
+    assert result.scope_diff().table("memory_nodes").deletes.height == 0
+    assert result.scope_diff().table("memory_edges").deletes.height == 0
 
 
 def test_the_same_node_with_a_good_second_edge_is_pruned_as_before():
@@ -46,5 +47,5 @@ def test_the_same_node_with_a_good_second_edge_is_pruned_as_before():
     snap, weak = _snapshot(1.0)
     edges = snap.table("memory_edges").head(1)
     result = plan(snap.with_frames({"memory_edges": edges}), load_config(), NOW, phases=["prune_orphans"])
-    assert result.diff.table("memory_nodes").deletes.get_column("id").to_list() == [weak]
-    assert not result.snapshot.held_nodes
+    assert result.scope_diff().table("memory_nodes").deletes.get_column("id").to_list() == [weak]
+    assert not result.scope_snapshot().held_nodes

@@ -8,15 +8,18 @@ from datetime import UTC, datetime, timedelta
 import polars as pl
 import pytest
 from deep_sleep.transforms.config import ConsolidationConfig
-from deep_sleep.validation import SNAPSHOT_COLUMNS, validate_diff
+from deep_sleep.validation import SNAPSHOT_COLUMNS, failed_scopes, validate_diff
 
 from deep_sleep.core.diff import Diff, TableDiff
 from deep_sleep.core.report import ConsolidationReport
+from deep_sleep.core.shard import Shard
 from deep_sleep.core.snapshot import Snapshot
-from deep_sleep.run.apply import apply_diff
-from deep_sleep.run.plan import plan
-from deep_sleep.run.stages import apply_stage, validate_stage
+from deep_sleep.run import pipeline
+from deep_sleep.run.apply import apply
+from deep_sleep.run.layout import VALIDATION_FILE
+from deep_sleep.run.plan import Plan, as_shard_diff, plan
 from deep_sleep.store.extract import extract
+from deep_sleep.validation.quarantine import SHARD_QUARANTINE_SCHEMA
 from tests.storeutil import dump, insert, node, scalar, small_graph
 
 NOW = datetime(2026, 11, 20, 3, 0, tzinfo=UTC)
@@ -52,50 +55,106 @@ def _bad_diffs(snap, ids, scope):
         "no row both updated and deleted": (Diff({"memory_nodes": TableDiff(
             updates=Diff.of("memory_nodes", "x", updates=_nodes(snap, ids["cold"]).with_columns(importance=pl.lit(6.0))).table("memory_nodes").updates,
             deletes=Diff.of("memory_nodes", "y", deletes=_nodes(snap, ids["cold"]), reason="r").table("memory_nodes").deletes)}), "x", ids["cold"][0]),
-        "updates never change scope_path or tenant_id": (Diff.of("memory_nodes", "strengthen", updates=_nodes(snap, [hot]).with_columns(scope_path=pl.lit("org\x1fsomeone-else"))), "strengthen", hot),
+        "updates never change scope_path or tenant_id": (Diff.of("memory_nodes", "strengthen", updates=_nodes(snap, [hot]).with_columns(tenant_id=pl.lit("someone-else"))), "strengthen", hot),
     }
 
 
-def test_each_crafted_bad_diff_is_rejected_by_name_row_and_phase(store, scope, graph, tmp_path):
+def test_each_crafted_bad_diff_is_rejected_by_name_row_and_phase(store, scope, graph):
     snap = extract(store, scope)
-    # the validate stage reads only SNAPSHOT_COLUMNS: the verdicts must be the same
-    pruned = Snapshot.read(snap.write(tmp_path / "snap"), columns=SNAPSHOT_COLUMNS)
-    assert pruned.table("memory_nodes").columns != snap.table("memory_nodes").columns
     for check, (diff, phase, row_id) in _bad_diffs(snap, graph, scope).items():
         failures = validate_diff(diff, snap)
-        assert failures.equals(validate_diff(diff, pruned)), check
+        # the same diff in the shard form (a scope_path on every row), against the shard of one
+        assert failures.equals(validate_diff(as_shard_diff(diff, scope.path), Shard.of(snap))), check
         assert check in failures.get_column("check").to_list(), (check, failures)
-        named = failures.filter(pl.col("check") == check).select("table", "phase", "id").unique().rows()
+        named = failures.filter(pl.col("check") == check).select("table", "phase", "id", "scope_path").unique().rows()
         table = "memory_edges" if check == "edge ends are live nodes of the scope" else "memory_nodes"
-        assert named == [(table, phase, row_id)], (check, named)
+        owner = "org\x1fsomeone-else" if check == "scope_path equals the run's scope" else scope.path  # the row's own scope
+        assert named == [(table, phase, row_id, owner)], (check, named)
+
+
+def test_an_update_naming_another_scope_references_no_row_of_the_snapshot(store, scope, graph):
+    """An update's scope_path is its row's own scope (plan adds it): one naming another scope names a
+    row that scope's snapshot does not hold — that scope's failure, and no scope of the shard's, so it
+    fails them all — whether it comes in the single-scope form or the shard form."""
+    snap = extract(store, scope)
+    hot = graph["hot"][0]
+    other = "org\x1fsomeone-else"
+    moved = Diff.of("memory_nodes", "strengthen", updates=_nodes(snap, [hot]).with_columns(scope_path=pl.lit(other)))
+    for diff, against in ((moved, snap), (as_shard_diff(moved, scope.path), Shard.of(snap))):
+        failures = validate_diff(diff, against)
+        assert failures.select("check", "table", "phase", "id", "scope_path").rows() == [
+            ("references a row of the snapshot", "memory_nodes", "strengthen", hot, other)]
+        assert failed_scopes(failures, Shard.of(snap)) == {scope.path}
+
+
+def test_validate_diff_reads_only_the_snapshot_columns_it_names(store, scope, graph, tmp_path):
+    """SNAPSHOT_COLUMNS are the snapshot columns validate_diff reads: a snapshot read with only those
+    gives every crafted bad diff (and a real plan's diff) the same verdicts."""
+    snap = extract(store, scope)
+    pruned = Snapshot.read(snap.write(tmp_path / "snap"), columns=SNAPSHOT_COLUMNS)
+    assert pruned.table("memory_nodes").columns != snap.table("memory_nodes").columns
+    for check, (diff, _, _) in _bad_diffs(snap, graph, scope).items():
+        assert validate_diff(diff, snap).equals(validate_diff(diff, pruned)), check
+    result = plan(snap, ConsolidationConfig(), NOW)
+    assert validate_diff(result.diff, pruned).height == 0
 
 
 def test_a_real_plan_passes_validation(store, scope, graph):
     snap = extract(store, scope)
     result = plan(snap, ConsolidationConfig(), NOW)
     assert result.diff.has_changes
-    assert validate_diff(result.diff, snap).height == 0
+    assert validate_diff(result.diff, result.shard).height == 0  # the shard form
+    assert validate_diff(result.scope_diff(), snap).height == 0  # the single-scope form
 
 
-def test_failed_validation_is_recorded_and_nothing_is_applied(store, scope, graph, tmp_path):
-    snap = extract(store, scope)
-    snap_dir = snap.write(tmp_path / "snapshot")
-    bad = _bad_diffs(snap, graph, scope)["scope_path equals the run's scope"][0]
-    diff_dir = tmp_path / "diff"
-    bad.write(diff_dir)
+def _validate_and_apply(store, snap, diff, scope, tmp_path):
+    """The Validate and Apply stages on a plan of ``snap`` whose diff is ``diff`` (a single scope's, in
+    the shard form); the final state, the ledger row, the store before and after."""
     run_id = str(uuid.uuid4())
-    ConsolidationReport(scope_path=scope.path, as_of="2026-11-20T03:00:00Z", run_id=run_id, diff_hash=bad.content_hash()).write(diff_dir)
+    shard = Shard.of(snap)
+    diff = as_shard_diff(diff, scope.path)
+    report = ConsolidationReport(scope_path=scope.path, as_of="2026-11-20T03:00:00Z", run_id=run_id,
+                                 diff_hash=diff.content_hash())
+    planned = Plan(shard, diff, {scope.path: report}, pl.DataFrame(schema=SHARD_QUARANTINE_SCHEMA))
+    (tmp_path / "diff").mkdir()  # the Transform stage would have made it
+    ctx = pipeline.Context.of(NOW, ConsolidationConfig(), scopes=scope, store=store, diff_dir=tmp_path / "diff",
+                              run_ids={scope.path: run_id})
     before = dump(store, scope)
-    report = validate_stage(snap_dir, diff_dir)
-    assert report.status == "failed"
-    assert any("scope_path equals the run's scope" in e and "meta_nodes" in e for e in report.errors)
-    assert (diff_dir / "validation.parquet").exists()
-    apply_stage(store, diff_dir)
+    state = pipeline.run((pipeline.Validate(), pipeline.Apply()), ctx,
+                         pipeline.State(shard=shard, plan=planned, reports={scope.path: report}))
     after = dump(store, scope)
-    assert after["memory_nodes"] == before["memory_nodes"]
     with store.pg() as con:
-        status, errors = con.execute("SELECT status, errors FROM consolidation_runs WHERE run_id = %s", (run_id,)).fetchone()
+        ledger = con.execute("SELECT status, errors FROM consolidation_runs WHERE run_id = %s", (run_id,)).fetchone()
+    return state, ledger, before, after
+
+
+@pytest.mark.parametrize("check", ["scope_path equals the run's scope", "importance within [1, 10]",
+                                   "no surviving edge points at a deleted node"])
+def test_failed_validation_is_recorded_and_nothing_is_applied(store, scope, graph, tmp_path, check):
+    snap = extract(store, scope)
+    bad, phase, _ = _bad_diffs(snap, graph, scope)[check]
+    state, ledger, before, after = _validate_and_apply(store, snap, bad, scope, tmp_path)
+    report = state.report()
+    assert report.status == "failed"
+    assert any(check in e and phase in e for e in report.errors), report.errors
+    assert check in state.failures.get_column("check").to_list()
+    assert (tmp_path / "diff" / VALIDATION_FILE).exists()
+    assert state.applied[scope.path].status == "failed"
+    assert after["memory_nodes"] == before["memory_nodes"] and after["memory_edges"] == before["memory_edges"]
+    status, errors = ledger
     assert status == "failed" and errors
+
+
+def test_a_valid_diff_passes_the_same_stages_and_is_applied(store, scope, graph, tmp_path):
+    """The control of the test above: the same stages apply a valid diff and record the run."""
+    snap = extract(store, scope)
+    hot = graph["hot"][0]
+    good = Diff.of("memory_nodes", "strengthen", updates=_nodes(snap, [hot]).with_columns(importance=pl.lit(6.0)))
+    state, ledger, _, _ = _validate_and_apply(store, snap, good, scope, tmp_path)
+    assert state.failures.height == 0 and state.report().status == "applied"
+    assert state.applied[scope.path].applied["memory_nodes"]["updates"] == 1
+    assert ledger[0] == "applied"
+    assert scalar(store, "SELECT importance FROM memory_nodes WHERE id = %s", hot) == 6.0
 
 
 def test_apply_never_touches_another_scope_even_if_asked(store, scope, graph):
@@ -105,8 +164,9 @@ def test_apply_never_touches_another_scope_even_if_asked(store, scope, graph):
     insert(store, "memory_nodes", [twin])
     diff = Diff.of("memory_nodes", "strengthen", updates=pl.DataFrame({"id": [twin["id"]], "version": [1], "importance": [9.0]}))
     report = ConsolidationReport(scope_path=scope.path, as_of="2026-11-20T03:00:00Z", run_id=str(uuid.uuid4()))
-    result = apply_diff(store, diff, report)
-    assert result.conflicts == 1
+    result = apply(store, as_shard_diff(diff, scope.path), {scope.path: report}, mode="nightly")
+    assert result[scope.path].status == "applied"
+    assert result[scope.path].conflicts == 1
     assert scalar(store, "SELECT importance FROM memory_nodes WHERE id = %s", twin["id"]) == 5.0
     assert scalar(store, "SELECT version FROM memory_nodes WHERE id = %s", twin["id"]) == 1
 

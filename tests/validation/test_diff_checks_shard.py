@@ -1,8 +1,8 @@
 """A shard's diff is validated in one pandera pass per frame (SPEC §2 "Scale", §4), and each scope
-gets its own verdict: for every scope S, the failures of ``validate_shard_diff`` with scope_path S
-are those of ``validate_diff`` of S's own diff (``Diff.by_scope``) against S's snapshot — same
-checks, tables, kinds, phases, ids and columns — on real shard plans, with tight caps, and with
-corruptions of some scopes' rows; a corrupted scope never fails the others."""
+gets its own verdict: for every scope S, the failures of ``validate_diff`` of the shard's diff with
+scope_path S are those of ``validate_diff`` of S's own diff (``Diff.by_scope``) against a shard of
+S alone — same checks, tables, kinds, phases, ids and columns — on real shard plans, with tight
+caps, and with corruptions of some scopes' rows; a corrupted scope never fails the others."""
 
 from __future__ import annotations
 
@@ -12,15 +12,15 @@ import uuid
 import polars as pl
 import pytest
 from deep_sleep.transforms.config import ConsolidationConfig
-from deep_sleep.validation import failed_scopes, validate_diff, validate_shard_diff
+from deep_sleep.validation import FAILURE_SCHEMA, failed_scopes, validate_diff
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from deep_sleep.core.diff import Diff, TableDiff
 from deep_sleep.core.errors import DiffError
 from deep_sleep.core.shard import Shard
-from deep_sleep.run.plan import plan_shard
-from tests.run.test_plan_shard import AS_OF, fleet
+from deep_sleep.run.plan import as_shard_diff, plan
+from tests.transforms.shard_cases import AS_OF, fleet
 
 KEY = ["check", "table", "kind", "phase", "id", "column"]
 TIGHT = ConsolidationConfig(cooccurrence={"max_neighbours": 2}, episodic_summary={"batch_size": 2, "max_batches": 1},
@@ -30,7 +30,7 @@ TIGHT = ConsolidationConfig(cooccurrence={"max_neighbours": 2}, episodic_summary
 @functools.cache
 def planned(n: int = 6, seed: int = 5):
     shard = Shard.from_snapshots(fleet(n, seed=seed))
-    result = plan_shard(shard, ConsolidationConfig(), AS_OF)
+    result = plan(shard, ConsolidationConfig(), AS_OF)
     return result.shard, result.diff
 
 
@@ -45,13 +45,17 @@ def _column_values(frame: pl.DataFrame) -> list[tuple]:
 
 
 def assert_each_scope_is_validated_as_alone(diff: Diff, shard: Shard, config: ConsolidationConfig | None = None) -> pl.DataFrame:
-    got = validate_shard_diff(diff, shard, config)
+    got = validate_diff(diff, shard, config)
     assert got.columns == ["check", "table", "kind", "phase", "id", "column", "value", "scope_path"]
-    assert got.equals(validate_shard_diff(diff, shard, config, precheck=False)) or \
-        _verdicts(got) == _verdicts(validate_shard_diff(diff, shard, config, precheck=False))
+    assert dict(got.schema) == FAILURE_SCHEMA
+    assert got.equals(validate_diff(diff, shard, config, precheck=False)) or \
+        _verdicts(got) == _verdicts(validate_diff(diff, shard, config, precheck=False))
     parts = diff.by_scope()
     for s in shard.scope_paths:
-        alone = validate_diff(parts.get(s, Diff.empty()), shard.scope(s), config)
+        one = Shard.of(shard.scope(s))  # the scope alone: a shard of one
+        alone = validate_diff(parts.get(s, Diff.empty()), one, config)  # its diff in the single-scope form
+        assert set(alone.get_column("scope_path")) <= {s}, s
+        assert _verdicts(validate_diff(as_shard_diff(parts.get(s, Diff.empty()), s), one, config)) == _verdicts(alone), s
         mine = got.filter(pl.col("scope_path") == s)
         assert _verdicts(mine) == _verdicts(alone), s
         assert _column_values(mine) == _column_values(alone), s
@@ -192,10 +196,25 @@ def test_a_row_of_no_scope_of_the_shard_is_reported_and_fails_every_scope():
     assert failed_scopes(got, shard) == set(shard.scope_paths)
 
 
-def test_a_diff_without_scope_paths_is_refused():
+def test_a_diff_without_scope_paths_is_refused_on_a_shard_of_many():
     shard, _ = planned()
     with pytest.raises(DiffError, match="scope_path"):
-        validate_shard_diff(Diff.of("memory_nodes", "x", deletes=pl.DataFrame({"id": ["a"], "version": [1]}), reason="r"), shard)
+        validate_diff(Diff.of("memory_nodes", "x", deletes=pl.DataFrame({"id": ["a"], "version": [1]}), reason="r"), shard)
+
+
+def test_a_diff_without_scope_paths_is_the_scopes_own_on_a_shard_of_one():
+    """A single scope's diff (no scope_path on its updates and deletes) is validated against a shard
+    of that scope alone (or its Snapshot): each failure names that scope."""
+    shard, _ = planned()
+    s = shard.scope_paths[1]
+    n = _node(shard, s, 1)
+    diff = Diff.of("memory_nodes", "decay_importance", updates=pl.DataFrame({"id": [n["id"]], "version": [n["version"]],
+                                                                            "importance": [11.0]}))
+    for one in (Shard.of(shard.scope(s)), shard.scope(s)):
+        got = validate_diff(diff, one)
+        assert got.select("check", "table", "kind", "phase", "id", "scope_path").rows() == [
+            ("importance within [1, 10]", "memory_nodes", "updates", "decay_importance", n["id"], s)]
+        assert failed_scopes(got, Shard.of(shard.scope(s))) == {s}
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck), database=None)

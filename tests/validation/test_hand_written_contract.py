@@ -13,7 +13,8 @@ from deep_sleep.cli import main
 from deep_sleep.core.diff import Diff
 from deep_sleep.core.report import ConsolidationReport
 from deep_sleep.core.snapshot import Snapshot
-from deep_sleep.run.apply import apply_diff
+from deep_sleep.run.apply import apply
+from deep_sleep.run.plan import as_shard_diff
 from deep_sleep.validation.quarantine import quarantine
 from tests.storeutil import insert, scalar
 
@@ -98,7 +99,8 @@ def test_apply_updates_soul_profiles_by_key_and_guards_null_versions_on_existenc
             {"id": [event_id, str(uuid.uuid4())], "version": pl.Series([None, None], dtype=pl.Int64)})),
     ])
     report = ConsolidationReport(scope_path=scope.path, as_of="2026-03-01T12:00:00Z", run_id=str(uuid.uuid4()))
-    result = apply_diff(store, diff, report)
+    result = apply(store, as_shard_diff(diff, scope.path), {scope.path: report}, mode="nightly")[scope.path]
+    assert result.status == "applied" and result.error is None
     assert scalar(store, "SELECT value FROM soul_profiles WHERE id = %s", profile_id) == "New"
     assert scalar(store, "SELECT count(*) FROM episodic_events WHERE id = %s", event_id) == 0
     assert result.applied["episodic_events"]["deletes"] == 1 and result.conflicts == 1  # the missing id

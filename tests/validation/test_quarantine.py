@@ -11,14 +11,18 @@ import pytest
 from deep_sleep.transforms.config import ConsolidationConfig
 from deep_sleep.validation.quarantine import REASONS, quarantine
 
+from deep_sleep.core.shard import Shard
 from deep_sleep.core.snapshot import Snapshot
+from deep_sleep.run import pipeline
 from deep_sleep.run import plan as plan_module
 from deep_sleep.run.plan import plan
-from deep_sleep.run.stages import consolidate_scope
 from deep_sleep.store.extract import extract
 from tests.storeutil import access, edge, insert, node, scalar
 
 NOW = datetime(2026, 11, 20, 3, 0, tzinfo=UTC)
+#: A row's time far beyond both as_of and the extract's own time (the store's clock): "in the future"
+#: is after the later of the two (issue 32), and the extract reads the store's clock.
+FUTURE = datetime(2100, 1, 1, tzinfo=UTC)
 COUNTED = ("memory_nodes", "memory_edges", "episodic_events", "procedural_skills", "recall_events", "pending_connections")
 
 
@@ -41,9 +45,12 @@ def _corpus(store, scope):
         bad_node("importance outside [1, 10]", importance=11.0),
         bad_node("empty label", label="   "),
         bad_node("control characters in label", label="project:\x07bell"),
-        bad_node("timestamp in the future", updated_at=NOW + timedelta(days=3)),
+        bad_node("timestamp in the future", updated_at=FUTURE),
     ]
     insert(store, "memory_nodes", bad_nodes)
+    # written after as_of but before the extract (the store's clock is past NOW + 3 days): not from the
+    # future, so not quarantined (issue 32)
+    insert(store, "memory_nodes", [node(scope, "project: written after as_of", NOW + timedelta(days=3))])
     not_object = node(scope, "project: array props", t)
     expected[not_object["id"]] = "properties is not a JSON object"
     insert(store, "memory_nodes", [{**not_object, "properties": "[1, 2, 3]"}])
@@ -94,7 +101,7 @@ def test_bad_input_corpus_is_quarantined_good_rows_consolidated_nothing_lost(sto
     good, expected = _corpus(store, scope)
     assert len(set(expected.values())) >= 12
     before = _counts(store, scope)
-    report = consolidate_scope(store, scope, as_of=NOW, base_dir=runs_dir)
+    report = pipeline.consolidate(store, scope, as_of=NOW, runs_dir=runs_dir).report()
     assert report.status == "applied", report.errors
     assert not report.errors
     # every bad row is recorded with exactly its own reason
@@ -136,7 +143,7 @@ def test_checks_beside_the_phases_give_the_sequential_plan_and_rerun_when_rows_a
     """On big snapshots plan() checks rows in a second thread while the phases run on the rows as
     extracted; when a row is quarantined, the phases run again on the clean snapshot."""
     _, expected = _corpus(store, scope)
-    snap = extract(store, scope)
+    snap = Shard.of(extract(store, scope))
     sequential = plan(snap, ConsolidationConfig(), NOW)
     unchecked = plan(snap, ConsolidationConfig(), NOW, check_rows=False)
     assert unchecked.report.diff_hash != sequential.report.diff_hash  # the bad rows change the diff
@@ -145,20 +152,20 @@ def test_checks_beside_the_phases_give_the_sequential_plan_and_rerun_when_rows_a
     real = plan_module._run_phases
     monkeypatch.setattr(plan_module, "_run_phases", lambda s, *a: runs.append(s) or real(s, *a))
     overlapped = plan(snap, ConsolidationConfig(), NOW)
-    assert len(runs) == 2 and runs[0] is snap and runs[1] is overlapped.snapshot  # optimistic run, then the rerun
+    assert len(runs) == 2 and runs[0] is snap and runs[1] is overlapped.shard  # optimistic run, then the rerun
     assert overlapped.report.diff_hash == sequential.report.diff_hash
     assert overlapped.quarantined.equals(sequential.quarantined) and set(overlapped.quarantined["id"]) == set(expected)
     assert overlapped.report.counters == sequential.report.counters
     # nothing to quarantine: the optimistic run stands, no rerun
     runs.clear()
-    clean = plan(overlapped.snapshot, ConsolidationConfig(), NOW)
+    clean = plan(overlapped.shard, ConsolidationConfig(), NOW)
     assert len(runs) == 1 and clean.quarantined.height == 0
-    assert clean.report.diff_hash == plan(overlapped.snapshot, ConsolidationConfig(), NOW, check_rows=False).report.diff_hash
+    assert clean.report.diff_hash == plan(overlapped.shard, ConsolidationConfig(), NOW, check_rows=False).report.diff_hash
 
 
 def test_a_phase_failing_beside_the_checks_is_rerun_on_the_clean_snapshot_or_its_error_raised(store, scope, monkeypatch):
     _corpus(store, scope)
-    snap = extract(store, scope)
+    snap = Shard.of(extract(store, scope))
     sequential = plan(snap, ConsolidationConfig(), NOW)
     monkeypatch.setattr(plan_module, "OVERLAP_ROWS", 0)
     real = plan_module._run_phases
@@ -172,7 +179,7 @@ def test_a_phase_failing_beside_the_checks_is_rerun_on_the_clean_snapshot_or_its
     rerun = plan(snap, ConsolidationConfig(), NOW)
     assert rerun.report.diff_hash == sequential.report.diff_hash and rerun.quarantined.height
     # nothing to quarantine: the phase's own error is raised, not swallowed
-    clean = sequential.snapshot
+    clean = sequential.shard
     monkeypatch.setattr(plan_module, "_run_phases", lambda s, *a: (_ for _ in ()).throw(ValueError("a real bug")))
     with pytest.raises(ValueError, match="a real bug"):
         plan(clean, ConsolidationConfig(), NOW)

@@ -11,10 +11,11 @@ import polars as pl
 import pytest
 
 from deep_sleep.core import tables
+from deep_sleep.core.shard import Shard
 from deep_sleep.transforms.config import load_config
 from deep_sleep.core.snapshot import Snapshot
 from deep_sleep.run.plan import plan
-from deep_sleep.validation.quarantine import REASONS, quarantine
+from deep_sleep.validation.quarantine import REASONS, future_limit, quarantine, quarantine_plain
 
 SCOPE = "org\x1facme\x1fbrand\x1fb1"
 NOW = datetime(2026, 11, 20, 3, 0, tzinfo=UTC)
@@ -79,6 +80,38 @@ def test_timestamps_before_1990_and_far_future_are_quarantined_and_year_9999_doe
     assert sorted(_reasons(snap, config=floor).values()) == ["timestamp in the future"]
 
 
+def test_the_future_is_after_the_later_of_as_of_and_the_extracts_own_time():
+    """Issue 32: a snapshot taken at T, planned with as_of = T - 10 min (``--as-of`` in the past, or a
+    shard extracted late in a long night), keeps the rows live turns wrote at T - 1 min: they are not
+    from the future.  A row 10 minutes after T (beyond the 5-minute tolerance) still is."""
+    taken = NOW
+    as_of = taken - timedelta(minutes=10)
+    frame = _nodes([
+        {"label": "project: written after as_of", "updated_at": taken - timedelta(minutes=1)},
+        {"label": "project: fine", "updated_at": as_of - timedelta(hours=1)},
+        {"label": "project: skewed a little", "updated_at": taken + timedelta(minutes=4)},
+        {"label": "project: from the future", "updated_at": taken + timedelta(minutes=10)},
+    ])
+    future = frame.get_column("id")[3]
+    snap = Snapshot(SCOPE, taken, frames={"memory_nodes": frame})
+    assert future_limit(as_of, taken, timedelta(minutes=5)) == taken + timedelta(minutes=5)
+    assert future_limit(taken + timedelta(hours=1), taken, timedelta(minutes=5)) == taken + timedelta(hours=1, minutes=5)
+    assert _reasons(snap, as_of=as_of) == {future: "timestamp in the future"}
+    clean, _ = quarantine(snap, as_of)
+    assert clean.table("memory_nodes").get_column("id").to_list() == frame.get_column("id").to_list()[:3]
+    # the plain statement of the rules, and a shard holding the scope, say the same
+    _, plain = quarantine_plain(snap, as_of)
+    assert plain.select("id", "reason").rows() == [(future, "timestamp in the future")]
+    _, in_shard = quarantine(Shard.of(snap), as_of)
+    assert in_shard.select("id", "reason", "scope_path").rows() == [(future, "timestamp in the future", SCOPE)]
+    # and the plan of that run quarantines that row alone
+    result = plan(snap, load_config(), as_of, phases=["decay_importance"])
+    assert result.report.quarantined == {"memory_nodes": {"timestamp in the future": 1}}
+    assert result.scope_quarantined().get_column("id").to_list() == [future]
+    # as_of later than the extract: the limit is as_of's
+    assert _reasons(snap, as_of=taken + timedelta(minutes=10)) == {}
+
+
 def test_recall_with_nan_similarity_is_quarantined_and_a_rerun_changes_nothing():
     node = _nodes([{"label": "project: a"}])
     nid = node.get_column("id")[0]
@@ -93,13 +126,13 @@ def test_recall_with_nan_similarity_is_quarantined_and_a_rerun_changes_nothing()
     assert first.report.quarantined == {"recall_events": {"features are not finite numbers": 1,
                                                           "similarity is not a finite number": 1}}
     assert first.report.counters["recalls_labelled"] == 1
-    labelled = first.diff.table("recall_events").updates
+    labelled = first.scope_diff().table("recall_events").updates
     assert labelled.height == 1 and labelled.get_column("label").is_finite().all()
     # the store after that run: the good recall labelled, the bad ones as they were
     after = snap.with_frames({"recall_events": recalls.with_columns(
         pl.when(pl.col("id") == labelled.get_column("id")[0]).then(labelled.get_column("label")[0]).otherwise(pl.col("label")).alias("label"))})
     again = plan(after, load_config(), NOW, phases=["label_recalls"])
-    assert again.report.counters["recalls_labelled"] == 0 and again.diff.table("recall_events").updates.height == 0
+    assert again.report.counters["recalls_labelled"] == 0 and again.scope_diff().table("recall_events").updates.height == 0
 
 
 def test_null_similarity_is_not_labelled_again_and_again():

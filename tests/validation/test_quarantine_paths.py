@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from deep_sleep.core import tables
+from deep_sleep.core.shard import Shard
 from deep_sleep.core.snapshot import Snapshot
 
 NOW = datetime(2026, 11, 20, 3, 0, tzinfo=UTC)
@@ -176,7 +177,10 @@ def test_a_clean_frame_is_passed_on_as_it_is():
     frame = tables.conform("memory_nodes", pl.DataFrame({"id": [_uuid(1)], "scope_path": SCOPE, "label": "x",
                                                          "properties": "{}", "importance": 5.0, "layer": "semantic"}))
     snap = Snapshot(scope_path=SCOPE, taken_at=NOW, frames={"memory_nodes": frame})
-    clean, found = q.quarantine(snap, NOW)
-    assert clean.frames["memory_nodes"] is frame and found.height == 0
+    shard = Shard.of(snap)
+    clean, found = q.quarantine(shard, NOW)  # nothing flagged: the shard (and its frame) go on as they are
+    assert clean is shard and clean.frames["memory_nodes"] is frame and found.height == 0
+    clean, found = q.quarantine(snap, NOW)  # a Snapshot is that shard of one's scope: the same rows
+    assert clean.frames["memory_nodes"].equals(frame) and found.height == 0 and not clean.held_nodes
     assert np.array_equal(q.bad_json(pl.Series(["{}", None]), "OBJECT").to_numpy(), [False, True])
 

@@ -2,7 +2,8 @@
 for shards made of single-scope snapshots with broken rows (NaN importance, dangling and
 cross-scope edges, bad JSON, wrong tenants, duplicate ids and soul keys, rows of no scope of the
 shard…), each scope's clean rows, quarantined rows and held nodes are exactly those of
-``quarantine`` on that scope alone; the fast path equals the plain rules; plan_shard calls it once."""
+``quarantine`` on that scope alone (a shard of one, or its Snapshot); the fast path equals the plain
+rules; ``plan`` calls it once per shard."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from deep_sleep.core import tables
 from deep_sleep.core.shard import Shard
 from deep_sleep.core.snapshot import Snapshot
 from deep_sleep.run import plan as plan_module
-from deep_sleep.run.plan import plan, plan_shard
+from deep_sleep.run.plan import plan
 from deep_sleep.transforms.config import ConsolidationConfig
 
 NOW = datetime(2026, 11, 20, 3, 0, tzinfo=UTC)
@@ -123,6 +124,11 @@ def assert_shard_is_its_scopes(snaps: list[Snapshot], small_rows: int = q.SMALL_
     for snap in snaps:
         alone_clean, alone_found = q.quarantine(snap, NOW)
         s = snap.scope_path
+        # a Snapshot is checked as a shard of one: the same rows, which name their own scope
+        one_clean, one_found = q.quarantine(Shard.of(snap), NOW)
+        assert _rows(one_found.drop("scope_path")) == _rows(alone_found), s
+        assert (one_found["scope_path"].fill_null("") == one_found["row"].str.json_path_match("$.scope_path").fill_null("")).all()
+        assert one_clean.scope_paths == (s,) and one_clean.held_nodes == alone_clean.held_nodes, s
         mine = clean.scope(s)  # raises if a row of no scope of the shard was left in it
         for t, frame in mine.frames.items():
             expected = alone_clean.frames.get(t, tables.empty(t).head(0))
@@ -221,8 +227,8 @@ def test_a_clean_shard_is_passed_on_as_it_is_and_a_shard_of_one_is_the_snapshot(
     assert json.loads(one.get_column("row")[0])["scope_path"] == SCOPES[0]
 
 
-def test_plan_shard_quarantines_the_shard_in_one_call_and_every_scope_plans_as_alone(monkeypatch):
-    from tests.run.test_plan_shard import AS_OF, SAME, fleet
+def test_plan_quarantines_the_shard_in_one_call_and_every_scope_plans_as_alone(monkeypatch):
+    from tests.transforms.shard_cases import AS_OF, SAME, fleet
 
     snaps = fleet(6, seed=7)
     broken = []
@@ -240,13 +246,26 @@ def test_plan_shard_quarantines_the_shard_in_one_call_and_every_scope_plans_as_a
         calls.append(type(source).__name__)
         return real(source, *a, **kw)
 
-    counted.shard_native = True
     monkeypatch.setattr(plan_module, "quarantine", counted)
-    got = plan_shard(Shard.from_snapshots(broken), ConsolidationConfig(), AS_OF)
+    got = plan(Shard.from_snapshots(broken), ConsolidationConfig(), AS_OF)
     assert calls == ["Shard"]
     assert set(got.quarantined["scope_path"]) == {s.scope_path for i, s in enumerate(broken) if i % 2}
-    for snap in broken:
-        alone = plan(snap, ConsolidationConfig(), AS_OF)
+    for i, snap in enumerate(broken):
+        calls.clear()
+        alone = plan(Shard.of(snap), ConsolidationConfig(), AS_OF)
+        assert calls == ["Shard"]
         for field in SAME:
             assert getattr(got.reports[snap.scope_path], field) == getattr(alone.report, field), (snap.scope_path, field)
-        assert got.scope_plan(snap.scope_path).quarantined.equals(alone.quarantined)
+        assert got.scope_quarantined(snap.scope_path).equals(alone.scope_quarantined())
+        assert got.scope_diff(snap.scope_path).content_hash() == alone.scope_diff().content_hash()
+        assert got.scope_snapshot(snap.scope_path).held_nodes == alone.scope_snapshot().held_nodes
+        if i % 2:  # the NaN importance, the importance of 11 and the bad JSON, and the edges to those nodes
+            mine = alone.scope_quarantined()
+            assert sorted(mine.filter(pl.col("table") == "memory_nodes").get_column("reason").to_list()) == [
+                "importance is not a finite number", "importance outside [1, 10]", "properties is not a JSON object"]
+            assert set(mine.filter(pl.col("table") != "memory_nodes").get_column("reason")) <= {"edge endpoint is quarantined"}
+        else:
+            assert alone.quarantined.height == 0
+    calls.clear()
+    plan(broken[1], ConsolidationConfig(), AS_OF)  # a Snapshot is planned as a shard of one
+    assert calls == ["Shard"]

@@ -1,58 +1,46 @@
 -- golden case small_inline: tests/run/test_statements.py (regenerate: DEEP_SLEEP_REGEN_GOLDEN=1)
 
 -- 1. lock
--- $1 = 'org\x1fgolden\x1fbrand\x1fb1'
-SELECT pg_advisory_xact_lock(hashtextextended($1, 0));
+-- $1 = '["org\\u001fgolden\\u001fbrand\\u001fb1"]'
+SELECT count(pg_advisory_xact_lock(hashtextextended(_s.p, 0))) FROM jsonb_array_elements_text($1::jsonb) WITH ORDINALITY AS _s(p, i);
 
 -- 2. delete memory_nodes.deletes: 1 row(s), inline JSON parameter
--- $1 = 'org\x1fgolden\x1fbrand\x1fb1'
--- $2 = '00000000-0000-4000-8000-000000000001'
--- $3 = JSON array of 1 row(s): id, expected_version, reason
-WITH gone AS (DELETE FROM memory_nodes t USING (SELECT * FROM jsonb_to_recordset($3::jsonb) AS x("id" text, "expected_version" bigint, "reason" text)) s WHERE t.id = s.id::uuid AND t.scope_path = $1 AND (s.expected_version IS NULL OR t.version = s.expected_version) RETURNING t.*, s.reason AS _ds_reason), archived AS (INSERT INTO consolidation_archive (run_id, table_name, row_id, op, reason, row) SELECT $2::uuid, 'memory_nodes', gone.id::text, 'delete', gone._ds_reason, to_jsonb(gone) - '_ds_reason' FROM gone RETURNING 1) SELECT count(*) AS n FROM archived;
+-- $1 = JSON array of 1 row(s): id, expected_version, reason, scope_path, _ds_run_id
+WITH done AS (DELETE FROM memory_nodes t USING (SELECT * FROM jsonb_to_recordset($1::jsonb) AS x("id" text, "expected_version" bigint, "reason" text, "scope_path" text, "_ds_run_id" text)) s WHERE t.id = s.id::uuid AND t.scope_path = s.scope_path AND (s.expected_version IS NULL OR t.version = s.expected_version) RETURNING t.*, s.reason AS _ds_reason, s._ds_run_id AS _ds_run_id), archived AS (INSERT INTO consolidation_archive (run_id, table_name, row_id, op, reason, row) SELECT done._ds_run_id::uuid, 'memory_nodes', done.id::text, 'delete', done._ds_reason, to_jsonb(done) - '_ds_reason' - '_ds_run_id' FROM done RETURNING 1) SELECT done.scope_path AS scope_path, count(*) AS n FROM done GROUP BY 1;
 
 -- 3. delete memory_edges.deletes: 1 row(s), inline JSON parameter
--- $1 = 'org\x1fgolden\x1fbrand\x1fb1'
--- $2 = '00000000-0000-4000-8000-000000000001'
--- $3 = JSON array of 1 row(s): id, expected_version, reason
--- $4 = JSON array of 1 row(s): id, expected_version, reason
-WITH kept AS (SELECT nd.id::uuid AS id FROM (SELECT * FROM jsonb_to_recordset($4::jsonb) AS x("id" text, "expected_version" bigint, "reason" text)) nd WHERE NOT EXISTS (SELECT 1 FROM consolidation_archive a WHERE a.run_id = $2::uuid AND a.table_name = 'memory_nodes' AND a.op = 'delete' AND a.row_id = nd.id::uuid::text)), gone AS (DELETE FROM memory_edges t USING (SELECT * FROM jsonb_to_recordset($3::jsonb) AS x("id" text, "expected_version" bigint, "reason" text)) s WHERE t.id = s.id::uuid AND t.scope_path = $1 AND (s.expected_version IS NULL OR t.version = s.expected_version) AND NOT EXISTS (SELECT 1 FROM kept k WHERE k.id = t.source_id) AND NOT EXISTS (SELECT 1 FROM kept k WHERE k.id = t.target_id) RETURNING t.*, s.reason AS _ds_reason), archived AS (INSERT INTO consolidation_archive (run_id, table_name, row_id, op, reason, row) SELECT $2::uuid, 'memory_edges', gone.id::text, 'delete', gone._ds_reason, to_jsonb(gone) - '_ds_reason' FROM gone RETURNING 1) SELECT count(*) AS n FROM archived;
+-- $1 = JSON array of 1 row(s): id, expected_version, reason, scope_path, _ds_run_id
+-- $2 = JSON array of 1 row(s): id, expected_version, reason, scope_path, _ds_run_id
+WITH kept AS (SELECT nd.id::uuid AS id, nd.scope_path FROM (SELECT * FROM jsonb_to_recordset($2::jsonb) AS x("id" text, "expected_version" bigint, "reason" text, "scope_path" text, "_ds_run_id" text)) nd WHERE NOT EXISTS (SELECT 1 FROM consolidation_archive a WHERE a.run_id = nd._ds_run_id::uuid AND a.table_name = 'memory_nodes' AND a.op = 'delete' AND a.row_id = nd.id::uuid::text OFFSET 0)), done AS (DELETE FROM memory_edges t USING (SELECT * FROM jsonb_to_recordset($1::jsonb) AS x("id" text, "expected_version" bigint, "reason" text, "scope_path" text, "_ds_run_id" text)) s WHERE t.id = s.id::uuid AND t.scope_path = s.scope_path AND (s.expected_version IS NULL OR t.version = s.expected_version) AND NOT EXISTS (SELECT 1 FROM kept k WHERE k.id = t.source_id AND k.scope_path = t.scope_path) AND NOT EXISTS (SELECT 1 FROM kept k WHERE k.id = t.target_id AND k.scope_path = t.scope_path) RETURNING t.*, s.reason AS _ds_reason, s._ds_run_id AS _ds_run_id), archived AS (INSERT INTO consolidation_archive (run_id, table_name, row_id, op, reason, row) SELECT done._ds_run_id::uuid, 'memory_edges', done.id::text, 'delete', done._ds_reason, to_jsonb(done) - '_ds_reason' - '_ds_run_id' FROM done RETURNING 1) SELECT done.scope_path AS scope_path, count(*) AS n FROM done GROUP BY 1;
 
 -- 4. delete pending_connections.deletes: 1 row(s), inline JSON parameter
--- $1 = 'org\x1fgolden\x1fbrand\x1fb1'
--- $2 = '00000000-0000-4000-8000-000000000001'
--- $3 = JSON array of 1 row(s): id, expected_version, reason
-WITH gone AS (DELETE FROM pending_connections t USING (SELECT * FROM jsonb_to_recordset($3::jsonb) AS x("id" text, "expected_version" bigint, "reason" text)) s WHERE t.id = s.id::uuid AND t.scope_path = $1 AND (s.expected_version IS NULL OR t.version = s.expected_version) RETURNING t.*, s.reason AS _ds_reason), archived AS (INSERT INTO consolidation_archive (run_id, table_name, row_id, op, reason, row) SELECT $2::uuid, 'pending_connections', gone.id::text, 'delete', gone._ds_reason, to_jsonb(gone) - '_ds_reason' FROM gone RETURNING 1) SELECT count(*) AS n FROM archived;
+-- $1 = JSON array of 1 row(s): id, expected_version, reason, scope_path, _ds_run_id
+WITH done AS (DELETE FROM pending_connections t USING (SELECT * FROM jsonb_to_recordset($1::jsonb) AS x("id" text, "expected_version" bigint, "reason" text, "scope_path" text, "_ds_run_id" text)) s WHERE t.id = s.id::uuid AND t.scope_path = s.scope_path AND (s.expected_version IS NULL OR t.version = s.expected_version) RETURNING t.*, s.reason AS _ds_reason, s._ds_run_id AS _ds_run_id), archived AS (INSERT INTO consolidation_archive (run_id, table_name, row_id, op, reason, row) SELECT done._ds_run_id::uuid, 'pending_connections', done.id::text, 'delete', done._ds_reason, to_jsonb(done) - '_ds_reason' - '_ds_run_id' FROM done RETURNING 1) SELECT done.scope_path AS scope_path, count(*) AS n FROM done GROUP BY 1;
 
 -- 5. update memory_nodes.updates: 3 row(s), inline JSON parameter
--- $1 = 'org\x1fgolden\x1fbrand\x1fb1'
--- $2 = JSON array of 3 row(s): id, expected_version, importance, last_decayed_at
-WITH done AS (UPDATE memory_nodes t SET importance = COALESCE(s.importance, t.importance), last_decayed_at = COALESCE(s.last_decayed_at, t.last_decayed_at) FROM (SELECT * FROM jsonb_to_recordset($2::jsonb) AS x("id" text, "expected_version" bigint, "importance" double precision, "last_decayed_at" timestamptz)) s WHERE t.id = s.id::uuid AND t.scope_path = $1 AND (s.expected_version IS NULL OR t.version = s.expected_version) RETURNING 1) SELECT count(*) AS n FROM done;
+-- $1 = JSON array of 3 row(s): scope_path, id, expected_version, importance, last_decayed_at
+WITH done AS (UPDATE memory_nodes t SET importance = COALESCE(s.importance, t.importance), last_decayed_at = COALESCE(s.last_decayed_at, t.last_decayed_at) FROM (SELECT * FROM jsonb_to_recordset($1::jsonb) AS x("scope_path" text, "id" text, "expected_version" bigint, "importance" double precision, "last_decayed_at" timestamptz)) s WHERE t.id = s.id::uuid AND t.scope_path = s.scope_path AND (s.expected_version IS NULL OR t.version = s.expected_version) RETURNING t.scope_path) SELECT scope_path AS scope_path, count(*) AS n FROM done GROUP BY 1;
 
 -- 6. update episodic_events.updates: 2 row(s), inline JSON parameter
--- $1 = 'org\x1fgolden\x1fbrand\x1fb1'
--- $2 = JSON array of 2 row(s): id, expected_version, metadata
-WITH done AS (UPDATE episodic_events t SET metadata = COALESCE(s.metadata::jsonb, t.metadata) FROM (SELECT * FROM jsonb_to_recordset($2::jsonb) AS x("id" text, "expected_version" bigint, "metadata" text)) s WHERE t.id = s.id::uuid AND t.scope_path = $1 AND (s.expected_version IS NULL OR t.version = s.expected_version) RETURNING 1) SELECT count(*) AS n FROM done;
+-- $1 = JSON array of 2 row(s): scope_path, id, expected_version, metadata
+WITH done AS (UPDATE episodic_events t SET metadata = COALESCE(s.metadata::jsonb, t.metadata) FROM (SELECT * FROM jsonb_to_recordset($1::jsonb) AS x("scope_path" text, "id" text, "expected_version" bigint, "metadata" text)) s WHERE t.id = s.id::uuid AND t.scope_path = s.scope_path AND (s.expected_version IS NULL OR t.version = s.expected_version) RETURNING t.scope_path) SELECT scope_path AS scope_path, count(*) AS n FROM done GROUP BY 1;
 
 -- 7. update pending_connections.updates: 2 row(s), inline JSON parameter
--- $1 = 'org\x1fgolden\x1fbrand\x1fb1'
--- $2 = JSON array of 2 row(s): id, expected_version, consumed_by_run, outcome
-WITH done AS (UPDATE pending_connections t SET consumed_by_run = COALESCE(s.consumed_by_run::uuid, t.consumed_by_run), outcome = COALESCE(s.outcome, t.outcome) FROM (SELECT * FROM jsonb_to_recordset($2::jsonb) AS x("id" text, "expected_version" bigint, "consumed_by_run" text, "outcome" text)) s WHERE t.id = s.id::uuid AND t.scope_path = $1 AND (s.expected_version IS NULL OR t.version = s.expected_version) RETURNING 1) SELECT count(*) AS n FROM done;
+-- $1 = JSON array of 2 row(s): scope_path, id, expected_version, consumed_by_run, outcome
+WITH done AS (UPDATE pending_connections t SET consumed_by_run = COALESCE(s.consumed_by_run::uuid, t.consumed_by_run), outcome = COALESCE(s.outcome, t.outcome) FROM (SELECT * FROM jsonb_to_recordset($1::jsonb) AS x("scope_path" text, "id" text, "expected_version" bigint, "consumed_by_run" text, "outcome" text)) s WHERE t.id = s.id::uuid AND t.scope_path = s.scope_path AND (s.expected_version IS NULL OR t.version = s.expected_version) RETURNING t.scope_path) SELECT scope_path AS scope_path, count(*) AS n FROM done GROUP BY 1;
 
 -- 8. update soul_profiles.updates: 1 row(s), inline JSON parameter
--- $1 = 'org\x1fgolden\x1fbrand\x1fb1'
--- $2 = JSON array of 1 row(s): id, expected_version, value
-WITH done AS (UPDATE soul_profiles t SET value = COALESCE(s.value, t.value) FROM (SELECT * FROM jsonb_to_recordset($2::jsonb) AS x("id" text, "expected_version" bigint, "value" text)) s WHERE t.id = s.id::uuid AND t.scope_path = $1 AND (s.expected_version IS NULL OR t.version = s.expected_version) RETURNING 1) SELECT count(*) AS n FROM done;
+-- $1 = JSON array of 1 row(s): scope_path, id, expected_version, value
+WITH done AS (UPDATE soul_profiles t SET value = COALESCE(s.value, t.value) FROM (SELECT * FROM jsonb_to_recordset($1::jsonb) AS x("scope_path" text, "id" text, "expected_version" bigint, "value" text)) s WHERE t.id = s.id::uuid AND t.scope_path = s.scope_path AND (s.expected_version IS NULL OR t.version = s.expected_version) RETURNING t.scope_path) SELECT scope_path AS scope_path, count(*) AS n FROM done GROUP BY 1;
 
 -- 9. insert memory_edges.inserts: 2 row(s), inline JSON parameter
--- $1 = 'org\x1fgolden\x1fbrand\x1fb1'
--- $2 = JSON array of 2 row(s): id, scope_path, tenant_id, source_id, target_id, relation, weight, properties, created_at, updated_at, valid_from, valid_to, version
-WITH done AS (INSERT INTO memory_edges (id, scope_path, tenant_id, source_id, target_id, relation, weight, properties, created_at, updated_at, valid_from, valid_to, version) SELECT s.id::uuid, s.scope_path, s.tenant_id, s.source_id::uuid, s.target_id::uuid, s.relation, s.weight, s.properties::jsonb, s.created_at, s.updated_at, s.valid_from, s.valid_to, s.version FROM (SELECT * FROM jsonb_to_recordset($2::jsonb) AS x("id" text, "scope_path" text, "tenant_id" text, "source_id" text, "target_id" text, "relation" text, "weight" double precision, "properties" text, "created_at" timestamptz, "updated_at" timestamptz, "valid_from" timestamptz, "valid_to" timestamptz, "version" bigint)) s WHERE s.scope_path = $1 ON CONFLICT DO NOTHING RETURNING 1) SELECT count(*) AS n FROM done;
+-- $1 = JSON array of 2 row(s): id, scope_path, tenant_id, source_id, target_id, relation, weight, properties, created_at, updated_at, version, _ds_sig
+WITH done AS (INSERT INTO memory_edges (id, scope_path, tenant_id, source_id, target_id, relation, weight, properties, created_at, updated_at, version) SELECT s.id::uuid, s.scope_path, s.tenant_id, s.source_id::uuid, s.target_id::uuid, s.relation, s.weight, s.properties::jsonb, s.created_at, s.updated_at, s.version FROM (SELECT * FROM jsonb_to_recordset($1::jsonb) AS x("id" text, "scope_path" text, "tenant_id" text, "source_id" text, "target_id" text, "relation" text, "weight" double precision, "properties" text, "created_at" timestamptz, "updated_at" timestamptz, "version" bigint, "_ds_sig" bigint)) s WHERE s._ds_sig = 0 ON CONFLICT DO NOTHING RETURNING scope_path) SELECT scope_path AS scope_path, count(*) AS n FROM done GROUP BY 1;
 
 -- 10. insert soul_profiles.inserts: 1 row(s), inline JSON parameter
--- $1 = 'org\x1fgolden\x1fbrand\x1fb1'
--- $2 = JSON array of 1 row(s): id, scope_path, tenant_id, key, value, updated_at, version
-WITH done AS (INSERT INTO soul_profiles (id, scope_path, tenant_id, key, value, updated_at, version) SELECT s.id::uuid, s.scope_path, s.tenant_id, s.key, s.value, s.updated_at, s.version FROM (SELECT * FROM jsonb_to_recordset($2::jsonb) AS x("id" text, "scope_path" text, "tenant_id" text, "key" text, "value" text, "updated_at" timestamptz, "version" bigint)) s WHERE s.scope_path = $1 ON CONFLICT DO NOTHING RETURNING 1) SELECT count(*) AS n FROM done;
+-- $1 = JSON array of 1 row(s): id, scope_path, tenant_id, key, value, updated_at, version, _ds_sig
+WITH done AS (INSERT INTO soul_profiles (id, scope_path, tenant_id, key, value, updated_at, version) SELECT s.id::uuid, s.scope_path, s.tenant_id, s.key, s.value, s.updated_at, s.version FROM (SELECT * FROM jsonb_to_recordset($1::jsonb) AS x("id" text, "scope_path" text, "tenant_id" text, "key" text, "value" text, "updated_at" timestamptz, "version" bigint, "_ds_sig" bigint)) s WHERE s._ds_sig = 0 ON CONFLICT DO NOTHING RETURNING scope_path) SELECT scope_path AS scope_path, count(*) AS n FROM done GROUP BY 1;
 
 -- 11. ledger consolidation_runs
--- params: $1…$19 bound from the run's report after the writes (rows_changed, conflicts)
-INSERT INTO consolidation_runs (run_id, scope_path, mode, as_of, started_at, finished_at, status, counters, phases_run, phases_skipped, timings, rows_changed, conflicts, diff_hash, snapshot_uri, diff_uri, errors, quarantined, recall_before, recall_after) VALUES ($1::uuid, $2, $3, $4, $5, now(), $6, $7::jsonb, $8::jsonb, $9::jsonb, $10::jsonb, $11::jsonb, $12, $13, $14, $15, $16::jsonb, $17::jsonb, $18::float8, $19::float8);
+-- params: $1 = the ledger rows (JSON), bound from the reports after the writes (rows_changed, conflicts, held)
+INSERT INTO consolidation_runs (run_id, scope_path, mode, as_of, started_at, status, counters, phases_run, phases_skipped, timings, rows_changed, conflicts, diff_hash, snapshot_uri, diff_uri, errors, quarantined, recall_before, recall_after, held, hold_status, approval_of, finished_at) SELECT x.run_id::uuid, x.scope_path, x.mode, x.as_of, x.started_at, x.status, x.counters, x.phases_run, x.phases_skipped, x.timings, x.rows_changed, x.conflicts, x.diff_hash, x.snapshot_uri, x.diff_uri, x.errors, x.quarantined, x.recall_before, x.recall_after, x.held, x.hold_status, x.approval_of::uuid, now() FROM jsonb_to_recordset($1::jsonb) AS x(run_id text, scope_path text, mode text, as_of timestamptz, started_at timestamptz, status text, counters jsonb, phases_run jsonb, phases_skipped jsonb, timings jsonb, rows_changed jsonb, conflicts bigint, diff_hash text, snapshot_uri text, diff_uri text, errors jsonb, quarantined jsonb, recall_before float8, recall_after float8, held jsonb, hold_status text, approval_of text);
