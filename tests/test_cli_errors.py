@@ -97,3 +97,39 @@ def test_only_our_errors_are_mapped(monkeypatch, capsys):
     monkeypatch.setattr(cli, "cmd_compare", ours)
     assert main(["compare", "a", "b"]) == 2
     assert capsys.readouterr().err == "deep-sleep compare: error: the store said no\n"
+
+
+@pytest.fixture(scope="module")
+def lookalike_store(admin_dsn):
+    """A store of its own holding three scopes that all render as ``org/acme`` (a Cyrillic а, a Cyrillic
+    е, a trailing U+202E), and none that is ``org/acme`` — as an old store may hold them."""
+    from deep_sleep.core.scope import Scope
+    from tests.storeutil import create_database, drop_database, insert, node
+
+    name = f"ds_test_lookalike_{uuid.uuid4().hex[:8]}"
+    store = create_database(admin_dsn, name)
+    for path in ("org\x1f\u0430cme", "org\x1facm\u0435", "org\x1facme\u202e"):
+        insert(store, "memory_nodes", [node(Scope.parse(path), "user: Ada", NOW)])
+    yield store
+    drop_database(admin_dsn, name)
+
+
+def test_did_you_mean_shows_the_code_points_of_scopes_that_look_alike(lookalike_store, tmp_path):
+    result = _cli("--dsn", lookalike_store.dsn, "snapshot", "org/acme", "--out", str(tmp_path / "snap"))
+    _refused(result, "snapshot", "scope org/acme has no rows in this store", "Did you mean",
+             "org/аcme [U+0430 CYRILLIC SMALL LETTER A at position 4]",
+             "org/acmе [U+0435 CYRILLIC SMALL LETTER IE at position 7]",
+             "org/acme\\u202e [U+202E RIGHT-TO-LEFT OVERRIDE at position 8]")
+    assert "\u202e" not in result.stderr  # printed escaped: a raw override would reverse the terminal line
+
+
+def test_a_lookalike_scope_that_does_not_exist_is_refused_showing_its_code_points(lookalike_store, tmp_path):
+    result = _cli("--dsn", lookalike_store.dsn, "snapshot", "org/\u0430cm\u0435", "--out", str(tmp_path / "snap"))
+    _refused(result, "snapshot", "has no rows in this store (scope level 0: id 'аcmе' mixes scripts (Cyrillic U+0430")
+
+
+def test_an_existing_lookalike_scope_can_still_be_named_to_clean_it_up(lookalike_store, tmp_path):
+    result = _cli("--dsn", lookalike_store.dsn, "snapshot", "org/\u0430cme", "--out", str(tmp_path / "snap"))
+    assert result.returncode == 0, result.stderr
+    assert "deep-sleep: warning: scope level 0: id 'аcme' mixes scripts (Cyrillic U+0430 CYRILLIC SMALL LETTER A" in result.stderr
+    assert (tmp_path / "snap" / "manifest.json").is_file()
