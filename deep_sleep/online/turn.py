@@ -7,7 +7,11 @@ transaction, and every ``quick_nap_interval``-th turn of a scope naps.
 
 Each operation is checked on its own (:mod:`deep_sleep.online.ops`: the ops, their fields, the
 limits and the redaction of credentials); a malformed one is rejected by index and name with the
-reason, and the valid ones of the same turn still land.
+reason, and the valid ones of the same turn still land — whatever an op holds, it is rejected by
+its checks or it lands, it never fails the write.  A turn creates rows in its scope, so a scope
+whose kinds or ids look like something else (:attr:`Scope.lookalikes`: a Cyrillic letter in a Latin
+id, a bidi override) is refused with a ScopeError showing the code points, even if the store already
+holds it (its rows stay readable; see :mod:`deep_sleep.core.scope`).
 
 The turn also writes one episodic event summarising it (``metadata.kind = "turn_summary"``,
 counts and labels only: it repeats no event text, so phase 12 does not count an action twice),
@@ -26,6 +30,7 @@ from typing import Any
 
 import psycopg
 
+from deep_sleep.core.characters import INVISIBLE_RE
 from deep_sleep.core.embedding import EmbeddingProvider, default_embedder
 from deep_sleep.core.report import ConsolidationReport
 from deep_sleep.core.scope import Scope
@@ -181,7 +186,9 @@ def _node_text(label: str, properties: dict) -> str:
 
 
 def _short(text: str, n: int = 60) -> str:
-    text = CONTROL.sub(" ", text).strip()
+    """One line of at most ``n`` characters that a label may hold (a thought's label is made from its
+    text, which may hold line breaks and invisible characters a label must not)."""
+    text = INVISIBLE_RE.sub(" ", CONTROL.sub(" ", text)).strip()
     return text if len(text) <= n else text[: n - 1] + "…"
 
 
@@ -209,7 +216,7 @@ def record_turn(
     for this transaction: ~4 ms less per turn on this disk, and a server crash may lose the
     last fraction of a second of turns — never half a turn).
     """
-    scope = Scope.coerce(scope)
+    scope = Scope.coerce(scope).check_new()
     config = config or default_config()
     embedder = embedder or default_embedder()
     now = utc(now or datetime.now(UTC))
@@ -232,7 +239,7 @@ def record_turn(
             rejected.append(Rejected(i, op_name(raw), f"the turn carries {len(ops)} operations; the limit is {MAX_OPS_PER_TURN}"))
             continue
         try:
-            op, paths = check_op(i, raw)
+            op, paths = check_op(i, raw, max_label_chars=config.quarantine.max_label_chars)
         except OpRejected as exc:
             rejected.append(Rejected(i, op_name(raw), str(exc)))
             continue
