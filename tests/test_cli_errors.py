@@ -133,3 +133,16 @@ def test_an_existing_lookalike_scope_can_still_be_named_to_clean_it_up(lookalike
     assert result.returncode == 0, result.stderr
     assert "deep-sleep: warning: scope level 0: id 'аcme' mixes scripts (Cyrillic U+0430 CYRILLIC SMALL LETTER A" in result.stderr
     assert (tmp_path / "snap" / "manifest.json").is_file()
+
+
+def test_a_snapshot_manifest_naming_a_file_outside_the_snapshot_exits_2_naming_it(tmp_path):
+    import json
+
+    from deep_sleep.core.snapshot import Snapshot
+
+    snap = Snapshot(scope_path="org\x1fcli", taken_at=NOW, frames={}).write(tmp_path / "snapshot")
+    manifest = json.loads((snap / "manifest.json").read_text())
+    manifest["tables"]["memory_nodes"]["file"] = "/etc/passwd"
+    (snap / "manifest.json").write_text(json.dumps(manifest))
+    result = _cli("replay", str(snap), "--as-of", NOW.isoformat(), "--out", str(tmp_path / "out"))
+    _refused(result, "replay", "tables.memory_nodes.file '/etc/passwd' is outside the snapshot directory")
