@@ -146,3 +146,26 @@ def test_a_snapshot_manifest_naming_a_file_outside_the_snapshot_exits_2_naming_i
     (snap / "manifest.json").write_text(json.dumps(manifest))
     result = _cli("replay", str(snap), "--as-of", NOW.isoformat(), "--out", str(tmp_path / "out"))
     _refused(result, "replay", "tables.memory_nodes.file '/etc/passwd' is outside the snapshot directory")
+
+
+@pytest.mark.parametrize(("write", "named"), [
+    (lambda p: p.write_bytes(b"[strengthen]\nincrement = 0.75 # r\xe9glage\n"), "is not UTF-8 text (byte 0xe9 on line 2)"),
+    (lambda p: p.mkdir(), "is a directory; give the path of a TOML file in it"),
+    (lambda p: p.write_text('[strengthen]\nincrement = "0.5"\n'), "strengthen.increment: expected a number such as 0.5, got the string '0.5'"),
+    (lambda p: p.write_text("[gating]\nmin_sessions = true\n"), "gating.min_sessions: expected an integer such as 3, got true"),
+])
+def test_a_config_file_that_cannot_be_read_or_has_wrong_types_exits_2_in_one_line(snapshot_dir, tmp_path, write, named):
+    config = tmp_path / "deep-sleep.toml"
+    write(config)
+    result = _cli("replay", str(snapshot_dir), "--as-of", NOW.isoformat(), "--out", str(tmp_path / "out"), "--config", str(config))
+    _refused(result, "replay", str(config), named)
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_an_environment_variable_of_the_wrong_type_exits_2_naming_it(snapshot_dir, tmp_path):
+    import os
+
+    env = {**os.environ, "DEEP_SLEEP_LLM__ENABLED": "yes"}
+    result = subprocess.run([sys.executable, "-m", "deep_sleep.cli", "replay", str(snapshot_dir), "--as-of", NOW.isoformat(),
+                             "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=300, env=env)
+    _refused(result, "replay", "environment variable DEEP_SLEEP_LLM__ENABLED='yes' is not true or false")
