@@ -169,3 +169,10 @@ def test_an_environment_variable_of_the_wrong_type_exits_2_naming_it(snapshot_di
     result = subprocess.run([sys.executable, "-m", "deep_sleep.cli", "replay", str(snapshot_dir), "--as-of", NOW.isoformat(),
                              "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=300, env=env)
     _refused(result, "replay", "environment variable DEEP_SLEEP_LLM__ENABLED='yes' is not true or false")
+
+
+def test_an_as_of_past_the_calendar_in_utc_exits_2_naming_it(snapshot_dir, tmp_path):
+    result = _cli("replay", str(snapshot_dir), "--as-of", "9999-12-31T23:59:59-12:00", "--out", str(tmp_path / "out"))
+    _refused(result, "replay", "'9999-12-31T23:59:59-12:00' is outside years 1–9999 once converted to UTC")
+    result = _cli("replay-range", "org/acme", "--from", "0001-01-01T00:00:00+01:00", "--to", "2026-01-02", "--runs-dir", str(tmp_path))
+    _refused(result, "replay-range", "'0001-01-01T00:00:00+01:00' is outside years 1–9999")

@@ -23,9 +23,16 @@ def _quiet_prefect() -> None:
 
 
 def _as_of(value: str | None) -> datetime | None:
+    """An ISO 8601 argument as an aware UTC time; an InputError naming it when it is not one, or when it
+    leaves the calendar once in UTC (``9999-12-31T23:59:59-12:00`` is year 10000 there)."""
+    from deep_sleep.core.errors import InputError
     from deep_sleep.core.snapshot import utc
 
-    return utc(value) if value else None
+    try:
+        return utc(value) if value else None
+    except OverflowError:
+        raise InputError(f"{value!r} is outside years 1–9999 once converted to UTC; give a time within them "
+                         "(e.g. 2026-11-29T03:00:00Z)") from None
 
 
 def _store(dsn: str | None):
