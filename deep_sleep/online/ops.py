@@ -20,7 +20,9 @@ op                  fields (``?`` optional)                                 land
 Any op may name its ``layer``; one of the five layers that does not fit the op is rejected.
 Limits (a reason names the one broken): :data:`MAX_OPS_PER_TURN` operations per turn;
 :data:`MAX_OP_BYTES` bytes of JSON per operation; labels and names :data:`MAX_LABEL_CHARS`
-characters (fewer if the ``quarantine`` section's ``max_label_chars`` says so) with no control
+characters (fewer if the ``quarantine`` section's ``max_label_chars`` says so; and, with the scope
+path, at most :data:`MAX_INDEXED_BYTES` bytes of UTF-8 for a label or skill name, which PostgreSQL
+indexes with it) with no control
 characters and none of the invisible or direction-changing characters of
 :data:`~deep_sleep.core.characters.INVISIBLE` (U+200B, U+2028, U+202E…: the night would quarantine
 the row, every night; the reason shows their code points); texts :data:`MAX_TEXT_CHARS` characters;
@@ -79,10 +81,10 @@ from deep_sleep.online.credentials import REDACTED, is_credential_key, redact_te
 from deep_sleep.online.errors import OpRejected
 
 __all__ = [
-    "LAYERS", "MAX_DEPTH", "MAX_INT", "MAX_LABEL_CHARS", "MAX_OPS_PER_TURN", "MAX_OP_BYTES", "MAX_TEXT_CHARS", "OPS",
+    "LAYERS", "MAX_DEPTH", "MAX_INDEXED_BYTES", "MAX_INT", "MAX_LABEL_CHARS", "MAX_OPS_PER_TURN", "MAX_OP_BYTES", "MAX_TEXT_CHARS", "OPS",
     "REDACTED",
     "CreateEvent", "Op", "ReadNode", "RegisterSkill", "SetTrigger", "Thinking", "UpsertNode",
-    "check_label", "check_op", "is_credential_key", "op_name", "redact",
+    "check_label", "check_op", "check_text", "is_credential_key", "op_name", "redact",
 ]
 
 MAX_OPS_PER_TURN = 256
@@ -91,6 +93,9 @@ MAX_LABEL_CHARS = 512
 MAX_TEXT_CHARS = 16_000
 MAX_DEPTH = 16
 MAX_INT = 2**63 - 1  # integers in [-2**63, 2**63 - 1]: what DuckDB's and Polars' JSON readers take as BIGINT / Int64
+#: PostgreSQL's btree index rows hold at most 2704 bytes, and nodes are indexed on (scope_path, label), skills on
+#: (scope_path, lower(name)): a label's UTF-8 bytes and its scope path's must fit together in this (less the row headers).
+MAX_INDEXED_BYTES = 2600
 LAYERS = ("semantic", "working", "episodic", "procedural", "prospective")
 
 CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
@@ -172,10 +177,10 @@ def _typed(value: Any, name: str, kinds: type | tuple[type, ...], what: str, req
     return value
 
 
-def check_label(value: Any, name: str, max_chars: int = MAX_LABEL_CHARS) -> str:
-    """A label or name: a non-blank string of at most ``max_chars`` characters without control
-    characters or invisible / direction-changing ones; raises :class:`OpRejected` naming ``name``
-    and the rule broken.
+def check_label(value: Any, name: str, max_chars: int = MAX_LABEL_CHARS, max_bytes: int | None = None) -> str:
+    """A label or name: a non-blank string of at most ``max_chars`` characters (and ``max_bytes`` bytes
+    of UTF-8, also lower-cased, if given) without control characters or invisible /
+    direction-changing ones; raises :class:`OpRejected` naming ``name`` and the rule broken.
 
     >>> check_label("user:\u202eAda", "label")
     Traceback (most recent call last):
@@ -194,19 +199,27 @@ def check_label(value: Any, name: str, max_chars: int = MAX_LABEL_CHARS) -> str:
     if hidden:
         raise OpRejected(f"field {name!r} contains invisible or direction-changing character(s) {codepoints(value, hidden)}; "
                          "a label must read as what it holds (the nightly run quarantines such rows)")
-    return _storable(value, f"field {name!r}")
+    value = _storable(value, f"field {name!r}")
+    if max_bytes is not None:
+        size = max(len(value.encode()), len(value.lower().encode()))
+        if size > max_bytes:
+            raise OpRejected(f"field {name!r} is {size} bytes of UTF-8; with the scope path it must fit in "
+                             f"{MAX_INDEXED_BYTES} bytes (PostgreSQL indexes them together), which leaves {max_bytes} here")
+    return value
 
 
 def _check_label_field(value: Any, info: ValidationInfo, required: bool = True) -> str | None:
     if value is None and not required:
         return None
     ctx = info.context or {}
-    value = check_label(value, info.field_name, ctx.get("max_label_chars", MAX_LABEL_CHARS))
+    indexed = ctx.get("max_label_bytes") if info.field_name in ("label", "name") else None
+    value = check_label(value, info.field_name, ctx.get("max_label_chars", MAX_LABEL_CHARS), indexed)
     return _scrubbed(value, f"ops[{ctx.get('index', '?')}].{info.field_name}", ctx.get("redacted", []))
 
 
-def _check_text(value: Any, info: ValidationInfo, required: bool) -> str | None:
-    name = info.field_name
+def check_text(value: Any, name: str, required: bool = True) -> str | None:
+    """A text: a string (non-blank if ``required``) of at most :data:`MAX_TEXT_CHARS` characters that
+    PostgreSQL can store; raises :class:`OpRejected` naming ``name`` and the rule broken."""
     value = _typed(value, name, str, "a string", required)
     if value is None:
         return None
@@ -214,8 +227,15 @@ def _check_text(value: Any, info: ValidationInfo, required: bool) -> str | None:
         raise OpRejected(f"field {name!r} is blank")
     if len(value) > MAX_TEXT_CHARS:
         raise OpRejected(f"field {name!r} has {len(value)} characters; the limit is {MAX_TEXT_CHARS}")
+    return _storable(value, f"field {name!r}")
+
+
+def _check_text(value: Any, info: ValidationInfo, required: bool) -> str | None:
+    value = check_text(value, info.field_name, required)
+    if value is None:
+        return None
     ctx = info.context or {}
-    return _scrubbed(_storable(value, f"field {name!r}"), f"ops[{ctx.get('index', '?')}].{name}", ctx.get("redacted", []))
+    return _scrubbed(value, f"ops[{ctx.get('index', '?')}].{info.field_name}", ctx.get("redacted", []))
 
 
 def _check_json(kind: type) -> PlainValidator:
@@ -381,10 +401,13 @@ def op_name(op: Any) -> str:
     return name if isinstance(name, str) else "?"
 
 
-def check_op(index: int, op: Any, *, max_label_chars: int = MAX_LABEL_CHARS) -> tuple[Op, tuple[str, ...]]:
+def check_op(index: int, op: Any, *, max_label_chars: int = MAX_LABEL_CHARS,
+             max_label_bytes: int | None = None) -> tuple[Op, tuple[str, ...]]:
     """The checked operation ``ops[index]`` and the paths of the credentials redacted in it, or
     :class:`OpRejected` with the first reason it fails.  ``max_label_chars``: the longest label
-    accepted (at most :data:`MAX_LABEL_CHARS`; ``record_turn`` passes the quarantine's bound when it is lower)."""
+    accepted (at most :data:`MAX_LABEL_CHARS`; ``record_turn`` passes the quarantine's bound when it is
+    lower); ``max_label_bytes``: the UTF-8 bytes a label or skill name may take (``record_turn``
+    passes what its scope path leaves of :data:`MAX_INDEXED_BYTES`)."""
     if not isinstance(op, dict):
         raise OpRejected(f"an operation must be a JSON object, got {type(op).__name__}")
     name = op.get("op")
@@ -394,7 +417,7 @@ def check_op(index: int, op: Any, *, max_label_chars: int = MAX_LABEL_CHARS) -> 
         raise OpRejected(f"unknown op {name[:60]!r}; ops are {', '.join(OPS)}")
     redacted: list[str] = []
     try:
-        checked = _OP.validate_python(op, context={"index": index, "redacted": redacted,
+        checked = _OP.validate_python(op, context={"index": index, "redacted": redacted, "max_label_bytes": max_label_bytes,
                                                    "max_label_chars": min(max_label_chars, MAX_LABEL_CHARS)})
     except ValidationError as exc:
         raise OpRejected(_reason(exc.errors()[0])) from None

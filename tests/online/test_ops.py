@@ -367,3 +367,38 @@ def test_a_turn_in_a_lookalike_scope_is_refused_showing_the_code_points_and_stor
     with pytest.raises(ScopeError, match="U\\+202E RIGHT-TO-LEFT OVERRIDE"):
         record_turn(store, scope.display() + "\u202e", [{"op": "upsert_node", "label": "user: Ada"}], now=NOW, nap=False)
     assert scalar(store, "SELECT count(*) FROM scope_turns WHERE scope_path = ANY(%s)", [lookalike.path, scope.path + "\u202e"]) == 0
+
+
+def test_a_label_too_long_for_the_index_with_its_scope_path_is_rejected_and_the_rest_lands(store, scope):
+    """PostgreSQL indexes (scope_path, label): 512 four-byte characters under a deep scope overflowed the
+    index row and failed the whole turn."""
+    deep = scope
+    for i in range(7):
+        deep = deep.child(f"level{i}", f"{i}" * 128)
+    label = "\U00020000" * 512  # 2048 bytes
+    receipt = record_turn(store, deep, [{"op": "upsert_node", "label": label}, {"op": "register_skill", "name": label},
+                                        {"op": "upsert_node", "label": "short"}], now=NOW, nap=False)
+    budget = 2600 - len(deep.path.encode())
+    assert [x.index for x in receipt.landed] == [2]
+    assert [x.reason for x in receipt.rejected] == [
+        f"field '{f}' is 2048 bytes of UTF-8; with the scope path it must fit in 2600 bytes (PostgreSQL indexes them "
+        f"together), which leaves {budget} here" for f in ("label", "name")]
+    assert record_turn(store, scope, [{"op": "upsert_node", "label": label}], now=NOW, nap=False).landed  # a short path leaves room
+
+
+def test_bad_arguments_of_a_turn_are_errors_naming_them_and_store_nothing(store, scope):
+    from deep_sleep.online.errors import OnlineArgumentError
+
+    deeper = scope
+    for i in range(16):
+        deeper = deeper.child(f"level{i}", "x" * 128)
+    with pytest.raises(OnlineArgumentError, match=r"record_turn: scope .* is \d+ bytes of UTF-8 as a scope_path; a turn's scope may have at most 2048"):
+        record_turn(store, deeper, [{"op": "upsert_node", "label": "x"}], now=NOW, nap=False)
+    with pytest.raises(OnlineArgumentError, match="record_turn: field 'summary' contains a NUL character"):
+        record_turn(store, scope, [{"op": "upsert_node", "label": "x"}], now=NOW, nap=False, summary="a\x00b")
+    with pytest.raises(OnlineArgumentError, match="record_turn: now=.* is outside years 1–9999 once converted to UTC"):
+        record_turn(store, scope, [{"op": "upsert_node", "label": "x"}], now="9999-12-31T23:59:59-12:00", nap=False)
+    assert scalar(store, "SELECT count(*) FROM scope_turns WHERE scope_path = ANY(%s)", [scope.path, deeper.path]) == 0
+    receipt = record_turn(store, scope, [], now=NOW, nap=False, summary="deployed with DB_PASSWORD=hunter2")
+    assert receipt.redacted == ("summary",)
+    assert scalar(store, "SELECT content FROM episodic_events WHERE id = %s", receipt.summary_event_id) == "deployed with DB_PASSWORD=[REDACTED]"
