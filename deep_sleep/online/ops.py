@@ -20,17 +20,17 @@ op                  fields (``?`` optional)                                 land
 Any op may name its ``layer``; one of the five layers that does not fit the op is rejected.
 Limits (a reason names the one broken): :data:`MAX_OPS_PER_TURN` operations per turn;
 :data:`MAX_OP_BYTES` bytes of JSON per operation; labels and names :data:`MAX_LABEL_CHARS`
-characters (fewer if the ``quarantine`` section's ``max_label_chars`` says so; and, with the scope
-path, at most :data:`MAX_INDEXED_BYTES` bytes of UTF-8 for a label or skill name, which PostgreSQL
-indexes with it) with no control
-characters and none of the invisible or direction-changing characters of
-:data:`~deep_sleep.core.characters.INVISIBLE` (U+200B, U+2028, U+202E…: the night would quarantine
-the row, every night; the reason shows their code points); texts :data:`MAX_TEXT_CHARS` characters;
-JSON nesting :data:`MAX_DEPTH` levels; no NUL characters or lone surrogates anywhere (PostgreSQL
-cannot store them); numbers finite, integers within 64 bits (:data:`MAX_INT`; larger ones do not
-survive the night's JSON readers — send them as strings); ``due_at`` a time that exists in UTC
-(``9999-12-31T23:59:59-12:00`` is past the end of the calendar).  Nothing a check lets through
-can fail the write: an op is rejected here, by name, or it lands.  Unknown extra fields are ignored.
+characters (fewer if the ``quarantine`` section's ``max_label_chars`` says so), at most
+:data:`MAX_INDEXED_BYTES` bytes of UTF-8 together with the scope path (PostgreSQL indexes a label
+and a skill name with it), with no control characters and none of the invisible or
+direction-changing characters of :data:`~deep_sleep.core.characters.INVISIBLE` (U+200B, U+2028,
+U+202E…: the night would quarantine the row, every night; the reason shows their code points);
+texts :data:`MAX_TEXT_CHARS` characters; JSON nesting :data:`MAX_DEPTH` levels; no NUL characters or
+lone surrogates anywhere (PostgreSQL cannot store them); numbers finite, integers within 64 bits
+(:data:`MAX_INT`; larger ones do not survive the night's JSON readers — send them as strings);
+``due_at`` a time that exists in UTC (``9999-12-31T23:59:59-12:00`` is past the end of the
+calendar).  Nothing a check lets through can fail the write: an op is rejected here, by name, or it
+lands.  Unknown extra fields are ignored.
 
 The models check with our own plain validators, not pydantic's coercion: JSON's types, not
 Python's (``True`` is not a number; ``"5"`` is not one either), and every reason is ours, naming
