@@ -47,7 +47,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import ConfigDict, Field, ValidationError, create_model
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
