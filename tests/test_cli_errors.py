@@ -97,3 +97,82 @@ def test_only_our_errors_are_mapped(monkeypatch, capsys):
     monkeypatch.setattr(cli, "cmd_compare", ours)
     assert main(["compare", "a", "b"]) == 2
     assert capsys.readouterr().err == "deep-sleep compare: error: the store said no\n"
+
+
+@pytest.fixture(scope="module")
+def lookalike_store(admin_dsn):
+    """A store of its own holding three scopes that all render as ``org/acme`` (a Cyrillic а, a Cyrillic
+    е, a trailing U+202E), and none that is ``org/acme`` — as an old store may hold them."""
+    from deep_sleep.core.scope import Scope
+    from tests.storeutil import create_database, drop_database, insert, node
+
+    name = f"ds_test_lookalike_{uuid.uuid4().hex[:8]}"
+    store = create_database(admin_dsn, name)
+    for path in ("org\x1f\u0430cme", "org\x1facm\u0435", "org\x1facme\u202e"):
+        insert(store, "memory_nodes", [node(Scope.parse(path), "user: Ada", NOW)])
+    yield store
+    drop_database(admin_dsn, name)
+
+
+def test_did_you_mean_shows_the_code_points_of_scopes_that_look_alike(lookalike_store, tmp_path):
+    result = _cli("--dsn", lookalike_store.dsn, "snapshot", "org/acme", "--out", str(tmp_path / "snap"))
+    _refused(result, "snapshot", "scope org/acme has no rows in this store", "Did you mean",
+             "org/аcme [U+0430 CYRILLIC SMALL LETTER A at position 4]",
+             "org/acmе [U+0435 CYRILLIC SMALL LETTER IE at position 7]",
+             "org/acme\\u202e [U+202E RIGHT-TO-LEFT OVERRIDE at position 8]")
+    assert "\u202e" not in result.stderr  # printed escaped: a raw override would reverse the terminal line
+
+
+def test_a_lookalike_scope_that_does_not_exist_is_refused_showing_its_code_points(lookalike_store, tmp_path):
+    result = _cli("--dsn", lookalike_store.dsn, "snapshot", "org/\u0430cm\u0435", "--out", str(tmp_path / "snap"))
+    _refused(result, "snapshot", "has no rows in this store (scope level 0: id 'аcmе' mixes scripts (Cyrillic U+0430")
+
+
+def test_an_existing_lookalike_scope_can_still_be_named_to_clean_it_up(lookalike_store, tmp_path):
+    result = _cli("--dsn", lookalike_store.dsn, "snapshot", "org/\u0430cme", "--out", str(tmp_path / "snap"))
+    assert result.returncode == 0, result.stderr
+    assert "deep-sleep: warning: scope level 0: id 'аcme' mixes scripts (Cyrillic U+0430 CYRILLIC SMALL LETTER A" in result.stderr
+    assert (tmp_path / "snap" / "manifest.json").is_file()
+
+
+def test_a_snapshot_manifest_naming_a_file_outside_the_snapshot_exits_2_naming_it(tmp_path):
+    import json
+
+    from deep_sleep.core.snapshot import Snapshot
+
+    snap = Snapshot(scope_path="org\x1fcli", taken_at=NOW, frames={}).write(tmp_path / "snapshot")
+    manifest = json.loads((snap / "manifest.json").read_text())
+    manifest["tables"]["memory_nodes"]["file"] = "/etc/passwd"
+    (snap / "manifest.json").write_text(json.dumps(manifest))
+    result = _cli("replay", str(snap), "--as-of", NOW.isoformat(), "--out", str(tmp_path / "out"))
+    _refused(result, "replay", "tables.memory_nodes.file '/etc/passwd' is outside the snapshot directory")
+
+
+@pytest.mark.parametrize(("write", "named"), [
+    (lambda p: p.write_bytes(b"[strengthen]\nincrement = 0.75 # r\xe9glage\n"), "is not UTF-8 text (byte 0xe9 on line 2)"),
+    (lambda p: p.mkdir(), "is a directory; give the path of a TOML file in it"),
+    (lambda p: p.write_text('[strengthen]\nincrement = "0.5"\n'), "strengthen.increment: expected a number such as 0.5, got the string '0.5'"),
+    (lambda p: p.write_text("[gating]\nmin_sessions = true\n"), "gating.min_sessions: expected an integer such as 3, got true"),
+])
+def test_a_config_file_that_cannot_be_read_or_has_wrong_types_exits_2_in_one_line(snapshot_dir, tmp_path, write, named):
+    config = tmp_path / "deep-sleep.toml"
+    write(config)
+    result = _cli("replay", str(snapshot_dir), "--as-of", NOW.isoformat(), "--out", str(tmp_path / "out"), "--config", str(config))
+    _refused(result, "replay", str(config), named)
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_an_environment_variable_of_the_wrong_type_exits_2_naming_it(snapshot_dir, tmp_path):
+    import os
+
+    env = {**os.environ, "DEEP_SLEEP_LLM__ENABLED": "yes"}
+    result = subprocess.run([sys.executable, "-m", "deep_sleep.cli", "replay", str(snapshot_dir), "--as-of", NOW.isoformat(),
+                             "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=300, env=env)
+    _refused(result, "replay", "environment variable DEEP_SLEEP_LLM__ENABLED='yes' is not true or false")
+
+
+def test_an_as_of_past_the_calendar_in_utc_exits_2_naming_it(snapshot_dir, tmp_path):
+    result = _cli("replay", str(snapshot_dir), "--as-of", "9999-12-31T23:59:59-12:00", "--out", str(tmp_path / "out"))
+    _refused(result, "replay", "'9999-12-31T23:59:59-12:00' is outside years 1–9999 once converted to UTC")
+    result = _cli("replay-range", "org/acme", "--from", "0001-01-01T00:00:00+01:00", "--to", "2026-01-02", "--runs-dir", str(tmp_path))
+    _refused(result, "replay-range", "'0001-01-01T00:00:00+01:00' is outside years 1–9999")

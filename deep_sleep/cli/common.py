@@ -23,9 +23,16 @@ def _quiet_prefect() -> None:
 
 
 def _as_of(value: str | None) -> datetime | None:
+    """An ISO 8601 argument as an aware UTC time; an InputError naming it when it is not one, or when it
+    leaves the calendar once in UTC (``9999-12-31T23:59:59-12:00`` is year 10000 there)."""
+    from deep_sleep.core.errors import InputError
     from deep_sleep.core.snapshot import utc
 
-    return utc(value) if value else None
+    try:
+        return utc(value) if value else None
+    except OverflowError:
+        raise InputError(f"{value!r} is outside years 1–9999 once converted to UTC; give a time within them "
+                         "(e.g. 2026-11-29T03:00:00Z)") from None
 
 
 def _store(dsn: str | None):
@@ -66,9 +73,14 @@ def known_scopes(store) -> list[str]:
 
 def require_scope(store, text: str):
     """The scope ``text`` names, if the store holds rows of it; else an error naming the nearest
-    existing scopes ("did you mean")."""
-    import difflib
+    existing scopes ("did you mean").
 
+    A scope whose kinds or ids look like something else (``Scope.lookalikes``: a Cyrillic ``а`` in a
+    Latin id, a bidi override) is accepted when it exists — naming it is how an operator cleans it
+    up — with one warning line per problem on stderr.  Suggestions are matched by what they look
+    like (``characters.skeleton``), and every suggestion that renders like another one, or like
+    what was typed, is followed by the code points that tell them apart."""
+    from deep_sleep.core.characters import shown
     from deep_sleep.core.errors import InputError
     from deep_sleep.core.scope import Scope
 
@@ -78,11 +90,40 @@ def require_scope(store, text: str):
         exists += " OR EXISTS (SELECT 1 FROM memory_nodes WHERE scope_path IS NULL AND tenant_id = %(t)s)"
     with store.pg() as con:
         if con.execute(f"SELECT {exists}", {"p": scope.path, "t": scope.tenant_id}).fetchone()[0]:
+            for problem in scope.lookalikes:
+                print(f"deep-sleep: warning: {problem}", file=sys.stderr)
             return scope
-    names = [Scope.parse(p).display() for p in known_scopes(store)]
-    near = difflib.get_close_matches(scope.display(), names, n=3, cutoff=0.4) or names[:3]
+    near = did_you_mean(scope.display(), [Scope.parse(p).display() for p in known_scopes(store)])
     hint = f" Did you mean {', '.join(near)}?" if near else " The store holds no scope at all: seed one with `deep-sleep demo`."
-    raise InputError(f"scope {scope.display()} has no rows in this store; nothing to consolidate.{hint}")
+    typed = f" ({scope.lookalikes[0]})" if scope.lookalikes else ""
+    raise InputError(f"scope {shown(scope.display())} has no rows in this store{typed}; nothing to consolidate.{hint}")
+
+
+def did_you_mean(wanted: str, names: list[str], n: int = 3) -> list[str]:
+    """Up to ``n`` of ``names`` nearest to ``wanted`` by what they look like, ready to print: each one
+    that looks like another suggestion or like ``wanted`` is followed by its code points in brackets
+    (``org/аcme [U+0430 CYRILLIC SMALL LETTER A at position 4]``), and nothing unprintable is printed.
+
+        >>> print(*did_you_mean("org/acme", ["org/\\u0430cme", "org/acme\\u202e", "org/b1"]), sep="\\n")
+        org/аcme [U+0430 CYRILLIC SMALL LETTER A at position 4]
+        org/acme\\u202e [U+202E RIGHT-TO-LEFT OVERRIDE at position 8]
+        org/b1
+    """
+    import difflib
+
+    from deep_sleep.core.characters import codepoints, shown, skeleton
+
+    by_look: dict[str, list[str]] = {}
+    for name in names:
+        by_look.setdefault(skeleton(name), []).append(name)
+    looks = difflib.get_close_matches(skeleton(wanted), list(by_look), n=n, cutoff=0.4) or list(by_look)[:n]
+    near = [name for look in looks for name in by_look[look]][:n]
+    out = []
+    for name in near:
+        alike = [x for x in (*near, wanted) if x != name and skeleton(x) == skeleton(name)]
+        plain = name.isascii() and name.isprintable()
+        out.append(shown(name) if not alike else f"{shown(name)} [{'plain ASCII' if plain else codepoints(name)}]")
+    return out
 
 
 AS_OF_MARGIN_HOURS = float(os.environ.get("DEEP_SLEEP_AS_OF_MARGIN_HOURS", "1"))

@@ -88,6 +88,7 @@ def cmd_replay_range(args: argparse.Namespace) -> int:
     from deep_sleep.jobs.replay_range import range_markdown, replay_range
     from deep_sleep.transforms.config import load_config
 
+    _as_of(args.from_), _as_of(args.to)  # bad dates are refused here, by name, before any snapshot is read
     results = replay_range(
         args.runs_dir, args.scope, args.from_, args.to, load_config(args.config),
         load_config(args.compare_config) if args.compare_config else None,

@@ -10,6 +10,25 @@ Sources, later wins: defaults < TOML file (``--config FILE`` or ``DEEP_SLEEP_CON
 environment (``DEEP_SLEEP_<SECTION>__<KNOB>``, e.g. ``DEEP_SLEEP_STRENGTHEN__INCREMENT=0.75``)
 < explicit overrides (a flow parameter or keyword arguments).
 
+Strict types (issue 32).  A knob's value must be of its type as TOML (or JSON) writes it: a string
+is not a number (``increment = "0.5"`` is refused: write ``0.5``), a boolean is not a number
+(``min_sessions = true``), a number is not a boolean (``enabled = 1``), a fraction is not an integer
+(``min_sessions = 3.0``); an integer is a number, and ``nan`` is not.  Every section is checked from
+the root (:class:`~deep_sleep.core.strict_config.StrictScalars`), so phase sections and the ``holds`` / ``llm`` / ``quarantine``
+sections are strict too; the error names each knob, with its value.  Other types (timestamps,
+strings, lists) are pydantic's as before: ``min_timestamp = "1990-01-01T00:00:00Z"`` is read.
+
+Environment variables are text by nature: the value of a boolean, integer or number knob is read as
+TOML writes that type — ``true`` / ``false`` (any case), ``12``, ``0.75``, ``1e3``, ``inf`` — and then
+checked as above, so ``DEEP_SLEEP_LLM__ENABLED=yes`` or ``=1`` is an error naming the variable
+(``write true or false``), never a silent guess.  An optional knob (``retention.keep_days``) cannot be
+set to null from the environment: leave the variable unset.  A whole section may be given as JSON
+(``DEEP_SLEEP_GATING='{"min_sessions": 3}'``), whose types are JSON's.
+
+Config files are read as UTF-8 TOML (a byte-order mark is allowed); a missing file, a directory, an
+unreadable file, bytes that are not UTF-8 and invalid TOML are each a :class:`ConfigError` naming
+the file and the fix, which the CLI prints as one line (exit 2).
+
     >>> class ToyConfig(PhaseConfig):
     ...     depth: int = 3
     >>> Toy = assemble({"toy": ToyConfig})
@@ -28,7 +47,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import ConfigDict, Field, ValidationError, create_model
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -39,9 +58,10 @@ from deep_sleep.core.errors import ConfigError
 from deep_sleep.core.holds_config import HoldsConfig
 from deep_sleep.core.llm_config import LlmConfig
 from deep_sleep.core.quarantine_config import QuarantineConfig
+from deep_sleep.core.strict_config import ScalarEnv, StrictScalars
 
 
-class PhaseConfig(BaseModel):
+class PhaseConfig(StrictScalars):
     """The knobs of one phase: a phase module subclasses this next to its function.  Every phase
     can be turned off (``enabled``); unknown knobs are refused."""
 
@@ -49,13 +69,13 @@ class PhaseConfig(BaseModel):
     enabled: bool = True
 
 
-class GatingConfig(BaseModel):
+class GatingConfig(StrictScalars):
     model_config = ConfigDict(extra="forbid", frozen=True)
     min_interval_hours: float = Field(24, ge=0)
     min_sessions: int = Field(20, ge=1)
 
 
-class HealthConfig(BaseModel):
+class HealthConfig(StrictScalars):
     """The thresholds of the run-health alerts."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -68,7 +88,7 @@ class HealthConfig(BaseModel):
     fail_nightly: bool = Field(True, description="the nightly exits 1 (flow run not Completed) when an alert fires")
 
 
-class RetentionConfig(BaseModel):
+class RetentionConfig(StrictScalars):
     """What the nightly removes after its run (``deep-sleep gc`` by hand): run directories and archive
     rows older than ``keep_days`` (None: keep everything).  What a still-undoable run needs is kept
     unless ``force`` (the run is then marked not undoable)."""
@@ -78,7 +98,7 @@ class RetentionConfig(BaseModel):
     force: bool = False
 
 
-class GateConfig(BaseModel):
+class GateConfig(StrictScalars):
     """The recall-quality gate (SPEC §9, :mod:`deep_sleep.run.gate`): before apply, up to
     ``max_queries`` of the scope's used recall queries are replayed against the scope before and
     after the diff; a drop of recall@``k`` of the used memories by more than ``max_drop_pp``
@@ -91,7 +111,7 @@ class GateConfig(BaseModel):
     max_drop_pp: float = Field(2.0, ge=0)
 
 
-class BaseConsolidationConfig(BaseSettings):
+class BaseConsolidationConfig(BaseSettings, StrictScalars):
     """The knobs of a run that belong to no phase; :func:`assemble` adds one section per phase.
     Frozen: build a new one to change it."""
 
@@ -113,7 +133,8 @@ class BaseConsolidationConfig(BaseSettings):
     def settings_customise_sources(
         cls, settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return (init_settings, env_settings)  # explicit values beat the environment
+        prefix = cls.model_config.get("env_prefix", "")
+        return (init_settings, ScalarEnv(settings_cls, env_settings, prefix))  # explicit values beat the environment
 
     def phase(self, name: str) -> PhaseConfig:
         """The section of phase ``name``."""
@@ -159,23 +180,50 @@ def _merge(base: dict, over: dict) -> dict:
 def load(model: type[C], path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> C:
     """``model`` from defaults < TOML file < environment < ``overrides``.  Errors name the bad knob."""
     path = path or os.environ.get("DEEP_SLEEP_CONFIG")
-    values: dict[str, Any] = {}
-    if path:
-        p = Path(path)
-        try:
-            values = tomllib.loads(p.read_text())
-        except FileNotFoundError:
-            raise ConfigError(f"config file {p} does not exist") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"config file {p} is not valid TOML: {exc}") from exc
+    values = read_toml(Path(path)) if path else {}
     try:
         env_only = model().model_dump(exclude_defaults=True)
         merged = _merge(_merge(values, env_only), overrides or {})
         return model(**merged)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         src = f" (from {path})" if path else ""
-        raise ConfigError(f"invalid configuration{src}: {problems}") from exc
+        raise ConfigError(f"invalid configuration{src}: {_problems(exc)}") from exc
+
+
+def _problems(exc: ValidationError) -> str:
+    """pydantic's errors as ``knob: why``; our own (a :class:`ConfigError` from a validator) as worded."""
+    out = []
+    for e in exc.errors():
+        ours = (e.get("ctx") or {}).get("error")
+        msg = str(ours) if isinstance(ours, ConfigError) else e["msg"]
+        loc = ".".join(map(str, e["loc"]))
+        out.append(f"{loc}: {msg}" if loc else msg)
+    return "; ".join(out)
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    """The TOML file ``path`` as a dict, or a :class:`ConfigError` naming the file and the fix."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except IsADirectoryError:
+        raise ConfigError(f"config file {path} is a directory; give the path of a TOML file in it "
+                          f"(e.g. {path / 'deep-sleep.toml'})") from None
+    except PermissionError:
+        raise ConfigError(f"config file {path} cannot be read (permission denied); make it readable by this user") from None
+    except OSError as exc:
+        raise ConfigError(f"config file {path} cannot be read ({exc.strerror or exc}); give a readable TOML file") from None
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = raw[:exc.start].count(b"\n") + 1
+        raise ConfigError(f"config file {path} is not UTF-8 text (byte 0x{raw[exc.start]:02x} on line {line}); "
+                          "TOML files are UTF-8: save it as UTF-8") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
 
 
 def work_mem_size(value: str | None, variable: str, default: str) -> str:

@@ -30,7 +30,7 @@ from deep_sleep.core import tables
 from deep_sleep.core.errors import InputError, ScopeError, SnapshotError
 from deep_sleep.core.files import write_atomic
 from deep_sleep.core.scope import Scope
-from deep_sleep.core.snapshot import MANIFEST, Snapshot, iso, table_of, utc
+from deep_sleep.core.snapshot import MANIFEST, Snapshot, iso, manifest_time, table_file, table_of, utc
 
 
 @dataclass(frozen=True)
@@ -201,7 +201,8 @@ class Shard:
 
     @classmethod
     def read(cls, directory: str | Path) -> Shard:
-        """Read a shard directory, or a single-scope snapshot directory as a shard of one."""
+        """Read a shard directory, or a single-scope snapshot directory as a shard of one.  Table files
+        must resolve inside the directory (:func:`~deep_sleep.core.snapshot.table_file`)."""
         src = Path(directory)
         mpath = src / MANIFEST
         try:
@@ -223,16 +224,17 @@ class Shard:
             except ScopeError as exc:
                 raise SnapshotError(f"{mpath}: scopes[{i}].scope_path is invalid: {exc}") from exc
             prev = entry.get("previous_run_as_of")
-            previous[path] = utc(prev) if prev else None
+            previous[path] = manifest_time(mpath, f"scopes[{i}].previous_run_as_of", prev) if prev else None
         if not manifest.get("taken_at"):
             raise SnapshotError(f"{mpath}: field 'taken_at' is required (see README, 'Snapshot format')")
+        taken_at = manifest_time(mpath, "taken_at", manifest["taken_at"])
+        if not isinstance(manifest.get("tables") or {}, dict):
+            raise SnapshotError(f"{mpath}: 'tables' must be an object of table name → {{file, rows}}")
         frames = {}
         for name, entry in (manifest.get("tables") or {}).items():
             if name not in tables.TABLES:
                 raise SnapshotError(f"{mpath}: unknown table {name!r}; known tables: {', '.join(tables.TABLES)}")
-            file = src / (entry.get("file") or f"{name}.parquet")
-            if not file.is_file():
-                raise SnapshotError(f"{mpath}: table {name} names {file.name}, which does not exist")
+            file = table_file(src, mpath, name, entry)
             try:
                 frame = tables.conform(name, pl.read_parquet(file))
             except (ValueError, OSError, pl.exceptions.PolarsError) as exc:
@@ -241,7 +243,7 @@ class Shard:
                 raise SnapshotError(f"{file}: manifest says {entry['rows']} rows, file has {frame.height}; "
                                     "the snapshot is incomplete")
             frames[name] = frame
-        shard = cls.from_frames(previous, manifest["taken_at"], frames)
+        shard = cls.from_frames(previous, taken_at, frames)
         return Shard(shard.scope_paths, shard.taken_at, shard.previous_run_as_of, shard.frames, src,
                      manifest.get("schema_version", tables.SCHEMA_VERSION))
 

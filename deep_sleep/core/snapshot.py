@@ -110,6 +110,45 @@ def soul_profile_ids(scope_path: str, keys: pl.Series) -> pl.Series:
                             for k in keys.to_list()], dtype=pl.String)
 
 
+def table_file(src: Path, mpath: Path, name: str, entry: object) -> Path:
+    """The file the manifest ``mpath`` names for table ``name`` (its ``tables`` entry ``entry``), which
+    must resolve inside the snapshot directory ``src``: a relative path without ``..``, and no link
+    out of the directory either (the manifest is data from outside, and a replay must never read
+    ``/etc/passwd`` or another snapshot's files on its say-so).  A SnapshotError names the table,
+    the file and the fix otherwise; also when the file does not exist."""
+    if not isinstance(entry, dict):
+        raise SnapshotError(f"{mpath}: tables.{name} must be an object {{\"file\": …, \"rows\": …}}")
+    given = entry.get("file") or f"{name}.parquet"
+    if not isinstance(given, str):
+        raise SnapshotError(f"{mpath}: tables.{name}.file must be a file name, got a JSON {type(given).__name__}")
+    fix = f'table files are read from the snapshot directory only: name it like "{name}.parquet"'
+    if "\x00" in given or Path(given).is_absolute() or ".." in Path(given).parts:
+        raise SnapshotError(f"{mpath}: tables.{name}.file {given!r} is outside the snapshot directory {src}; {fix}")
+    file = src / given
+    try:
+        inside = file.resolve().is_relative_to(src.resolve())
+    except (OSError, RuntimeError) as exc:  # a link loop, an unreadable directory
+        raise SnapshotError(f"{mpath}: tables.{name}.file {given!r} cannot be resolved ({exc})") from None
+    if not inside:
+        raise SnapshotError(f"{mpath}: tables.{name}.file {given!r} is a link to {file.resolve()}, outside the snapshot "
+                            f"directory {src}; {fix}")
+    if not file.is_file():
+        raise SnapshotError(f"{mpath}: table {name} names {given}, which does not exist")
+    return file
+
+
+def manifest_time(mpath: Path, key: str, value: object) -> datetime:
+    """A manifest's timestamp field, or a SnapshotError naming the field (a timestamp that is not a
+    string, not ISO 8601, or outside years 1–9999 once in UTC)."""
+    if not isinstance(value, str):
+        raise SnapshotError(f"{mpath}: {key} must be an ISO 8601 timestamp string, got a JSON {type(value).__name__}")
+    try:
+        return utc(value)
+    except (InputError, OverflowError):
+        raise SnapshotError(f"{mpath}: {key} {value[:40]!r} is not an ISO 8601 timestamp within years 1–9999 "
+                            "(e.g. 2026-11-29T03:00:00Z)") from None
+
+
 def table_of(frames: Mapping[str, pl.DataFrame], name: str) -> pl.DataFrame:
     """``frames[name]``, or an empty frame of the table's schema when absent; an unknown table is an error."""
     frame = frames.get(name)
@@ -178,7 +217,8 @@ class Snapshot:
 
     @classmethod
     def read(cls, directory: str | Path, columns: Collection[str] | None = None) -> Snapshot:
-        """Read a snapshot directory; tables not in the manifest are empty.
+        """Read a snapshot directory; tables not in the manifest are empty.  Table files must resolve
+        inside the directory (:func:`table_file`).
 
         ``columns``: read only these columns of every table (those a table has), e.g. for the
         validate stage, which needs keys and versions, not whole rows.
@@ -215,11 +255,7 @@ class Snapshot:
         for name, entry in (manifest.get("tables") or {}).items():
             if name not in tables.TABLES:
                 raise SnapshotError(f"{mpath}: unknown table {name!r}; known tables: {', '.join(tables.TABLES)}")
-            if not isinstance(entry, dict):
-                raise SnapshotError(f"{mpath}: tables.{name} must be an object {{\"file\": …, \"rows\": …}}")
-            file = src / (entry.get("file") or f"{name}.parquet")
-            if not file.is_file():
-                raise SnapshotError(f"{mpath}: table {name} names {file.name}, which does not exist")
+            file = table_file(src, mpath, name, entry)
             try:
                 schema = pl.read_parquet_schema(file)
             except Exception as exc:  # polars raises several types for a file that is not Parquet
@@ -242,11 +278,12 @@ class Snapshot:
             if rows is not None and rows != frame.height:
                 raise SnapshotError(f"{file}: manifest says {rows} rows, file has {frame.height}; the snapshot is incomplete")
             frames[name] = frame
+        taken_at = manifest_time(mpath, "taken_at", manifest["taken_at"])
         prev = manifest.get("previous_run_as_of")
         return cls(
             scope_path=manifest["scope_path"],
-            taken_at=utc(manifest["taken_at"]),
-            previous_run_as_of=utc(prev) if prev else None,
+            taken_at=taken_at,
+            previous_run_as_of=manifest_time(mpath, "previous_run_as_of", prev) if prev else None,
             frames=frames,
             source=src,
             schema_version=version,

@@ -20,9 +20,17 @@ op                  fields (``?`` optional)                                 land
 Any op may name its ``layer``; one of the five layers that does not fit the op is rejected.
 Limits (a reason names the one broken): :data:`MAX_OPS_PER_TURN` operations per turn;
 :data:`MAX_OP_BYTES` bytes of JSON per operation; labels and names :data:`MAX_LABEL_CHARS`
-characters with no control characters; texts :data:`MAX_TEXT_CHARS` characters; JSON nesting
-:data:`MAX_DEPTH` levels; no NUL characters or lone surrogates anywhere (PostgreSQL cannot store
-them); numbers finite.  Unknown extra fields are ignored.
+characters (fewer if the ``quarantine`` section's ``max_label_chars`` says so), at most
+:data:`MAX_INDEXED_BYTES` bytes of UTF-8 together with the scope path (PostgreSQL indexes a label
+and a skill name with it), with no control characters and none of the invisible or
+direction-changing characters of :data:`~deep_sleep.core.characters.INVISIBLE` (U+200B, U+2028,
+U+202E…: the night would quarantine the row, every night; the reason shows their code points);
+texts :data:`MAX_TEXT_CHARS` characters; JSON nesting :data:`MAX_DEPTH` levels; no NUL characters or
+lone surrogates anywhere (PostgreSQL cannot store them); numbers finite, integers within 64 bits
+(:data:`MAX_INT`; larger ones do not survive the night's JSON readers — send them as strings);
+``due_at`` a time that exists in UTC (``9999-12-31T23:59:59-12:00`` is past the end of the
+calendar).  Nothing a check lets through can fail the write: an op is rejected here, by name, or it
+lands.  Unknown extra fields are ignored.
 
 The models check with our own plain validators, not pydantic's coercion: JSON's types, not
 Python's (``True`` is not a number; ``"5"`` is not one either), and every reason is ours, naming
@@ -30,10 +38,12 @@ the field and the rule.  An op's checks run in a fixed order — the op's name, 
 layer, then its fields in declaration order — and the first that fails is the reason.
 
 Before anything is stored, every property / metadata / step key that looks like a credential
-(:func:`is_credential_key`: a word of the key — split at ``_ - . space`` and camelCase — or two
-adjacent words joined, such as ``password``, ``secret``, ``token``, ``api_key``, ``apiKey``,
-``private_key``, ``authorization``, ``credential``…, at any depth) gets the value ``"[REDACTED]"``.
-It errs on the side of caution: ``max_tokens`` is redacted too.
+(:func:`~deep_sleep.online.credentials.is_credential_key`: ``password``, ``db_pass``, ``sshKey``,
+``p@ssw0rd``, ``пароль``, ``mot_de_passe``…, at any depth) gets the value ``"[REDACTED]"``, and in
+every string the op stores (values, texts, labels) secrets of well-known formats are replaced by it
+(:func:`~deep_sleep.online.credentials.redact_text`: ``postgres://app:[REDACTED]@db``, ``AKIA…``,
+JWTs, PEM private keys, ``sk-…``, ``ghp_…``).  The rules, and what they over-redact on purpose
+(``max_tokens`` too), are in :mod:`deep_sleep.online.credentials`.
 
     >>> op, redacted = check_op(0, {"op": "upsert_node", "label": "user: Ada", "properties": {"api_key": "sk-1"}})
     >>> op.label, op.layer, op.properties, redacted
@@ -65,13 +75,16 @@ from pydantic import (
     model_validator,
 )
 
+from deep_sleep.core.characters import codepoints, invisible
 from deep_sleep.core.snapshot import utc
+from deep_sleep.online.credentials import REDACTED, is_credential_key, redact_text
 from deep_sleep.online.errors import OpRejected
 
 __all__ = [
-    "LAYERS", "MAX_DEPTH", "MAX_LABEL_CHARS", "MAX_OPS_PER_TURN", "MAX_OP_BYTES", "MAX_TEXT_CHARS", "OPS", "REDACTED",
+    "LAYERS", "MAX_DEPTH", "MAX_INDEXED_BYTES", "MAX_INT", "MAX_LABEL_CHARS", "MAX_OPS_PER_TURN", "MAX_OP_BYTES", "MAX_TEXT_CHARS", "OPS",
+    "REDACTED",
     "CreateEvent", "Op", "ReadNode", "RegisterSkill", "SetTrigger", "Thinking", "UpsertNode",
-    "check_label", "check_op", "is_credential_key", "op_name", "redact",
+    "check_label", "check_op", "check_text", "is_credential_key", "op_name", "redact",
 ]
 
 MAX_OPS_PER_TURN = 256
@@ -79,35 +92,33 @@ MAX_OP_BYTES = 64 * 1024
 MAX_LABEL_CHARS = 512
 MAX_TEXT_CHARS = 16_000
 MAX_DEPTH = 16
-REDACTED = "[REDACTED]"
+MAX_INT = 2**63 - 1  # integers in [-2**63, 2**63 - 1]: what DuckDB's and Polars' JSON readers take as BIGINT / Int64
+#: PostgreSQL's btree index rows hold at most 2704 bytes, and nodes are indexed on (scope_path, label), skills on
+#: (scope_path, lower(name)): a label's UTF-8 bytes and its scope path's must fit together in this (less the row headers).
+MAX_INDEXED_BYTES = 2600
 LAYERS = ("semantic", "working", "episodic", "procedural", "prospective")
 
 CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
-_KEY_SPLIT = re.compile(r"[^a-z0-9]+")
-CREDENTIAL_WORDS = frozenset(
-    """password passwords passwd passphrase pwd secret secrets token tokens credential credentials
-    authorization auth cookie cookies bearer pin otp dsn apikey apikeys privatekey accesskey secretkey
-    sessionkey clientsecret connectionstring""".split()
-)
 
 
 # ---------------------------------------------------------------------------------------------
-# credentials and JSON values
+# JSON values: storable, credentials redacted
 
 
-def is_credential_key(key: str) -> bool:
-    """Does a property key look like it holds a credential?
+def _number(value: int | float) -> str:
+    """A number for a message: an integer too long to print (Python will not print one of more than
+    4300 digits) is described by its length."""
+    if isinstance(value, int) and value.bit_length() > 64:
+        return f"an integer of about {int(value.bit_length() * 0.30103) + 1} digits"
+    return repr(value)
 
-    >>> [k for k in ("api_key", "apiKey", "X-Api-Key", "AWS_SECRET_ACCESS_KEY", "author", "tokenizer", "password_hash") if is_credential_key(k)]
-    ['api_key', 'apiKey', 'X-Api-Key', 'AWS_SECRET_ACCESS_KEY', 'password_hash']
-    """
-    words = [w for w in _KEY_SPLIT.split(_CAMEL.sub("_", key).lower()) if w]
-    if any(w in CREDENTIAL_WORDS for w in words):
-        return True
-    if any(a + b in CREDENTIAL_WORDS for a, b in zip(words, words[1:])):
-        return True
-    return "".join(words) in CREDENTIAL_WORDS
+
+def _scrubbed(value: str, path: str, redacted: list[str]) -> str:
+    """``value`` with its well-known secrets replaced (the path is appended to ``redacted`` if any)."""
+    clean, n = redact_text(value)
+    if n:
+        redacted.append(path)
+    return clean
 
 
 def _storable(value: str, where: str) -> str:
@@ -121,9 +132,9 @@ def _storable(value: str, where: str) -> str:
 
 
 def redact(value: Any, path: str, redacted: list[str], depth: int = 0) -> Any:
-    """``value`` with every credential-looking key's value replaced by ``"[REDACTED]"`` (paths
-    appended to ``redacted``); raises :class:`OpRejected` on what cannot be stored as JSON (the
-    reason names the path)."""
+    """``value`` with every credential-looking key's value replaced by ``"[REDACTED]"``, and secrets of
+    well-known formats in its strings too (paths appended to ``redacted``); raises
+    :class:`OpRejected` on what cannot be stored as JSON (the reason names the path)."""
     if depth > MAX_DEPTH:
         raise OpRejected(f"{path} is nested more than {MAX_DEPTH} levels deep")
     if isinstance(value, dict):
@@ -141,9 +152,12 @@ def redact(value: Any, path: str, redacted: list[str], depth: int = 0) -> Any:
     if isinstance(value, (list, tuple)):
         return [redact(v, f"{path}[{i}]", redacted, depth + 1) for i, v in enumerate(value)]
     if isinstance(value, str):
-        return _storable(value, path)
+        return _scrubbed(_storable(value, path), path, redacted)
     if isinstance(value, float) and not math.isfinite(value):
         raise OpRejected(f"{path} is {value}; numbers must be finite")
+    if isinstance(value, int) and not isinstance(value, bool) and not -MAX_INT - 1 <= value <= MAX_INT:
+        raise OpRejected(f"{path} is {_number(value)}; integers must fit in 64 bits "
+                         f"(-2^63 … 2^63-1): send a larger one as a string")
     if value is None or isinstance(value, (bool, int, float)):
         return value
     raise OpRejected(f"{path}: a {type(value).__name__} is not a JSON value")
@@ -163,21 +177,49 @@ def _typed(value: Any, name: str, kinds: type | tuple[type, ...], what: str, req
     return value
 
 
-def check_label(value: Any, name: str) -> str:
-    """A label or name: a non-blank string of at most :data:`MAX_LABEL_CHARS` characters without
-    control characters; raises :class:`OpRejected` naming ``name`` and the rule broken."""
+def check_label(value: Any, name: str, max_chars: int = MAX_LABEL_CHARS, max_bytes: int | None = None) -> str:
+    """A label or name: a non-blank string of at most ``max_chars`` characters (and ``max_bytes`` bytes
+    of UTF-8, also lower-cased, if given) without control characters or invisible /
+    direction-changing ones; raises :class:`OpRejected` naming ``name`` and the rule broken.
+
+    >>> check_label("user:\u202eAda", "label")
+    Traceback (most recent call last):
+    ...
+    deep_sleep.online.errors.OpRejected: field 'label' contains invisible or direction-changing character(s) U+202E RIGHT-TO-LEFT OVERRIDE at position 5; a label must read as what it holds (the nightly run quarantines such rows)
+    """
     value = _typed(value, name, str, "a string", True)
     if not value.strip():
         raise OpRejected(f"field {name!r} is blank")
-    if len(value) > MAX_LABEL_CHARS:
-        raise OpRejected(f"field {name!r} has {len(value)} characters; the limit is {MAX_LABEL_CHARS}")
+    if len(value) > max_chars:
+        raise OpRejected(f"field {name!r} has {len(value)} characters; the limit is {max_chars}")
     bad = CONTROL.search(value)
     if bad:
         raise OpRejected(f"field {name!r} contains control character {bad.group()!r} at position {bad.start()}")
-    return _storable(value, f"field {name!r}")
+    hidden = invisible(value)
+    if hidden:
+        raise OpRejected(f"field {name!r} contains invisible or direction-changing character(s) {codepoints(value, hidden)}; "
+                         "a label must read as what it holds (the nightly run quarantines such rows)")
+    value = _storable(value, f"field {name!r}")
+    if max_bytes is not None:
+        size = max(len(value.encode()), len(value.lower().encode()))
+        if size > max_bytes:
+            raise OpRejected(f"field {name!r} is {size} bytes of UTF-8; with the scope path it must fit in "
+                             f"{MAX_INDEXED_BYTES} bytes (PostgreSQL indexes them together), which leaves {max_bytes} here")
+    return value
 
 
-def _check_text(value: Any, name: str, required: bool) -> str | None:
+def _check_label_field(value: Any, info: ValidationInfo, required: bool = True) -> str | None:
+    if value is None and not required:
+        return None
+    ctx = info.context or {}
+    indexed = ctx.get("max_label_bytes") if info.field_name in ("label", "name") else None
+    value = check_label(value, info.field_name, ctx.get("max_label_chars", MAX_LABEL_CHARS), indexed)
+    return _scrubbed(value, f"ops[{ctx.get('index', '?')}].{info.field_name}", ctx.get("redacted", []))
+
+
+def check_text(value: Any, name: str, required: bool = True) -> str | None:
+    """A text: a string (non-blank if ``required``) of at most :data:`MAX_TEXT_CHARS` characters that
+    PostgreSQL can store; raises :class:`OpRejected` naming ``name`` and the rule broken."""
     value = _typed(value, name, str, "a string", required)
     if value is None:
         return None
@@ -186,6 +228,14 @@ def _check_text(value: Any, name: str, required: bool) -> str | None:
     if len(value) > MAX_TEXT_CHARS:
         raise OpRejected(f"field {name!r} has {len(value)} characters; the limit is {MAX_TEXT_CHARS}")
     return _storable(value, f"field {name!r}")
+
+
+def _check_text(value: Any, info: ValidationInfo, required: bool) -> str | None:
+    value = check_text(value, info.field_name, required)
+    if value is None:
+        return None
+    ctx = info.context or {}
+    return _scrubbed(value, f"ops[{ctx.get('index', '?')}].{info.field_name}", ctx.get("redacted", []))
 
 
 def _check_json(kind: type) -> PlainValidator:
@@ -202,8 +252,8 @@ def _check_json(kind: type) -> PlainValidator:
 
 def _check_importance(value: Any, info: ValidationInfo) -> float | None:
     value = _typed(value, info.field_name, (int, float), "a number in [1, 10]", False)
-    if value is not None and not (math.isfinite(value) and 1.0 <= value <= 10.0):
-        raise OpRejected(f"field 'importance' is {value}; it must be within [1, 10]")
+    if value is not None and not 1.0 <= value <= 10.0:  # NaN compares false; an int too big for a float compares fine
+        raise OpRejected(f"field 'importance' is {_number(value)}; it must be within [1, 10]")
     return None if value is None else float(value)
 
 
@@ -213,6 +263,8 @@ def _check_due_at(value: Any, info: ValidationInfo) -> datetime | None:
         return utc(value) if value is not None else None
     except ValueError:
         raise OpRejected(f"field 'due_at' is {value[:40]!r}, not an ISO 8601 timestamp") from None
+    except OverflowError:  # 9999-12-31T23:59:59-12:00 is year 10000 in UTC; 0001-01-01T00:00:00+01:00 is year 0
+        raise OpRejected(f"field 'due_at' is {value[:40]!r}, which is outside years 1–9999 once converted to UTC") from None
 
 
 def _check_node_id(value: Any, info: ValidationInfo) -> str:
@@ -223,10 +275,10 @@ def _check_node_id(value: Any, info: ValidationInfo) -> str:
         raise OpRejected(f"field 'id' is {value[:40]!r}, not a UUID") from None
 
 
-Label = Annotated[str, PlainValidator(lambda v, info: check_label(v, info.field_name))]
-OptionalLabel = Annotated[str | None, PlainValidator(lambda v, info: None if v is None else check_label(v, info.field_name))]
-Text = Annotated[str, PlainValidator(lambda v, info: _check_text(v, info.field_name, True))]
-OptionalText = Annotated[str, PlainValidator(lambda v, info: _check_text(v, info.field_name, False) or "")]
+Label = Annotated[str, PlainValidator(_check_label_field)]
+OptionalLabel = Annotated[str | None, PlainValidator(lambda v, info: _check_label_field(v, info, required=False))]
+Text = Annotated[str, PlainValidator(lambda v, info: _check_text(v, info, True))]
+OptionalText = Annotated[str, PlainValidator(lambda v, info: _check_text(v, info, False) or "")]
 JsonObject = Annotated[dict[str, Any], _check_json(dict)]
 JsonList = Annotated[list[Any], _check_json(list)]
 Importance = Annotated[float | None, PlainValidator(_check_importance)]
@@ -254,7 +306,13 @@ class _Op(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _size(cls, data: Any) -> Any:
-        size = len(json.dumps(data, ensure_ascii=False, default=repr).encode("utf-8", "surrogatepass"))
+        try:
+            size = len(json.dumps(data, ensure_ascii=False, default=repr).encode("utf-8", "surrogatepass"))
+        except RecursionError:
+            raise OpRejected(f"payload is nested far more than {MAX_DEPTH} levels deep") from None
+        except ValueError:  # json's two refusals here; the field checks would give the path, but size comes first
+            raise OpRejected("payload cannot be written as JSON: it holds a circular reference "
+                             "or an integer of more than 4300 digits") from None
         if size > MAX_OP_BYTES:
             raise OpRejected(f"payload is {size} bytes; the limit is {MAX_OP_BYTES} bytes per operation")
         return data
@@ -343,9 +401,13 @@ def op_name(op: Any) -> str:
     return name if isinstance(name, str) else "?"
 
 
-def check_op(index: int, op: Any) -> tuple[Op, tuple[str, ...]]:
+def check_op(index: int, op: Any, *, max_label_chars: int = MAX_LABEL_CHARS,
+             max_label_bytes: int | None = None) -> tuple[Op, tuple[str, ...]]:
     """The checked operation ``ops[index]`` and the paths of the credentials redacted in it, or
-    :class:`OpRejected` with the first reason it fails."""
+    :class:`OpRejected` with the first reason it fails.  ``max_label_chars``: the longest label
+    accepted (at most :data:`MAX_LABEL_CHARS`; ``record_turn`` passes the quarantine's bound when it is
+    lower); ``max_label_bytes``: the UTF-8 bytes a label or skill name may take (``record_turn``
+    passes what its scope path leaves of :data:`MAX_INDEXED_BYTES`)."""
     if not isinstance(op, dict):
         raise OpRejected(f"an operation must be a JSON object, got {type(op).__name__}")
     name = op.get("op")
@@ -355,7 +417,8 @@ def check_op(index: int, op: Any) -> tuple[Op, tuple[str, ...]]:
         raise OpRejected(f"unknown op {name[:60]!r}; ops are {', '.join(OPS)}")
     redacted: list[str] = []
     try:
-        checked = _OP.validate_python(op, context={"index": index, "redacted": redacted})
+        checked = _OP.validate_python(op, context={"index": index, "redacted": redacted, "max_label_bytes": max_label_bytes,
+                                                   "max_label_chars": min(max_label_chars, MAX_LABEL_CHARS)})
     except ValidationError as exc:
         raise OpRejected(_reason(exc.errors()[0])) from None
     return checked, tuple(redacted)

@@ -7,7 +7,11 @@ transaction, and every ``quick_nap_interval``-th turn of a scope naps.
 
 Each operation is checked on its own (:mod:`deep_sleep.online.ops`: the ops, their fields, the
 limits and the redaction of credentials); a malformed one is rejected by index and name with the
-reason, and the valid ones of the same turn still land.
+reason, and the valid ones of the same turn still land — whatever an op holds, it is rejected by
+its checks or it lands, it never fails the write.  A turn creates rows in its scope, so a scope
+whose kinds or ids look like something else (:attr:`Scope.lookalikes`: a Cyrillic letter in a Latin
+id, a bidi override) is refused with a ScopeError showing the code points, even if the store already
+holds it (its rows stay readable; see :mod:`deep_sleep.core.scope`).
 
 The turn also writes one episodic event summarising it (``metadata.kind = "turn_summary"``,
 counts and labels only: it repeats no event text, so phase 12 does not count an action twice),
@@ -26,10 +30,12 @@ from typing import Any
 
 import psycopg
 
+from deep_sleep.core.characters import INVISIBLE_RE
 from deep_sleep.core.embedding import EmbeddingProvider, default_embedder
 from deep_sleep.core.report import ConsolidationReport
 from deep_sleep.core.scope import Scope
 from deep_sleep.core.snapshot import utc
+from deep_sleep.online.credentials import redact_text
 from deep_sleep.online.errors import (
     OnlineArgumentError,
     OnlineArgumentTypeError,
@@ -38,11 +44,13 @@ from deep_sleep.online.errors import (
 from deep_sleep.online.nap import default_config, quick_nap
 from deep_sleep.online.ops import (
     CONTROL,
+    MAX_INDEXED_BYTES,
     MAX_OPS_PER_TURN,
     REDACTED,
     Op,
     check_label,
     check_op,
+    check_text,
     op_name,
 )
 from deep_sleep.online.pg import (
@@ -61,6 +69,8 @@ log = logging.getLogger(__name__)
 __all__ = ["Landed", "Receipt", "Rejected", "record_turn"]
 
 WORKING_TTL_HOURS = 24
+# A turn's scope_path leaves room for a thought's label ("thought: " and 80 characters) in MAX_INDEXED_BYTES.
+MAX_SCOPE_PATH_BYTES = 2048
 NEW_IMPORTANCE = 5.0
 
 
@@ -90,7 +100,8 @@ class Receipt:
 
     scope_path, turn: the scope and the turn's number in it (1-based).
     landed / rejected: every operation, in turn order, in exactly one of the two.
-    redacted: paths of the credential-looking keys whose values were replaced (``ops[2].properties.api_key``).
+    redacted: paths of what was redacted: credential-looking keys whose values were replaced
+        (``ops[2].properties.api_key``) and strings that held secrets of well-known formats (``ops[1].content``, ``summary``).
     summary_event_id: the turn's episodic summary event.
     quick_nap: the report of the quick nap this turn triggered, if any (``status`` ``applied`` or ``failed``).
     notes: things worth knowing that are not rejections (a skill asked to be ``active`` was filed as draft).
@@ -181,7 +192,9 @@ def _node_text(label: str, properties: dict) -> str:
 
 
 def _short(text: str, n: int = 60) -> str:
-    text = CONTROL.sub(" ", text).strip()
+    """One line of at most ``n`` characters that a label may hold (a thought's label is made from its
+    text, which may hold line breaks and invisible characters a label must not)."""
+    text = INVISIBLE_RE.sub(" ", CONTROL.sub(" ", text)).strip()
     return text if len(text) <= n else text[: n - 1] + "…"
 
 
@@ -209,10 +222,18 @@ def record_turn(
     for this transaction: ~4 ms less per turn on this disk, and a server crash may lose the
     last fraction of a second of turns — never half a turn).
     """
-    scope = Scope.coerce(scope)
+    scope = Scope.coerce(scope).check_new()
+    path_bytes = len(scope.path.encode())
+    if path_bytes > MAX_SCOPE_PATH_BYTES:
+        raise OnlineArgumentError(f"record_turn: scope {scope} is {path_bytes} bytes of UTF-8 as a scope_path; a turn's "
+                                  f"scope may have at most {MAX_SCOPE_PATH_BYTES} (PostgreSQL indexes it with a label, "
+                                  f"at most {MAX_INDEXED_BYTES} bytes together): use fewer or shorter levels")
     config = config or default_config()
     embedder = embedder or default_embedder()
-    now = utc(now or datetime.now(UTC))
+    try:
+        now = utc(now or datetime.now(UTC))
+    except OverflowError:
+        raise OnlineArgumentError(f"record_turn: now={now!r} is outside years 1–9999 once converted to UTC") from None
     if ops is None:
         ops = []
     if isinstance(ops, (str, bytes, dict)) or not isinstance(ops, Sequence):
@@ -223,16 +244,24 @@ def record_turn(
             session_id = check_label(session_id, "session_id")
         except OpRejected as exc:
             raise OnlineArgumentError(f"record_turn: {exc}") from None
+    redacted: list[str] = []
+    if summary is not None:
+        try:
+            summary, secrets = redact_text(check_text(summary, "summary"))
+        except OpRejected as exc:
+            raise OnlineArgumentError(f"record_turn: {exc}") from None
+        if secrets:
+            redacted.append("summary")
 
     rejected: list[Rejected] = []
-    redacted: list[str] = []
     accepted: list[tuple[int, str, Op]] = []
     for i, raw in enumerate(ops):
         if i >= MAX_OPS_PER_TURN:
             rejected.append(Rejected(i, op_name(raw), f"the turn carries {len(ops)} operations; the limit is {MAX_OPS_PER_TURN}"))
             continue
         try:
-            op, paths = check_op(i, raw)
+            op, paths = check_op(i, raw, max_label_chars=config.quarantine.max_label_chars,
+                                 max_label_bytes=MAX_INDEXED_BYTES - path_bytes)
         except OpRejected as exc:
             rejected.append(Rejected(i, op_name(raw), str(exc)))
             continue

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from pydantic import Field
 
@@ -62,3 +64,114 @@ def test_load_names_the_file_and_the_bad_knob(tmp_path, monkeypatch):
     monkeypatch.setenv("DEEP_SLEEP_ALPHA__SIZE", "0")
     with pytest.raises(ConfigError, match=r"\(from .*good\.toml\): alpha\.size: Input should be greater than or equal to 1"):
         load(Model)
+
+
+# ---------------------------------------------------------------------------------------------
+# issue 32: config files read with clear errors, and strict types
+
+
+def test_config_files_that_cannot_be_read_name_the_file_and_the_fix(tmp_path, monkeypatch):
+    monkeypatch.delenv("DEEP_SLEEP_CONFIG", raising=False)
+    Model = assemble({"alpha": AlphaConfig})
+    with pytest.raises(ConfigError, match=rf"config file {tmp_path} is a directory; give the path of a TOML file in it "
+                                          rf"\(e\.g\. {tmp_path}/deep-sleep\.toml\)"):
+        load(Model, tmp_path)
+    latin1 = tmp_path / "latin1.toml"
+    latin1.write_bytes("# réglages\n[alpha]\nsize = 3\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match=rf"config file {latin1} is not UTF-8 text \(byte 0xe9 on line 1\); "
+                                          "TOML files are UTF-8: save it as UTF-8"):
+        load(Model, latin1)
+    bom = tmp_path / "bom.toml"
+    bom.write_bytes("\ufeff[alpha]\nsize = 3\n".encode("utf-8"))  # what some editors write: read
+    assert load(Model, bom).alpha.size == 3
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file")
+def test_an_unreadable_config_file_names_the_fix(tmp_path):
+    locked = tmp_path / "locked.toml"
+    locked.write_text("[alpha]\nsize = 3\n")
+    locked.chmod(0)
+    with pytest.raises(ConfigError, match="cannot be read \\(permission denied\\); make it readable by this user"):
+        load(assemble({"alpha": AlphaConfig}), locked)
+
+
+class RatioConfig(PhaseConfig):
+    share: float = Field(0.5, ge=0, le=1)
+    limit: float | None = None
+
+
+STRICT_CASES = [
+    ('[ratio]\nshare = "0.5"', "ratio.share: expected a number such as 0.5, got the string '0.5'; write it without quotes if you mean it"),
+    ("[ratio]\nshare = true", "ratio.share: expected a number such as 0.5, got true"),
+    ("[ratio]\nshare = nan", "ratio.share: expected a number such as 0.5, got nan"),
+    ("[ratio]\nlimit = false", "ratio.limit: expected a number such as 0.5, got false"),
+    ("[alpha]\nsize = true", "alpha.size: expected an integer such as 3, got true"),
+    ("[alpha]\nsize = 3.0", "alpha.size: expected an integer such as 3, got 3.0"),
+    ('[alpha]\nsize = "3"', "alpha.size: expected an integer such as 3, got the string '3'"
+     "; write it without quotes if you mean it"),
+    ("[alpha]\nenabled = 1", "alpha.enabled: expected true or false, got 1"),
+    ('[alpha]\nenabled = "true"', "alpha.enabled: expected true or false, got the string 'true'"
+     "; write it without quotes if you mean it"),
+    ('lookback_hours = "24"', "lookback_hours: expected a number such as 0.5, got the string '24'"
+     "; write it without quotes if you mean it"),
+    ("[gating]\nmin_sessions = true", "gating.min_sessions: expected an integer such as 3, got true"),
+    ('[holds]\nmax_delete_share = "0.5"', "holds.max_delete_share: expected a number such as 0.5, got the string '0.5'"
+     "; write it without quotes if you mean it"),
+    ("[llm]\nenabled = 1", "llm.enabled: expected true or false, got 1"),
+    ("[quarantine]\nmax_label_chars = 99.5", "quarantine.max_label_chars: expected an integer such as 3, got 99.5"),
+]
+
+
+@pytest.mark.parametrize(("toml", "message"), STRICT_CASES)
+def test_a_string_is_not_a_number_and_a_boolean_is_not_a_number_in_any_section(tmp_path, monkeypatch, toml, message):
+    monkeypatch.delenv("DEEP_SLEEP_CONFIG", raising=False)
+    file = tmp_path / "c.toml"
+    file.write_text(toml + "\n")
+    with pytest.raises(ConfigError) as caught:
+        load(assemble({"alpha": AlphaConfig, "ratio": RatioConfig}), file)
+    assert str(caught.value) == f"invalid configuration (from {file}): {message}"
+
+
+def test_values_of_their_own_type_are_taken(tmp_path):
+    file = tmp_path / "c.toml"
+    file.write_text('lookback_hours = 12\n[ratio]\nshare = 1\nlimit = 2.5\n[alpha]\nsize = 4\nenabled = false\n'
+                    '[quarantine]\nmin_timestamp = "2000-01-01T00:00:00Z"\n[holds]\nmax_delete_share = 0.1\n')
+    got = load(assemble({"alpha": AlphaConfig, "ratio": RatioConfig}), file)
+    assert (got.lookback_hours, got.ratio.share, got.ratio.limit, got.alpha.size, got.alpha.enabled) == (12.0, 1.0, 2.5, 4, False)
+    assert got.quarantine.min_timestamp.year == 2000 and got.holds.max_delete_share == 0.1
+    assert AlphaConfig(size=3).size == 3
+    with pytest.raises(ValueError, match="size: expected an integer such as 3, got the string '3'"):
+        AlphaConfig(size="3")  # a section built directly is strict too
+
+
+@pytest.mark.parametrize(("env", "expected"), [
+    ({"DEEP_SLEEP_RATIO__SHARE": "0.75"}, ("ratio", "share", 0.75)),
+    ({"DEEP_SLEEP_RATIO__SHARE": "1"}, ("ratio", "share", 1.0)),
+    ({"DEEP_SLEEP_RATIO__LIMIT": "1e3"}, ("ratio", "limit", 1000.0)),
+    ({"DEEP_SLEEP_RATIO__LIMIT": "inf"}, ("ratio", "limit", float("inf"))),
+    ({"DEEP_SLEEP_ALPHA__SIZE": " 7 "}, ("alpha", "size", 7)),
+    ({"DEEP_SLEEP_ALPHA__ENABLED": "false"}, ("alpha", "enabled", False)),
+    ({"DEEP_SLEEP_LLM__ENABLED": "TRUE"}, ("llm", "enabled", True)),
+    ({"DEEP_SLEEP_GATING": '{"min_sessions": 3}'}, ("gating", "min_sessions", 3)),
+])
+def test_environment_values_are_read_as_toml_writes_their_type(monkeypatch, env, expected):
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    section, knob, value = expected
+    assert getattr(getattr(load(assemble({"alpha": AlphaConfig, "ratio": RatioConfig})), section), knob) == value
+
+
+@pytest.mark.parametrize(("variable", "text", "message"), [
+    ("DEEP_SLEEP_LLM__ENABLED", "yes", "llm.enabled: environment variable DEEP_SLEEP_LLM__ENABLED='yes' is not true or false"),
+    ("DEEP_SLEEP_ALPHA__ENABLED", "1", "alpha.enabled: environment variable DEEP_SLEEP_ALPHA__ENABLED='1' is not true or false"),
+    ("DEEP_SLEEP_ALPHA__SIZE", "3.0", "alpha.size: environment variable DEEP_SLEEP_ALPHA__SIZE='3.0' is not an integer such as 3"),
+    ("DEEP_SLEEP_RATIO__SHARE", "half", "ratio.share: environment variable DEEP_SLEEP_RATIO__SHARE='half' is not a number such as 0.5"),
+    ("DEEP_SLEEP_RATIO__SHARE", "nan", "ratio.share: environment variable DEEP_SLEEP_RATIO__SHARE='nan' is not a number such as 0.5"),
+    ("DEEP_SLEEP_LOOKBACK_HOURS", "", "lookback_hours: environment variable DEEP_SLEEP_LOOKBACK_HOURS='' is not a number such as 0.5"),
+])
+def test_environment_values_that_are_not_their_type_name_the_variable(monkeypatch, variable, text, message):
+    monkeypatch.delenv("DEEP_SLEEP_CONFIG", raising=False)
+    monkeypatch.setenv(variable, text)
+    with pytest.raises(ConfigError) as caught:
+        load(assemble({"alpha": AlphaConfig, "ratio": RatioConfig}))
+    assert str(caught.value) == f"invalid configuration: {message} (write it as TOML would)"

@@ -127,3 +127,61 @@ def test_replay_of_one_scope_of_a_shard_equals_the_replay_of_its_own_snapshot(tm
     one = read_scope_report(tmp_path / "c", target.scope_path)
     assert one.diff_hash == a.diff_hash and one.counters == a.counters
     assert read_scope_diff(tmp_path / "c", target.scope_path).content_hash() == a.diff_hash
+
+
+# ---------------------------------------------------------------------------------------------
+# issue 32: a manifest names files inside its own directory only, in both readers
+
+
+def _manifests(tmp_path):
+    """(reader, directory) for a single-scope snapshot read as a Snapshot and as a shard of one, and a
+    shard of two; each directory has a ``memory_nodes.parquet`` copy beside it in ``x/``, as a
+    neighbouring snapshot would."""
+    snaps = _snapshots(2)
+    single = snaps[0].write(tmp_path / "single")
+    shard = Shard.from_snapshots(snaps).write(tmp_path / "shard")
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "memory_nodes.parquet").write_bytes((single / "memory_nodes.parquet").read_bytes())
+    return [(Snapshot.read, single), (Shard.read, single), (Shard.read, shard)]
+
+
+def _point(directory, file) -> None:
+    manifest = json.loads((directory / "manifest.json").read_text())
+    manifest["tables"]["memory_nodes"]["file"] = file
+    (directory / "manifest.json").write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("file", ["../x/memory_nodes.parquet", "/etc/passwd", "memory_nodes.parquet/../../x/memory_nodes.parquet"])
+def test_a_manifest_naming_a_file_outside_its_directory_is_refused_by_both_readers(tmp_path, file):
+    for read, directory in _manifests(tmp_path):
+        _point(directory, file)
+        with pytest.raises(SnapshotError) as caught:
+            read(directory)
+        assert f"tables.memory_nodes.file {file!r} is outside the snapshot directory {directory}; table files are read " \
+               'from the snapshot directory only: name it like "memory_nodes.parquet"' in str(caught.value), read
+
+
+def test_a_link_out_of_the_snapshot_directory_is_refused_and_a_path_inside_it_is_read(tmp_path):
+    for read, directory in _manifests(tmp_path):
+        (directory / "nodes.parquet").unlink(missing_ok=True)
+        (directory / "nodes.parquet").symlink_to(tmp_path / "x" / "memory_nodes.parquet")
+        _point(directory, "nodes.parquet")
+        with pytest.raises(SnapshotError, match=r"'nodes.parquet' is a link to .*/x/memory_nodes.parquet, outside the snapshot directory"):
+            read(directory)
+        _point(directory, "./memory_nodes.parquet")  # inside: read as ever
+        assert read(directory).table("memory_nodes").height
+
+
+@pytest.mark.parametrize(("edit", "needle"), [
+    (lambda m: m["tables"]["memory_nodes"].update(file=5), "tables.memory_nodes.file must be a file name, got a JSON int"),
+    (lambda m: m["tables"].update(memory_nodes="memory_nodes.parquet"), "tables.memory_nodes must be an object"),
+    (lambda m: m.update(taken_at="9999-12-31T23:59:59-12:00"), "taken_at '9999-12-31T23:59:59-12:00' is not an ISO 8601 timestamp within years 1–9999"),
+    (lambda m: m.update(taken_at=20261130), "taken_at must be an ISO 8601 timestamp string, got a JSON int"),
+])
+def test_bad_manifest_fields_are_snapshot_errors_in_both_readers(tmp_path, edit, needle):
+    for read, directory in _manifests(tmp_path):
+        manifest = json.loads((directory / "manifest.json").read_text())
+        edit(manifest)
+        (directory / "manifest.json").write_text(json.dumps(manifest))
+        with pytest.raises(SnapshotError, match=needle.replace("(", r"\(").replace(".", r"\.")):
+            read(directory)

@@ -4,13 +4,15 @@ checked on their own, without a store."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+import json
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from deep_sleep.core.errors import DeepSleepError, InputError
+from deep_sleep.core.errors import DeepSleepError, InputError, ScopeError
+from deep_sleep.core.scope import Scope
 from deep_sleep.online.errors import OpRejected
 from deep_sleep.online.ops import (
     MAX_LABEL_CHARS,
@@ -27,7 +29,9 @@ from deep_sleep.online.ops import (
     op_name,
 )
 from deep_sleep.online.turn import record_turn
-from tests.online.helpers import NOW, sibling
+from deep_sleep.run.stages import consolidate_scope
+from deep_sleep.transforms.config import ConsolidationConfig
+from tests.online.helpers import NOW, rows, sibling
 from tests.storeutil import scalar
 
 # ---------------------------------------------------------------------------------------------
@@ -251,3 +255,150 @@ def _items(value):
     elif isinstance(value, list):
         for v in value:
             yield from _items(v)
+
+
+# ---------------------------------------------------------------------------------------------
+# issue 32: bad input costs only itself — values that passed the checks and then broke the write
+
+
+def test_values_that_overflowed_the_write_are_rejected_by_name_and_the_rest_of_the_turn_lands(store, scope):
+    cycle: dict = {}
+    cycle["self"] = cycle
+    abyss: dict = {}
+    cur = abyss
+    for _ in range(100_000):  # deeper than json's recursion limit
+        cur["x"] = {}
+        cur = cur["x"]
+    ops = [
+        {"op": "upsert_node", "label": "user: Ada", "properties": {"big": 2**63 - 1, "small": -(2**63)}},
+        {"op": "set_trigger", "condition": "c", "action": "a", "due_at": "9999-12-31T23:59:59-12:00"},
+        {"op": "set_trigger", "condition": "c", "action": "a", "due_at": "0001-01-01T00:00:00+01:00"},
+        {"op": "set_trigger", "condition": "the end", "action": "a", "due_at": "9999-12-31T23:59:59Z"},
+        {"op": "upsert_node", "label": "x", "importance": 10**400},
+        {"op": "upsert_node", "label": "x", "properties": {"n": 2**63}},
+        {"op": "create_event", "content": "c", "metadata": {"deep": [[-(2**63) - 1]]}},
+        {"op": "upsert_node", "label": "x", "properties": {"n": 10**5000}},
+        {"op": "upsert_node", "label": "x", "properties": cycle},
+        {"op": "thinking", "text": "t", "junk": abyss},
+    ]
+    receipt = record_turn(store, scope, ops, now=NOW, nap=False)
+    assert [(x.index, x.op) for x in receipt.landed] == [(0, "upsert_node"), (3, "set_trigger")]
+    reasons = {x.index: x.reason for x in receipt.rejected}
+    assert reasons == {
+        1: "field 'due_at' is '9999-12-31T23:59:59-12:00', which is outside years 1–9999 once converted to UTC",
+        2: "field 'due_at' is '0001-01-01T00:00:00+01:00', which is outside years 1–9999 once converted to UTC",
+        4: "field 'importance' is an integer of about 401 digits; it must be within [1, 10]",
+        5: "ops[5].properties.n is 9223372036854775808; integers must fit in 64 bits (-2^63 … 2^63-1): send a larger one as a string",
+        6: "ops[6].metadata.deep[0][0] is -9223372036854775809; integers must fit in 64 bits (-2^63 … 2^63-1): send a larger one as a string",
+        7: "payload cannot be written as JSON: it holds a circular reference or an integer of more than 4300 digits",
+        8: "payload cannot be written as JSON: it holds a circular reference or an integer of more than 4300 digits",
+        9: "payload is nested far more than 16 levels deep",
+    }
+    assert scalar(store, "SELECT properties FROM memory_nodes WHERE id = %s", receipt.ids("upsert_node")[0]) == {
+        "big": 2**63 - 1, "small": -(2**63)}
+    assert scalar(store, "SELECT due_at FROM prospective_triggers WHERE id = %s", receipt.ids("set_trigger")[0]) == datetime(
+        9999, 12, 31, 23, 59, 59, tzinfo=UTC)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(sorted(_REQUIRED)),
+       st.sampled_from(_FIELDS),
+       st.integers(min_value=-(2**80), max_value=2**80) | st.sampled_from([10**400, -(10**400), float("inf"), -0.0, 5e-324, 1.7e308])
+       | st.builds(lambda y, mo, d, h, off: f"{y:04d}-{mo:02d}-{d:02d}T{h:02d}:59:59{off}",
+                   st.sampled_from([1, 2, 1970, 9998, 9999]), st.integers(1, 12), st.integers(1, 28), st.integers(0, 23),
+                   st.sampled_from(["", "Z", "+00:00", "-12:00", "+14:00", "+23:59", "-23:59", "+24:00"])))
+def test_edge_values_in_any_field_are_checked_or_rejected_never_raised(name, field, value):
+    """Numbers and timestamps at the edges of what Python, JSON and PostgreSQL hold: a checked op whose
+    values can all be written, or OpRejected — never OverflowError or another exception."""
+    try:
+        op, _ = check_op(0, {"op": name, **_REQUIRED[name], field: value})
+    except OpRejected as exc:
+        assert str(exc)
+        return
+    for v in (getattr(op, f, None) for f in ("properties", "metadata", "steps")):
+        json.dumps(v, allow_nan=False)
+    if getattr(op, "due_at", None) is not None:
+        assert op.due_at.tzinfo is UTC and 1 <= op.due_at.year <= 9999
+    if getattr(op, "importance", None) is not None:
+        assert 1.0 <= op.importance <= 10.0
+
+
+def test_labels_with_invisible_or_direction_changing_characters_are_rejected_online_and_never_quarantined(store, scope, runs_dir):
+    ops = [
+        {"op": "upsert_node", "label": "user: Ada"},
+        {"op": "upsert_node", "label": "user:\u200bAda"},
+        {"op": "upsert_node", "label": "first line\u2028second line"},
+        {"op": "register_skill", "name": "deploy \u202eyppa"},
+        {"op": "create_event", "content": "c", "session_id": "s\ufeff1"},
+        {"op": "thinking", "text": "a thought\u2028with a line separator and a \u202e bidi override"},
+    ]
+    receipt = record_turn(store, scope, ops, now=NOW, nap=False)
+    assert [x.index for x in receipt.landed] == [0, 5]
+    assert {x.index: x.reason for x in receipt.rejected} == {
+        1: "field 'label' contains invisible or direction-changing character(s) U+200B ZERO WIDTH SPACE at position 5; "
+           "a label must read as what it holds (the nightly run quarantines such rows)",
+        2: "field 'label' contains invisible or direction-changing character(s) U+2028 LINE SEPARATOR at position 10; "
+           "a label must read as what it holds (the nightly run quarantines such rows)",
+        3: "field 'name' contains invisible or direction-changing character(s) U+202E RIGHT-TO-LEFT OVERRIDE at position 7; "
+           "a label must read as what it holds (the nightly run quarantines such rows)",
+        4: "field 'session_id' contains invisible or direction-changing character(s) U+FEFF ZERO WIDTH NO-BREAK SPACE at "
+           "position 1; a label must read as what it holds (the nightly run quarantines such rows)",
+    }
+    # the thought's text is kept as written; its label (made from the text) holds none of them
+    label, thought = rows(store, "SELECT label, properties->>'thought' FROM memory_nodes WHERE id = %s", receipt.ids("thinking")[0])[0]
+    assert thought == ops[5]["text"] and label == "thought: a thought with a line separator and a   bidi override"
+    report = consolidate_scope(store, scope, ConsolidationConfig(), as_of=NOW + timedelta(hours=1), base_dir=runs_dir)
+    assert report.status == "applied" and report.quarantined == {}
+
+
+def test_labels_longer_than_the_quarantine_bound_are_rejected_online(store, scope):
+    config = ConsolidationConfig(quarantine={"max_label_chars": 20})
+    receipt = record_turn(store, scope, [{"op": "upsert_node", "label": "x" * 21}, {"op": "upsert_node", "label": "x" * 20}],
+                          now=NOW, nap=False, config=config)
+    assert [x.reason for x in receipt.rejected] == ["field 'label' has 21 characters; the limit is 20"]
+    assert [x.index for x in receipt.landed] == [1]
+
+
+def test_a_turn_in_a_lookalike_scope_is_refused_showing_the_code_points_and_stores_nothing(store, scope):
+    lookalike = Scope.parse(scope.path.replace("brand", "br\u0430nd"))
+    with pytest.raises(ScopeError, match=r"scope level 1: kind 'brаnd' mixes scripts \(Latin b at position 0; "
+                                         r"Cyrillic U\+0430 CYRILLIC SMALL LETTER A at position 2\)"):
+        record_turn(store, lookalike, [{"op": "upsert_node", "label": "user: Ada"}], now=NOW, nap=False)
+    with pytest.raises(ScopeError, match="U\\+202E RIGHT-TO-LEFT OVERRIDE"):
+        record_turn(store, scope.display() + "\u202e", [{"op": "upsert_node", "label": "user: Ada"}], now=NOW, nap=False)
+    assert scalar(store, "SELECT count(*) FROM scope_turns WHERE scope_path = ANY(%s)", [lookalike.path, scope.path + "\u202e"]) == 0
+
+
+def test_a_label_too_long_for_the_index_with_its_scope_path_is_rejected_and_the_rest_lands(store, scope):
+    """PostgreSQL indexes (scope_path, label): 512 four-byte characters under a deep scope overflowed the
+    index row and failed the whole turn."""
+    deep = scope
+    for i in range(7):
+        deep = deep.child(f"level{i}", f"{i}" * 128)
+    label = "\U00020000" * 512  # 2048 bytes
+    receipt = record_turn(store, deep, [{"op": "upsert_node", "label": label}, {"op": "register_skill", "name": label},
+                                        {"op": "upsert_node", "label": "short"}], now=NOW, nap=False)
+    budget = 2600 - len(deep.path.encode())
+    assert [x.index for x in receipt.landed] == [2]
+    assert [x.reason for x in receipt.rejected] == [
+        f"field '{f}' is 2048 bytes of UTF-8; with the scope path it must fit in 2600 bytes (PostgreSQL indexes them "
+        f"together), which leaves {budget} here" for f in ("label", "name")]
+    assert record_turn(store, scope, [{"op": "upsert_node", "label": label}], now=NOW, nap=False).landed  # a short path leaves room
+
+
+def test_bad_arguments_of_a_turn_are_errors_naming_them_and_store_nothing(store, scope):
+    from deep_sleep.online.errors import OnlineArgumentError
+
+    deeper = scope
+    for i in range(16):
+        deeper = deeper.child(f"level{i}", "x" * 128)
+    with pytest.raises(OnlineArgumentError, match=r"record_turn: scope .* is \d+ bytes of UTF-8 as a scope_path; a turn's scope may have at most 2048"):
+        record_turn(store, deeper, [{"op": "upsert_node", "label": "x"}], now=NOW, nap=False)
+    with pytest.raises(OnlineArgumentError, match="record_turn: field 'summary' contains a NUL character"):
+        record_turn(store, scope, [{"op": "upsert_node", "label": "x"}], now=NOW, nap=False, summary="a\x00b")
+    with pytest.raises(OnlineArgumentError, match="record_turn: now=.* is outside years 1–9999 once converted to UTC"):
+        record_turn(store, scope, [{"op": "upsert_node", "label": "x"}], now="9999-12-31T23:59:59-12:00", nap=False)
+    assert scalar(store, "SELECT count(*) FROM scope_turns WHERE scope_path = ANY(%s)", [scope.path, deeper.path]) == 0
+    receipt = record_turn(store, scope, [], now=NOW, nap=False, summary="deployed with DB_PASSWORD=hunter2")
+    assert receipt.redacted == ("summary",)
+    assert scalar(store, "SELECT content FROM episodic_events WHERE id = %s", receipt.summary_event_id) == "deployed with DB_PASSWORD=[REDACTED]"
