@@ -164,19 +164,6 @@ def shard_task(dsn: str, scopes: list[str], as_of: datetime, config: Consolidati
             shutil.rmtree(base, ignore_errors=True)
 
 
-def _import_suite(logger) -> None:
-    """Import great-expectations for the data-quality suite that follows the shards (a night that
-    applies a scope runs it).  The flow's thread has nothing else to do while the shards run (on the
-    runner's threads, processes or Dask workers), so the import (~3.6 s) no longer adds to the night;
-    if it fails, the suite's task fails with the same error later, where it is reported."""
-    try:
-        from deep_sleep.validation.store_suite import import_great_expectations
-
-        import_great_expectations()
-    except Exception as exc:  # noqa: BLE001 - the data-quality task reports it
-        logger.warning("great-expectations could not be imported ahead of the data-quality suite: %s", exc)
-
-
 @task(name="data-quality", cache_policy=NO_CACHE)
 def data_quality_task(dsn: str, out_dir: str, night_id: str) -> dict:
     """The data-quality suite over the store, its results under ``out_dir`` (a local path, or an
@@ -361,8 +348,6 @@ def deep_sleep_nightly(params: NightlyParameters) -> dict[str, Any]:
             "started_at": started, "apply_concurrency": params.apply_concurrency, "plan_only": params.plan,
             "plan_scopes": params.plan_scopes, "plan_per_phase": params.plan_per_phase}) for scopes in shards]
         index = {fut.task_run_id: i for i, fut in enumerate(futures)}
-        if futures and params.data_quality and not params.plan:
-            _import_suite(logger)  # while the shards run: this thread only waits for them
         for done, fut in enumerate(as_completed(futures), 1):
             scopes = shards[index[fut.task_run_id]]
             error = _error_of(fut)

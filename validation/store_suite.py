@@ -56,7 +56,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 from deep_sleep.validation.store_checks import StoreCheck, checks_for, discover
 
-__all__ = ["SuiteResult", "import_great_expectations", "run_store_suite", "sqlalchemy_url", "suite_connect_args"]
+__all__ = ["SuiteResult", "run_store_suite", "sqlalchemy_url", "suite_connect_args"]
 
 log = logging.getLogger(__name__)
 
@@ -149,14 +149,6 @@ def _quiet():
     finally:
         for lg, level in zip(loggers, levels):
             lg.setLevel(level)
-
-
-def import_great_expectations() -> None:
-    """Import great-expectations (and pgvector's SQLAlchemy type) now, so that a later
-    :func:`run_store_suite` in this process does not wait for it (~3.6 s on these machines).  The
-    nightly flow calls it while its shards run, when the suite will follow; this module itself imports
-    great-expectations only inside these functions, so importing it costs nothing."""
-    _import_gx()
 
 
 def _import_gx():
