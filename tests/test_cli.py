@@ -336,13 +336,14 @@ def _night_env(tmp_path: Path) -> dict[str, str]:
     return env
 
 
-def _night_in_a_process(tmp_path: Path, dsn: str, as_of: datetime, timeout: float = 120) -> tuple[dict, str]:
+def _night_in_a_process(tmp_path: Path, dsn: str, as_of: datetime | None, timeout: float = 120) -> tuple[dict, str]:
     import subprocess
     import sys
 
     cwd = tmp_path / "cwd"
     cwd.mkdir(exist_ok=True)
-    done = subprocess.run([sys.executable, "-c", _NIGHT_PROBE, "--dsn", dsn, "nightly", "--as-of", as_of.isoformat(),
+    when = ["--as-of", as_of.isoformat()] if as_of else []
+    done = subprocess.run([sys.executable, "-c", _NIGHT_PROBE, "--dsn", dsn, "nightly", *when,
                            "--runs-dir", str(tmp_path / "runs")], cwd=cwd, env=_night_env(tmp_path), capture_output=True,
                           text=True, timeout=timeout)  # a server left running would keep the pipes open: a timeout
     probe = re.search(r"^PROBE (.+)$", done.stdout, re.M)
@@ -378,7 +379,7 @@ def test_a_night_with_no_due_scope_needs_neither_prefect_nor_great_expectations(
     for s in (calm, busy):
         small_graph(own_store, s, now - timedelta(hours=3))
         _ledger_row(own_store, s, now - timedelta(hours=1))
-    probe, out = _night_in_a_process(tmp_path, own_store.dsn, now)
+    probe, out = _night_in_a_process(tmp_path, own_store.dsn, None)  # as_of: the wall clock
     assert probe == {"rc": 0, "imported": []}, out
     assert "2 scopes: 0 due, 0 applied, 0 failed, 2 skipped" in out and "gated: last run 1.0 h ago" in out
     assert "data quality" not in out

@@ -1,14 +1,15 @@
 """``deep-sleep nightly`` without paying for Prefect machinery the night does not use (issue 32 item 4).
 
 Measured on 300 scopes (benchmarks/README.md, "A night's floor"): the same command an hour after a
-night, with nothing due, took 12.4 s, of which Prefect's temporary server took 8.3 s (importing its
-server package into this process ~3 s, then waiting ~5 s for the subprocess), the flow module's
-imports 3.4 s, and the night's own work (gating, run health) 0.1 s.  So:
+night, with nothing due, took 7.3–9.1 s (12.4 s on a busier machine), of which Prefect's temporary
+server 5.1 s (8.3: importing its server package into this process, then waiting for the
+subprocess), the flow module's imports 1.9 s (3.4), the end of the flow run 0.8 s (Prefect joins its
+heartbeat thread), and the night's own work (gating, run health) 0.2 s.  So:
 
 * **No scope due and no standing Prefect server** (:func:`standing_api_url` is None): the night is
   :func:`deep_sleep.jobs.night.quiet_night` — in this process, no Prefect, no pipeline imports.  Why
   that is enough is said there.  With a standing server the flow runs as before (a flow run and its
-  artifacts on the server's UI for every night; ~5 s).
+  artifacts on the server's UI for every night; 3–5 s).
 * **Scopes due and no standing server**: the flow needs an API, so a :class:`TemporaryServer` — the
   same server Prefect would start by itself — is started as soon as the gate says so, and boots in
   its own process while this one imports the flow module and the pipeline; the flow then talks to it
@@ -16,8 +17,8 @@ imports 3.4 s, and the night's own work (gating, run health) 0.1 s.  So:
 * A plan (``--plan``) always runs the flow (its artifact is the plan).
 
 The gate is taken before any of this (one set-based query: ~25 ms on 300 scopes, ~6 s on 100k),
-and the flow takes it again at the same ``as_of``: the server is only started for a night that
-needs it, never for a quiet one.
+and the flow takes it again: the server is only started for a night that needs it, never for a
+quiet one.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -157,17 +159,19 @@ class TemporaryServer:
 
 
 def run_night(params, config, store) -> dict[str, Any]:
-    """One night (``params``: :class:`~deep_sleep.jobs.night.NightlyParameters` with ``as_of`` set;
-    ``config``: its configuration; ``store``: its store): a quiet night without Prefect when no scope
+    """One night (``params``: :class:`~deep_sleep.jobs.night.NightlyParameters`; ``config``: its configuration; ``store``: its store): a quiet night without Prefect when no scope
     is due and no standing server is configured, else the flow — on the standing server, or on a
     :class:`TemporaryServer` that boots while the flow module is imported.  The night's summary."""
     api = standing_api_url()
     if api is None and not params.plan:
         from deep_sleep.jobs.night import considered_scopes, quiet_night
 
-        gates = considered_scopes(store, params.as_of, config.gating, params.scopes)
+        # Without --as-of the flow takes its own start as as_of (as before): not this moment, seconds
+        # earlier, which would widen the window of live rows an extract finds "in the future".
+        as_of = params.as_of or datetime.now(UTC)
+        gates = considered_scopes(store, as_of, config.gating, params.scopes)
         if not any(g.due for g in gates):
-            return quiet_night(params, config, store, gates)
+            return quiet_night(params.model_copy(update={"as_of": as_of}), config, store, gates)
     if api is not None or not _ephemeral_allowed():  # Prefect's own settings decide (and refuse, if so told)
         from deep_sleep.flows.nightly import run_nightly
 

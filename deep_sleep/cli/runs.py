@@ -88,7 +88,7 @@ def cmd_nightly(args: argparse.Namespace) -> int:
     (:mod:`deep_sleep.cli.night`)."""
     from deep_sleep.transforms.config import load_config
 
-    as_of = _as_of(args.as_of) or datetime.now(UTC)  # fixed now: the gate taken here and the flow's agree
+    as_of = _as_of(args.as_of)
     config = load_config(args.config)
     store = _store(args.dsn)
     check_as_of(store, as_of, force=args.force)  # per scope, the gate skips scopes run later

@@ -15,7 +15,8 @@ standing Prefect server is configured (:mod:`deep_sleep.cli.night`).  Without a 
 the flow would first start Prefect's temporary one (8–9 s of a 12.4 s night on 300 scopes,
 measured) only to record a flow run in a local SQLite database that no server shows; with a
 standing server (``PREFECT_API_URL``) the flow still runs, so every night is on its UI.  Importing
-nothing of Prefect, the pipeline or great-expectations, such a night costs about a second and a half.
+nothing of Prefect, the pipeline or great-expectations, such a night takes 0.4–0.9 s (300 to 3,000
+scopes; benchmarks/README.md).
 """
 
 from __future__ import annotations
