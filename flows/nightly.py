@@ -14,8 +14,16 @@
    writes every record of its diff (and which rows its apply would hold) to ``<diff>/preview.parquet``,
    and the night's plan — the fleet's counts, then the records of the scopes with the most changes,
    by the renderer of ``deep-sleep plan`` — is the result and a Markdown artifact.
-3. The data-quality suite over the whole store, once for the night.
-4. A summary table artifact and a summary dict.
+3. The data-quality suite over the whole store, once for the night — after a night that applied at
+   least one scope.  A night that applied nothing (no scope due, every due scope failed, or a plan)
+   changed no memory row, and SPEC §4 checks the store *after apply*, keeping the results with the
+   night's runs; so the suite does not run then.  Live writes keep changing the store between
+   nights, but the suite checks whole tables: what a live write broke is found by the next night that
+   applies (and each scope's extract quarantines such rows before they reach a diff).  Those nights
+   do not pay great-expectations (its import alone is ~3.6 s; measured in benchmarks/README.md).
+4. Run health and retention, the summary (:mod:`deep_sleep.jobs.night` builds it, the same as for a
+   night with no due scope that ``deep-sleep nightly`` runs without Prefect), and a summary table
+   artifact.
 
 Concurrency comes from the shards' task runner, which the flow run builds from its parameters
 (:func:`shard_runner`; so a deployment's run honours them as ``deep-sleep nightly`` does): threads
@@ -38,7 +46,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 from deep_sleep.transforms.config import ConsolidationConfig, load_config
 from prefect import flow, get_run_logger, task
@@ -47,16 +55,24 @@ from prefect.cache_policies import NO_CACHE
 from prefect.futures import as_completed
 from prefect.states import Failed
 from prefect.task_runners import ProcessPoolTaskRunner, TaskRunner, ThreadPoolTaskRunner
-from pydantic import BaseModel, Field
 
 from deep_sleep.core import files
 from deep_sleep.core.errors import DeepSleepError
 from deep_sleep.core.report import ConsolidationReport
 from deep_sleep.core.scope import Scope
 from deep_sleep.core.snapshot import utc
-from deep_sleep.jobs.gating import due_scopes, shards_of
-from deep_sleep.jobs.gc import gc
-from deep_sleep.jobs.health import Alert, health, health_markdown
+from deep_sleep.jobs.gating import shards_of
+from deep_sleep.jobs.health import Alert, health_markdown
+from deep_sleep.jobs.night import (  # noqa: F401 - NightlyParameters and gate_distribution: re-exported
+    NightlyParameters,
+    considered_scopes,
+    gate_distribution,
+    health_alerts,
+    night_rows,
+    night_summary,
+    retention,
+    status_counts,
+)
 from deep_sleep.run import pipeline
 from deep_sleep.run.layout import runs_location
 from deep_sleep.run.preview import Preview, PreviewDigest, night_plan_markdown
@@ -64,35 +80,6 @@ from deep_sleep.store.db import Store, connect_store
 from deep_sleep.store.errors import is_transient
 
 APPLY_TAG = "deep-sleep-apply"
-
-
-class NightlyParameters(BaseModel):
-    """Parameters of one night over the whole fleet (or the listed scopes)."""
-
-    as_of: datetime | None = Field(None, description="logical time of the night (UTC); default: now")
-    config_file: str | None = None
-    config: dict[str, Any] = Field(default_factory=dict, description="knob overrides")
-    dsn: str | None = None
-    runs_dir: str | None = None
-    scopes: list[str] | None = Field(None, description="consider only these scopes (default: every scope of the store)")
-    max_workers: int = Field(2, ge=1, description="shards consolidated at once")
-    shard_rows: int = Field(500_000, ge=1, description="at most this many rows (nodes + edges + events) per shard")
-    shard_scopes: int = Field(5_000, ge=1, description="at most this many scopes per shard")
-    plan: bool = Field(False, description="plan only: extract, transform and validate every due scope, apply nothing")
-    plan_scopes: int = Field(20, ge=0, description="with plan: the scopes (most records first) whose records the "
-                             "night's plan shows; every record is in each diff directory's preview.parquet")
-    plan_per_phase: int = Field(5, ge=1, description="with plan: records shown per phase of each scope shown")
-    apply_concurrency: int = Field(2, ge=1, description="applies at once (apply slots held in the store)")
-    prefect_apply_limit: bool = Field(True, description="also cap applies with the Prefect tag concurrency limit "
-                                      "'deep-sleep-apply' (visible in the UI; costs slot-polling time per apply)")
-    data_quality: bool = Field(True, description="run the great-expectations suite over the store after the night")
-    task_runner: Literal["auto", "threads", "processes", "dask"] = Field(
-        "auto", description="auto (processes for a night of at least AUTO_PROCESSES_ROWS due rows in two or more "
-        "shards with max_workers >= 2, else threads), threads (one process), processes (max_workers worker "
-        "processes: no shared GIL, for large nights) or dask")
-    dask_address: str | None = Field(None, description="scheduler address; default: a local cluster")
-    dask_workers: int = Field(2, ge=1, description="workers of the local Dask cluster")
-    progress: bool = Field(False, description="print progress (scopes done / due, rows changed, elapsed) to stderr")
 
 
 def _retry_transient(task, task_run, state) -> bool:
@@ -258,27 +245,6 @@ def _artifact_rows(rows: list[dict]) -> list[dict]:
     return [{k: r.get(k, "") for k in keys} for r in ordered]
 
 
-def gate_distribution(results: list[dict]) -> dict[str, Any] | None:
-    """The night's recall-quality gate across the fleet: how many scopes it measured and failed, and
-    the distribution (min, median, p90, max) of recall@k before and after and of the drop (pp)."""
-    import statistics
-
-    measured = [r["gate"] for r in results if r.get("gate") and r["gate"].get("queries")]
-    if not measured:
-        return None
-
-    def spread(key: str) -> dict[str, float]:
-        values = sorted(float(g[key]) for g in measured if g.get(key) is not None)
-        if not values:
-            return {}
-        p90 = values[min(len(values) - 1, int(0.9 * len(values)))]
-        return {"min": round(values[0], 4), "median": round(statistics.median(values), 4), "p90": round(p90, 4),
-                "max": round(values[-1], 4)}
-
-    return {"scopes": len(measured), "failed": sum(bool(g.get("failed")) for g in measured),
-            "recall_before": spread("recall_before"), "recall_after": spread("recall_after"), "drop_pp": spread("drop_pp")}
-
-
 def _night_plan(as_of: datetime, night_id: str, gates: list, due: list, rows: list[dict], results: dict[str, dict],
                 failed_shard: dict[str, str], digests: list[PreviewDigest], params: NightlyParameters) -> dict:
     """``nightly --plan``: what the night would change — the fleet's summary, then the records of the
@@ -363,10 +329,7 @@ def deep_sleep_nightly(params: NightlyParameters) -> dict[str, Any]:
     if params.prefect_apply_limit:
         ensure_apply_limit(params.apply_concurrency)
 
-    gates = due_scopes(store, as_of, config.gating)
-    if params.scopes is not None:
-        wanted = {Scope.coerce(s).path for s in params.scopes}
-        gates = [g for g in gates if g.scope_path in wanted]
+    gates = considered_scopes(store, as_of, config.gating, params.scopes)
     due = [g for g in gates if g.due]
     logger.info("%d scopes, %d due, %d skipped", len(gates), len(due), len(gates) - len(due))
 
@@ -402,36 +365,13 @@ def deep_sleep_nightly(params: NightlyParameters) -> dict[str, Any]:
             if params.progress:
                 _progress_line(done, len(shards), len(results) + len(failed_shard), len(due), results, clock)
 
-    rows: list[dict[str, Any]] = []
-    for g in gates:
-        if not g.due:
-            rows.append({"scope": Scope.parse(g.scope_path).display(), "status": "skipped", "reason": g.reason})
-            continue
-        if g.scope_path in failed_shard:
-            rows.append({"scope": Scope.parse(g.scope_path).display(), "status": "failed",
-                         "reason": failed_shard[g.scope_path][:500]})
-            continue
-        r = results[g.scope_path]
-        ok = r["status"] in ("applied", "planned")
-        rows.append({
-            "scope": Scope.parse(g.scope_path).display(),
-            "status": r["status"] if ok else "failed",
-            "reason": g.reason if ok else "; ".join(r["errors"])[:500],
-            "changes": r["changes"],
-            "conflicts": r["conflicts"],
-            "counters": ", ".join(f"{k}={v}" for k, v in r["counters"].items()),
-            "quarantined": r["quarantined"],
-            "run_id": r["run_id"],
-            "worker_pid": r["worker_pid"],
-            "diff_hash": r["diff_hash"],
-            "diff_uri": r["diff_uri"],
-            **({"records": r.get("records", 0), "held": r.get("held", 0)} if params.plan else {}),
-        })
+    rows = night_rows(gates, results, failed_shard, params.plan)
     if params.plan:
         return _night_plan(as_of, night_id, gates, due, rows, results, failed_shard, digests, params)
 
+    counts = status_counts(rows)
     quality = None
-    if params.data_quality and due:
+    if params.data_quality and counts["applied"]:  # not after a night that applied nothing: see the docstring
         out = files.join(runs_location(params.runs_dir), "_nightly",
                          f"{as_of.strftime('%Y%m%dT%H%M%SZ')}_{night_id}", "data_quality")
         quality = data_quality_task(store.dsn, out, night_id)
@@ -440,11 +380,8 @@ def deep_sleep_nightly(params: NightlyParameters) -> dict[str, Any]:
     alerts = health_task(store.dsn, as_of, config, [g.scope_path for g in gates]) if config.health.enabled else []
     removed = retention_task(store.dsn, params.runs_dir, config) if config.retention.keep_days is not None else None
 
-    counts = {s: sum(r["status"] == s for r in rows) for s in ("applied", "failed", "skipped")}
-    summary = {"night_id": night_id, "as_of": as_of.isoformat(), "scopes": len(gates), "due": len(due),
-               "shards": len(shards), "task_runner": kind, **counts, "gate": gate_distribution(list(results.values())),
-               "held_rows": sum(r.get("held") or 0 for r in results.values()),
-               "data_quality": quality, "health": alerts, "retention": removed, "rows": rows}
+    summary = night_summary(night_id=night_id, as_of=as_of, gates=gates, shards=len(shards), task_runner=kind,
+                            rows=rows, results=results, quality=quality, alerts=alerts, removed=removed)
     create_table_artifact(
         key="deep-sleep-nightly",
         table=_artifact_rows(rows),
@@ -468,10 +405,9 @@ def deep_sleep_nightly(params: NightlyParameters) -> dict[str, Any]:
 
 @task(name="run-health", cache_policy=NO_CACHE)
 def health_task(dsn: str, as_of: datetime, config: ConsolidationConfig, scopes: list[str]) -> list[dict[str, str]]:
-    """The run-health alerts of ``scopes`` after the night (set-based, once per night)."""
-    wanted = set(scopes)
-    alerts = health(connect_store(dsn), as_of, config.health, config.gating.min_interval_hours)
-    return [{"scope_path": a.scope_path, "check": a.check, "message": a.message} for a in alerts if a.scope_path in wanted]
+    """The run-health alerts of ``scopes`` after the night (set-based, once per night;
+    :func:`deep_sleep.jobs.night.health_alerts`)."""
+    return health_alerts(dsn, as_of, config, scopes)
 
 
 class NightFailedHealth(DeepSleepError):
@@ -485,10 +421,8 @@ class NightFailedHealth(DeepSleepError):
 
 @task(name="retention", cache_policy=NO_CACHE)
 def retention_task(dsn: str, runs_dir: str | None, config: ConsolidationConfig) -> dict[str, int]:
-    """Old run directories and archive rows removed (``retention.keep_days``; see deep_sleep.jobs.gc)."""
-    result = gc(connect_store(dsn), runs_location(runs_dir), config.retention.keep_days, force=config.retention.force)
-    return {"directories": len(result.removed), "bytes": result.bytes_freed, "archive_rows": result.archive_rows_removed,
-            "marked_not_undoable": len(result.runs_marked_not_undoable)}
+    """Old run directories and archive rows removed (``retention.keep_days``; :func:`deep_sleep.jobs.night.retention`)."""
+    return retention(dsn, runs_dir, config)
 
 
 def _import_worker() -> None:

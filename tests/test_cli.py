@@ -316,3 +316,118 @@ def test_snapshot_out_pointing_at_a_file_is_refused(store, scope, tmp_path, caps
     target.write_text("x")
     assert main(["--dsn", store.dsn, "snapshot", scope.display(), "--out", str(target)]) == 2
     assert "existing file" in capsys.readouterr().err
+
+
+# -- issue 32 item 4: a night's floor ----------------------------------------------------------------
+
+_NIGHT_PROBE = """
+import json, sys
+from deep_sleep.cli import main
+rc = main(sys.argv[1:])
+print("PROBE " + json.dumps({"rc": rc, "imported": sorted(m for m in ("prefect", "great_expectations",
+      "deep_sleep.flows.nightly", "deep_sleep.run.pipeline", "prefect.server.api.server") if m in sys.modules)}))
+"""
+
+
+def _night_env(tmp_path: Path) -> dict[str, str]:
+    """The environment of an operator with no Prefect server configured: no PREFECT_API_URL, a Prefect
+    home of its own (no profile), run from a directory with no settings file."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_") and k != "DEEP_SLEEP_DSN"}
+    env.update(PREFECT_HOME=str(tmp_path / "prefect-home"), PREFECT_SERVER_ANALYTICS_ENABLED="false", DO_NOT_TRACK="1")
+    return env
+
+
+def _night_in_a_process(tmp_path: Path, dsn: str, as_of: datetime | None, timeout: float = 120) -> tuple[dict, str]:
+    import subprocess
+    import sys
+
+    cwd = tmp_path / "cwd"
+    cwd.mkdir(exist_ok=True)
+    when = ["--as-of", as_of.isoformat()] if as_of else []
+    done = subprocess.run([sys.executable, "-c", _NIGHT_PROBE, "--dsn", dsn, "nightly", *when,
+                           "--runs-dir", str(tmp_path / "runs")], cwd=cwd, env=_night_env(tmp_path), capture_output=True,
+                          text=True, timeout=timeout)  # a server left running would keep the pipes open: a timeout
+    probe = re.search(r"^PROBE (.+)$", done.stdout, re.M)
+    assert probe, done.stdout + done.stderr
+    return json.loads(probe.group(1)), done.stdout
+
+
+def _ledger_row(store, scope: Scope, as_of: datetime, changed: int = 1, conflicts: int = 0) -> None:
+    with store.pg() as con:
+        con.execute("INSERT INTO consolidation_runs (run_id, scope_path, mode, as_of, started_at, status, rows_changed, "
+                    "conflicts) VALUES (%s, %s, 'nightly', %s, %s, 'applied', %s, %s)",
+                    (str(uuid.uuid4()), scope.path, as_of, as_of, json.dumps({"memory_nodes": {"updates": changed}}),
+                     conflicts))
+        con.commit()
+
+
+@pytest.fixture
+def own_store(admin_dsn):
+    """A store of the test's own: a night considers every scope of its store."""
+    from tests.storeutil import create_database, drop_database
+
+    name = f"ds_floor_{uuid.uuid4().hex[:8]}"
+    yield create_database(admin_dsn, name)
+    drop_database(admin_dsn, name)
+
+
+def test_a_night_with_no_due_scope_needs_neither_prefect_nor_great_expectations(own_store, tmp_path):
+    """With no Prefect server configured and every scope gated, the night is reported (every scope
+    skipped, with its reason), run health is evaluated, and nothing of Prefect, the pipeline or
+    great-expectations is imported; a health alert still fails the night."""
+    now = datetime.now(UTC).replace(microsecond=0)
+    calm, busy = Scope.root("org", "calm").child("agent", "a"), Scope.root("org", "busy").child("agent", "a")
+    for s in (calm, busy):
+        small_graph(own_store, s, now - timedelta(hours=3))
+        _ledger_row(own_store, s, now - timedelta(hours=1))
+    probe, out = _night_in_a_process(tmp_path, own_store.dsn, None)  # as_of: the wall clock
+    assert probe == {"rc": 0, "imported": []}, out
+    assert "2 scopes: 0 due, 0 applied, 0 failed, 2 skipped" in out and "gated: last run 1.0 h ago" in out
+    assert "data quality" not in out
+
+    _ledger_row(own_store, busy, now - timedelta(minutes=30), changed=10, conflicts=90)  # health: conflict_rate
+    probe, out = _night_in_a_process(tmp_path, own_store.dsn, now)
+    assert probe == {"rc": 1, "imported": []}, out
+    assert "conflict_rate" in out and "org/busy/agent/a" in out
+
+
+def test_a_due_night_without_a_prefect_server_runs_the_flow_on_a_temporary_one(own_store, tmp_path):
+    """The flow runs on the temporary server ``deep-sleep nightly`` starts (not Prefect's own, whose
+    server package it never imports), which is stopped when the night ends."""
+    now = datetime.now(UTC).replace(microsecond=0)
+    scopes = [Scope.root("org", "due").child("agent", str(i)) for i in range(2)]
+    for s in scopes:
+        small_graph(own_store, s, now - timedelta(hours=3))
+    probe, out = _night_in_a_process(tmp_path, own_store.dsn, now, timeout=400)
+    assert probe["rc"] == 0, out
+    assert "prefect" in probe["imported"] and "prefect.server.api.server" not in probe["imported"]
+    assert "2 scopes: 2 due, 2 applied, 0 failed, 0 skipped; data quality passed" in out
+    assert scalar(own_store, "SELECT count(*) FROM consolidation_runs WHERE status = 'applied'") == 2
+    assert scalar(own_store, "SELECT count(*) FROM data_quality_runs WHERE success") == 1
+
+
+_API_PROBE = """
+import json, sys
+from deep_sleep.cli.night import standing_api_url
+print(json.dumps({"url": standing_api_url(), "prefect": "prefect" in sys.modules}))
+"""
+
+
+@pytest.mark.parametrize("where", ["nowhere", "environment", "profile"])
+def test_standing_api_url_reads_prefect_settings_only_when_something_may_set_it(where, tmp_path):
+    import subprocess
+    import sys
+
+    env = _night_env(tmp_path)
+    url = "http://127.0.0.1:4999/api"
+    if where == "environment":
+        env["PREFECT_API_URL"] = url
+    elif where == "profile":
+        (tmp_path / "prefect-home").mkdir()
+        (tmp_path / "prefect-home" / "profiles.toml").write_text(
+            f'active = "ops"\n\n[profiles.ops]\nPREFECT_API_URL = "{url}"\n')
+    done = subprocess.run([sys.executable, "-c", _API_PROBE], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=120, check=True)
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got == {"nowhere": {"url": None, "prefect": False}, "environment": {"url": url, "prefect": False},
+                   "profile": {"url": url, "prefect": True}}[where]

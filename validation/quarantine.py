@@ -65,6 +65,7 @@ import numpy as np
 import polars as pl
 
 from deep_sleep.core import lookup, tables
+from deep_sleep.core.characters import INVISIBLE
 from deep_sleep.core.quarantine_config import QuarantineConfig
 from deep_sleep.core.duck import registered
 from deep_sleep.core.shard import Shard
@@ -73,11 +74,8 @@ from deep_sleep.core.snapshot import Snapshot, utc
 QUARANTINE_SCHEMA = {"table": pl.String(), "id": pl.String(), "reason": pl.String(), "row": pl.String()}
 SHARD_QUARANTINE_SCHEMA = {**QUARANTINE_SCHEMA, "scope_path": pl.String()}
 CONTROL = r"[\x00-\x1f\x7f]"
-# Characters that make a label render as something else than it holds: line/paragraph separators
-# (U+2028/2029), zero-width characters and joiners (U+200B–U+200D, U+2060, U+FEFF), direction marks,
-# embeddings, overrides and isolates (U+200E/200F, U+202A–U+202E, U+2066–U+2069), and the other
-# invisible operators (U+2061–U+2064).
-INVISIBLE = "[\u200b-\u200f\u2028-\u202e\u2060-\u2064\u2066-\u2069\ufeff]"
+# INVISIBLE (characters that make a label render as something else than it holds) is the online
+# checks' own definition (deep_sleep.core.characters): a label the live path accepts is never quarantined.
 JSON_SHAPE = {"properties": "OBJECT", "metadata": "OBJECT", "steps": "ARRAY"}
 TIMESTAMPS = ("created_at", "updated_at", "accessed_at")
 SMALL_ROWS = 800  # JSON columns of frames up to this many rows are checked in Python (small path; crossover ~900 here)

@@ -83,23 +83,27 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
 
 
 def cmd_nightly(args: argparse.Namespace) -> int:
-    """One night over the fleet (every due scope), in Prefect's local mode unless PREFECT_API_URL is set."""
+    """One night over the fleet (every due scope): the flow, on the Prefect server PREFECT_API_URL names
+    or on a temporary one; a night with no due scope and no such server runs without Prefect
+    (:mod:`deep_sleep.cli.night`)."""
     from deep_sleep.transforms.config import load_config
 
     as_of = _as_of(args.as_of)
-    load_config(args.config)
-    check_as_of(_store(args.dsn), as_of, force=args.force)  # per scope, the gate skips scopes run later
+    config = load_config(args.config)
+    store = _store(args.dsn)
+    check_as_of(store, as_of, force=args.force)  # per scope, the gate skips scopes run later
     _hide_dsn(args.dsn)
     common._quiet_prefect()
-    from deep_sleep.flows.nightly import NightlyParameters, run_nightly
+    from deep_sleep.cli.night import run_night
+    from deep_sleep.jobs.night import NightlyParameters
 
-    summary = run_nightly(NightlyParameters(
+    summary = run_night(NightlyParameters(
         as_of=as_of, config_file=args.config, dsn=None, runs_dir=args.runs_dir,
         max_workers=args.max_workers, apply_concurrency=args.apply_concurrency, data_quality=not args.no_data_quality,
         task_runner=args.task_runner, dask_address=args.dask_address, prefect_apply_limit=not args.no_prefect_apply_limit,
         progress=True, shard_rows=args.shard_rows, shard_scopes=args.shard_scopes, plan=args.plan,
         plan_scopes=args.plan_scopes, plan_per_phase=args.per_phase,
-    ))
+    ), config, store)
     from deep_sleep.run.console import markdown_table
 
     if args.plan:  # the very text of the deep-sleep-night-plan artifact

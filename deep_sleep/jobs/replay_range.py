@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 from deep_sleep.core.diff import Diff
 from deep_sleep.core.errors import SnapshotError
@@ -27,12 +26,13 @@ from deep_sleep.core.files import write_atomic
 from deep_sleep.core.report import ConsolidationReport
 from deep_sleep.core.scope import Scope
 from deep_sleep.core.shard import Shard
-from deep_sleep.core.snapshot import MANIFEST, Snapshot, iso, utc
+from deep_sleep.core.snapshot import MANIFEST, Snapshot, iso, manifest_time, utc
 from deep_sleep.jobs.compare import Comparison, compare_diffs, comparison_markdown
 from deep_sleep.jobs.errors import LedgerError
 from deep_sleep.jobs.ledger import get_run
 from deep_sleep.run import pipeline
 from deep_sleep.run.layout import runs_dir as local_runs_dir
+from deep_sleep.run.layout import scope_dir_name
 from deep_sleep.run.console import markdown_table
 from deep_sleep.store.db import Store
 from deep_sleep.transforms.config import ConsolidationConfig
@@ -64,7 +64,7 @@ class StoredSnapshot:
             raise SnapshotError(f"{path} is not a snapshot directory: {MANIFEST} is missing")
         try:
             manifest = json.loads(mpath.read_text())
-            scope_path, taken_at = manifest["scope_path"], utc(manifest["taken_at"])
+            scope_path, taken_at = manifest["scope_path"], manifest_time(mpath, "taken_at", manifest.get("taken_at"))
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
             raise SnapshotError(f"{mpath}: unreadable manifest ({exc})") from exc
         match = _RUN_DIR.match(path.resolve().parent.name)
@@ -79,7 +79,7 @@ def find_snapshots(runs_dir: str | Path | None, scope: Scope | str, start: datet
     """The scope's stored snapshots under ``runs_dir`` (layout of :func:`deep_sleep.run.layout.run_dir`)
     whose ``taken_at`` is within [start, end], oldest first."""
     scope = Scope.coerce(scope)
-    base = local_runs_dir(runs_dir) / quote(scope.display(), safe="")
+    base = local_runs_dir(runs_dir) / scope_dir_name(scope)
     lo, hi = (utc(start) if start else None), (utc(end) if end else None)
     found = []
     for manifest in sorted(base.glob(f"*/snapshot/{MANIFEST}")):

@@ -16,7 +16,7 @@ from deep_sleep.core import tables
 from deep_sleep.core.diff import Diff, TableDiff
 from deep_sleep.core.errors import DeepSleepError
 from deep_sleep.core.scope import Scope
-from deep_sleep.core.snapshot import MANIFEST, Snapshot
+from deep_sleep.core.snapshot import MANIFEST, table_file, Snapshot
 from deep_sleep.jobs.errors import UndoError
 from deep_sleep.jobs.ledger import RunRecord
 from deep_sleep.jobs.undo_sql import (
@@ -44,11 +44,12 @@ class Staged:
 def _snapshot_rows(snapshot_dir: Path, table: str, ids: pl.Series, scope_path: str) -> pl.DataFrame:
     """The snapshot's rows of ``table`` with these ids, read without loading the whole table (a
     shard's snapshot holds many scopes: only ``scope_path``'s rows)."""
-    manifest = json.loads((snapshot_dir / MANIFEST).read_text())
+    mpath = snapshot_dir / MANIFEST
+    manifest = json.loads(mpath.read_text())
     entry = (manifest.get("tables") or {}).get(table)
     if not entry:
         return tables.empty(table)
-    scan = pl.scan_parquet(snapshot_dir / (entry.get("file") or f"{table}.parquet"))
+    scan = pl.scan_parquet(table_file(snapshot_dir, mpath, table, entry))  # inside the snapshot directory only
     wanted = pl.col("id").is_in(ids.implode())
     if "scope_path" in scan.collect_schema().names():
         wanted = wanted & (pl.col("scope_path") == scope_path)

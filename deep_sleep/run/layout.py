@@ -60,6 +60,22 @@ def runs_dir(value: str | Path | None = None) -> Path:
     return files.local_path(location)
 
 
+#: A run directory's scope folder name is at most this many bytes (file systems allow 255).
+MAX_SCOPE_DIR_BYTES = 200
+
+
+def scope_dir_name(scope: Scope | str) -> str:
+    """The folder of a scope's runs: its display (``kind/id…``) URL-quoted, so two scopes never share
+    one and ``/`` in an id stays one level.  A name over :data:`MAX_SCOPE_DIR_BYTES` (a deep scope
+    of long or non-ASCII ids) is cut and ends with a hash of the whole, so it stays distinct."""
+    name = quote(Scope.coerce(scope).display(), safe="")
+    if len(name.encode()) <= MAX_SCOPE_DIR_BYTES:
+        return name
+    import hashlib
+
+    return name[: MAX_SCOPE_DIR_BYTES - 17] + "~" + hashlib.sha256(name.encode()).hexdigest()[:16]
+
+
 def _stamp(as_of: datetime) -> str:
     return utc(as_of).strftime("%Y%m%dT%H%M%S.%fZ")
 
@@ -70,13 +86,13 @@ def run_location(runs: str | Path | None, scopes: list[str] | tuple[str, ...], a
     or a URL, as the runs directory is."""
     base = runs_location(runs)
     if len(scopes) == 1:
-        return files.join(base, quote(Scope.parse(scopes[0]).display(), safe=""), f"{_stamp(as_of)}_{run_id}")
+        return files.join(base, scope_dir_name(Scope.parse(scopes[0])), f"{_stamp(as_of)}_{run_id}")
     return files.join(base, "_shards", f"{_stamp(as_of)}_{run_id}")
 
 
 def run_dir(runs: str | Path | None, scope: Scope, as_of: datetime, run_id: str) -> Path:
     """A single scope's run directory on local disk (:func:`run_location`)."""
-    return runs_dir(runs) / quote(scope.display(), safe="") / f"{_stamp(as_of)}_{run_id}"
+    return runs_dir(runs) / scope_dir_name(scope) / f"{_stamp(as_of)}_{run_id}"
 
 
 def publish(snapshot_dir: Path | None, diff_dir: Path | None, location: str) -> None:
@@ -144,6 +160,6 @@ def read_scope_snapshot(directory: str | Path, scope_path: str | None = None) ->
     return replace(shard.scope(scope_path), source=Path(directory))
 
 
-__all__ = ["REPORTS_FILE", "QUARANTINE_FILE", "VALIDATION_FILE", "DEFAULT_RUNS_DIR", "runs_location", "runs_dir",
+__all__ = ["REPORTS_FILE", "QUARANTINE_FILE", "VALIDATION_FILE", "DEFAULT_RUNS_DIR", "runs_location", "runs_dir", "scope_dir_name",
            "run_location", "run_dir", "publish", "write_reports", "is_shard_diff", "read_scope_report",
            "read_scope_diff", "read_scope_snapshot"]

@@ -74,10 +74,15 @@ def test_nightly_over_200_scopes(prefect_harness, fleet, tmp_path):
         assert con.execute("SELECT count(*) FROM consolidation_runs WHERE scope_path = ANY(%s) AND status = 'applied'",
                            ([s.path for s in failing],)).fetchone()[0] == 0
     assert summary["data_quality"] is not None and os.path.exists(summary["data_quality"]["data_docs_path"])
+    with store.pg() as con:  # the suite's results are kept with the night
+        assert con.execute("SELECT success, results_path FROM data_quality_runs WHERE nightly_run_id = %s",
+                           (summary["night_id"],)).fetchall() == [(True, summary["data_quality"]["results_path"])]
 
-    # right after: nothing is due (the failed scopes are still due: they never applied)
-    again = run_nightly(params.model_copy(update={"as_of": NOW + timedelta(minutes=5), "data_quality": False}))
+    # right after: nothing is due (the failed scopes are still due: they never applied); a night that
+    # applied nothing does not run the data-quality suite
+    again = run_nightly(params.model_copy(update={"as_of": NOW + timedelta(minutes=5)}))
     assert again["due"] == 3 and again["skipped"] == 197 and again["failed"] == 3
+    assert again["data_quality"] is None
     with store.pg() as con:
         con.execute("DROP TRIGGER fail_on_purpose ON memory_nodes")
         con.commit()
@@ -212,3 +217,55 @@ def _error(state) -> BaseException:
     except BaseException as exc:  # noqa: BLE001 - the error is the result
         return exc
     raise AssertionError("the state holds no error")
+
+
+@pytest.fixture
+def gated_store(admin_dsn):
+    """Three scopes consolidated an hour before NOW (nothing due), one of them with a conflict-rate alert."""
+    import json
+
+    from tests.storeutil import small_graph
+
+    name = f"ds_gated_{uuid.uuid4().hex[:8]}"
+    store = create_database(admin_dsn, name)
+    scopes = [Scope.root("org", "gated").child("agent", str(i)) for i in range(3)]
+    for i, s in enumerate(scopes):
+        small_graph(store, s, NOW - timedelta(hours=3))
+        with store.pg() as con:
+            con.execute("INSERT INTO consolidation_runs (run_id, scope_path, mode, as_of, started_at, status, rows_changed, "
+                        "conflicts) VALUES (gen_random_uuid(), %s, 'nightly', %s, %s, 'applied', %s, %s)",
+                        (s.path, NOW - timedelta(hours=1), NOW - timedelta(hours=1),
+                         json.dumps({"memory_nodes": {"updates": 5}}), 50 if i == 2 else 0))
+            con.commit()
+    yield store, scopes
+    drop_database(admin_dsn, name)
+
+
+@pytest.mark.flow
+def test_a_quiet_night_reports_what_the_flow_reports(prefect_harness, gated_store, tmp_path, monkeypatch, capsys):
+    """A night with no due scope: deep_sleep.jobs.night.quiet_night (no Prefect) gives the flow's very
+    summary — rows, counts, health alerts — and the CLI runs the flow when a Prefect server is configured
+    (here the test harness's): every night is on the server's UI then."""
+    from deep_sleep.cli import main
+    from deep_sleep.flows.nightly import NightlyParameters, run_nightly
+    from deep_sleep.jobs import night
+    from deep_sleep.transforms.config import load_config
+
+    store, scopes = gated_store
+    params = NightlyParameters(as_of=NOW, dsn=store.dsn, runs_dir=str(tmp_path / "runs"), data_quality=True)
+    flow = run_nightly(params)
+    quiet = night.quiet_night(params, load_config(), store, night.considered_scopes(store, NOW, load_config().gating))
+    assert flow["due"] == 0 and flow["skipped"] == 3 and flow["data_quality"] is None
+    assert [a["check"] for a in flow["health"]] == ["conflict_rate"]
+    assert {k: v for k, v in quiet.items() if k != "night_id"} == {k: v for k, v in flow.items() if k != "night_id"}
+
+    def no_quiet(*_a, **_k):
+        raise AssertionError("a quiet night with a Prefect server configured")
+
+    monkeypatch.setattr(night, "quiet_night", no_quiet)
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)  # the harness sets it in Prefect's settings only
+    monkeypatch.delenv("DEEP_SLEEP_DSN", raising=False)
+    assert main(["--dsn", store.dsn, "nightly", "--as-of", NOW.isoformat(), "--runs-dir", str(tmp_path / "cli")]) == 1
+    # (exit 1: the conflict-rate alert)
+    out = capsys.readouterr().out
+    assert "3 scopes: 0 due, 0 applied, 0 failed, 3 skipped" in out and "conflict_rate" in out

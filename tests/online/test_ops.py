@@ -29,7 +29,7 @@ from deep_sleep.online.ops import (
     op_name,
 )
 from deep_sleep.online.turn import record_turn
-from deep_sleep.run.stages import consolidate_scope
+from deep_sleep.run.pipeline import consolidate
 from deep_sleep.transforms.config import ConsolidationConfig
 from tests.online.helpers import NOW, rows, sibling
 from tests.storeutil import scalar
@@ -347,7 +347,7 @@ def test_labels_with_invisible_or_direction_changing_characters_are_rejected_onl
     # the thought's text is kept as written; its label (made from the text) holds none of them
     label, thought = rows(store, "SELECT label, properties->>'thought' FROM memory_nodes WHERE id = %s", receipt.ids("thinking")[0])[0]
     assert thought == ops[5]["text"] and label == "thought: a thought with a line separator and a   bidi override"
-    report = consolidate_scope(store, scope, ConsolidationConfig(), as_of=NOW + timedelta(hours=1), base_dir=runs_dir)
+    report = consolidate(store, scope, NOW + timedelta(hours=1), ConsolidationConfig(), runs_dir=runs_dir).report()
     assert report.status == "applied" and report.quarantined == {}
 
 

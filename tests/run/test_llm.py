@@ -280,7 +280,7 @@ def test_a_rerun_with_the_cached_summaries_changes_nothing_and_the_model_off_tak
 
 @pytest.mark.flow
 def test_the_nightly_flow_hands_the_model_to_the_phases(api, store, scope, monkeypatch, tmp_path, prefect_harness):
-    """The Prefect nightly (not only consolidate_scope) builds the summarizer when the model is enabled."""
+    """The Prefect nightly (not only pipeline.consolidate) builds the summarizer when the model is enabled."""
     from deep_sleep.flows.nightly import NightlyParameters, run_nightly
 
     monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")

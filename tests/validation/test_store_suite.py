@@ -252,3 +252,15 @@ def test_suite_connections_get_their_work_mem(suite_db, monkeypatch, tmp_path):
     with pytest.raises(ConfigError, match="DEEP_SLEEP_SUITE_WORK_MEM='lots'"):
         run_store_suite(suite_db, tmp_path / "never")
     assert not (tmp_path / "never").exists()
+
+
+def test_great_expectations_is_imported_only_when_the_suite_runs():
+    """Importing the suite's module or the nightly flow costs nothing of great-expectations (~3.6 s):
+    only running the suite imports it."""
+    import subprocess
+    import sys
+
+    probe = ("import sys, deep_sleep.flows.nightly, deep_sleep.validation.store_suite; "
+             "print('great_expectations' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, check=True)
+    assert done.stdout.split() == ["False"], done.stderr
