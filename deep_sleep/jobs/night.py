@@ -28,6 +28,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from deep_sleep.core.config import GatingConfig
+from deep_sleep.core.errors import InputError
 from deep_sleep.core.scope import Scope
 from deep_sleep.core.snapshot import utc
 from deep_sleep.jobs.gating import Gate, due_scopes
@@ -170,10 +171,10 @@ def quiet_night(params: NightlyParameters, config, store: Store, gates: list[Gat
     was applied).  ``params.as_of`` must be set (the time the gates were taken at); ``config``: the
     night's :class:`~deep_sleep.transforms.config.ConsolidationConfig`."""
     if params.as_of is None:
-        raise ValueError("quiet_night needs params.as_of: the time the gates were taken at")
+        raise InputError("quiet_night needs params.as_of: the time the gates were taken at")
     due = [g.scope_path for g in gates if g.due]
     if due:
-        raise ValueError(f"quiet_night is for a night with no due scope; {len(due)} are due")
+        raise InputError(f"quiet_night is for a night with no due scope; {len(due)} are due")
     as_of = utc(params.as_of)
     alerts = health_alerts(store.dsn, as_of, config, [g.scope_path for g in gates]) if config.health.enabled else []
     removed = retention(store.dsn, params.runs_dir, config) if config.retention.keep_days is not None else None
