@@ -47,7 +47,7 @@ def plan_night(store, as_of: datetime, work: Path, shard_rows: int, shard_scopes
     for i, scopes in enumerate(shards_of([(g.scope_path, g.rows) for g in due], shard_rows, shard_scopes)[:max_shards]):
         ctx = pipeline.Context.of(as_of, config, scopes=scopes, store=store, base=work / f"shard-{i:05d}", holds=False)
         v = pipeline.run(tuple(s for s in pipeline.PLAN if s.name in ("extract", "transform", "validate")), ctx)
-        out.append((v.tonight, dict(v.reports), v.plan.quarantined))
+        out.append((v.tonight, dict(v.reports), v.transformed.quarantined))
     return out
 
 
@@ -188,7 +188,7 @@ def explain_first_batch(store, shard, batch_scopes: int) -> None:
     diff, reports, _ = shard
     scopes = sorted(reports, key=str.encode)[:batch_scopes]
     diffs, _ = ap._batches(diff, None, sorted(reports, key=str.encode), batch_scopes, set())
-    planned = ap.planned_statements(diffs[0], {s: reports[s] for s in scopes})
+    planned = ap.batch_statements(diffs[0], {s: reports[s] for s in scopes})
     with store.adbc() as con:
         cur = con.cursor()
         try:

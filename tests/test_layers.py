@@ -62,7 +62,7 @@ def test_every_layer_is_a_package_and_every_package_a_layer():
 def test_the_walk_finds_the_run_layers_modules_and_the_single_scope_twins_are_gone():
     """The pipeline's modules (issue 29: one path) are checked like every other; ``deep_sleep.run.stages``
     (the single-scope entry points) is gone, its directory helpers in ``deep_sleep.run.layout``."""
-    assert {"deep_sleep.run.layout", "deep_sleep.run.pipeline", "deep_sleep.run.plan", "deep_sleep.run.holds",
+    assert {"deep_sleep.run.layout", "deep_sleep.run.pipeline", "deep_sleep.run.transform", "deep_sleep.run.holds",
             "deep_sleep.run.apply", "deep_sleep.run.statements"} <= set(MODULES)
     assert "deep_sleep.run.stages" not in MODULES and importlib.util.find_spec("deep_sleep.run.stages") is None
 
@@ -89,11 +89,11 @@ def test_module_imports_and_imports_no_higher_layer(module: str):
 
 
 def test_the_rule_catches_upward_and_top_level_imports():
-    source = "import os\nfrom deep_sleep.core.scope import Scope\ndef f():\n    from deep_sleep.run.plan import plan\n" \
+    source = "import os\nfrom deep_sleep.core.scope import Scope\ndef f():\n    from deep_sleep.run.transform import transform\n" \
              "from deep_sleep import cli\nfrom transforms import ROSTER\n"
     found = violations("deep_sleep.core.probe", source)
     assert len(found) == 3, found
-    assert "deep_sleep.run.plan" in found[0] and "deep_sleep.cli" in found[1] and "top-level" in found[2]
+    assert "deep_sleep.run.transform" in found[0] and "deep_sleep.cli" in found[1] and "top-level" in found[2]
     assert violations("deep_sleep.cli", source) == [found[2].replace("deep_sleep.core.probe", "deep_sleep.cli")]
 
 

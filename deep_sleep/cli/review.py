@@ -70,15 +70,15 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 def _explain(state) -> None:
     """Print the statements an apply of what the replay would apply tonight would run (no database)."""
-    from deep_sleep.run.apply import planned_statements
+    from deep_sleep.run.apply import batch_statements
     from deep_sleep.run.statements import explain
 
     ok = {s: r.with_(run_id=r.run_id or "<run id of the apply>") for s, r in state.reports.items() if r.status != "failed"}
     if not ok:
         print("\n-- validation failed: an apply would only record the run as failed; no statements run")
         return
-    q = state.plan.quarantined
-    todo = planned_statements(state.tonight, ok, q if q.height else None).statements
+    q = state.transformed.quarantined
+    todo = batch_statements(state.tonight, ok, q if q.height else None).statements
     print(f"\n-- the apply would run {len(todo)} statement(s) in one transaction:\n")
     print(explain(todo), end="")
 

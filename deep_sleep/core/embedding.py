@@ -20,7 +20,7 @@ satisfies :class:`EmbeddingProvider` — no subclassing), whose ``dim`` is
 :data:`deep_sleep.core.tables.EMBEDDING_DIM` (the store's ``vector(256)``; project a bigger model's
 output down, e.g. with a fixed random projection or Matryoshka truncation, then re-normalise),
 and make :func:`default_embedder` return it — it is the one place the runner
-(:mod:`deep_sleep.run.plan`) gets the embedder of the phases that ask for ``embedder``.  Keep it
+(:mod:`deep_sleep.run.transform`) gets the embedder of the phases that ask for ``embedder``.  Keep it
 deterministic (same text → same vector, no sampling, a pinned model version in ``name``):
 replay and the idempotence guarantee depend on it.  Phases may also be called directly with any
 provider (``procedural_promotion(…, embedder=my_model)``), which is how tests inject one.

@@ -64,10 +64,10 @@ from deep_sleep.jobs.errors import HoldError
 from deep_sleep.jobs.ledger import RunRecord, get_run
 from deep_sleep.jobs.undo_plan import without_rows
 from deep_sleep.run import holds
-from deep_sleep.run.apply import apply_batch, planned_statements
+from deep_sleep.run.apply import apply_batch, batch_statements
 from deep_sleep.run.layout import read_scope_diff, read_scope_report, read_scope_snapshot
 from deep_sleep.run.pipeline import failure_messages
-from deep_sleep.run.plan import as_shard_diff
+from deep_sleep.run.transform import as_shard_diff
 from deep_sleep.run.statements import Statement
 from deep_sleep.store.db import Store
 from deep_sleep.transforms.config import ConsolidationConfig, load_config
@@ -262,7 +262,7 @@ def approve(store: Store, run_id: str, phase: str | None = None, decided_by: str
         report.write(out)
         if remote:  # before the apply: its ledger row names these files
             files.publish_dir(base, location)
-        planned = planned_statements(chosen, {h.run.scope_path: report})
+        planned = batch_statements(chosen, {h.run.scope_path: report})
         decide = _decision_statements(h, phases, "approved", approval_id, decided_by, approval_id)
         at = next(i for i, s in enumerate(planned.statements) if s.step == "lock") + 1
         planned = replace(planned, statements=(*planned.statements[:at], *decide, *planned.statements[at:]))

@@ -37,7 +37,7 @@ from deep_sleep.core.files import write_atomic
 from deep_sleep.core.report import ConsolidationReport
 from deep_sleep.core.snapshot import Snapshot
 from deep_sleep.run.console import markdown_table
-from deep_sleep.run.plan import plan
+from deep_sleep.run.transform import transform
 from deep_sleep.transforms import COUNTERS
 from deep_sleep.transforms.config import ConsolidationConfig
 
@@ -213,9 +213,9 @@ def compare_diffs(diff_a: Diff, diff_b: Diff, *, report_a: ConsolidationReport |
 
 def compare_configs(snapshot: Snapshot, config_a: ConsolidationConfig, config_b: ConsolidationConfig, as_of,
                     *, phases: Sequence[str] | None = None, label_a: str = "A", label_b: str = "B") -> Comparison:
-    """Plan one snapshot under two configurations and compare the diffs (no store involved)."""
-    a = plan(snapshot, config_a, as_of, tuple(phases) if phases else None)
-    b = plan(snapshot, config_b, as_of, tuple(phases) if phases else None)
+    """Transform one snapshot under two configurations and compare the diffs (no store involved)."""
+    a = transform(snapshot, config_a, as_of, tuple(phases) if phases else None)
+    b = transform(snapshot, config_b, as_of, tuple(phases) if phases else None)
     return compare_diffs(a.scope_diff(), b.scope_diff(), report_a=a.report, report_b=b.report, label_a=label_a, label_b=label_b)
 
 

@@ -114,7 +114,7 @@ def replay_snapshot(snapshot: Snapshot | str | Path, config: ConsolidationConfig
     ctx = pipeline.Context.of(as_of, config, diff_dir=Path(out) if out is not None else None,
                               phases=tuple(phases) if phases else None)
     state = pipeline.run(pipeline.REPLAY, ctx, pipeline.State(shard=Shard.of(snap)))
-    return state.plan.scope_diff(), state.report()
+    return state.transformed.scope_diff(), state.report()
 
 
 @dataclass(frozen=True)

@@ -120,7 +120,7 @@ def record_run(store: Store, report: ConsolidationReport, mode: str, started_at:
         cur.execute(LEDGER_SQL, parameters=(ledger_rows([report.with_(status=status)], mode, started_at),))
 
 
-def planned_statements(diff: Diff, reports: Mapping[str, ConsolidationReport],
+def batch_statements(diff: Diff, reports: Mapping[str, ConsolidationReport],
                        quarantined: pl.DataFrame | None = None) -> Statements:
     """The statements :func:`apply` runs for one batch (``replay --explain`` prints them).  The
     thresholds are read at call time (tests set them on this module); the environment here, not by
@@ -268,7 +268,7 @@ def _alone(store: Store, diff: Diff, report: ConsolidationReport, mode: str, sta
     s = report.scope_path
     for attempt in range(1, TRANSIENT_ATTEMPTS + 1):
         try:
-            planned = planned_statements(diff, {s: report}, quarantined)
+            planned = batch_statements(diff, {s: report}, quarantined)
             applied, conflicts = apply_batch(store, planned, {s: report}, mode, started_at, step_seconds, guarded)[s]
             return "applied", applied, conflicts, None
         except InputError:
@@ -347,7 +347,7 @@ def apply(
         mine = {s: reports[s] for s in scopes[start:start + batch_scopes]}
         part, q = diffs.get(b, Diff.empty()), held.get(b)
         clock = time.perf_counter()
-        planned = planned_statements(part, mine, q)  # pure: a bug here is raised, not retried
+        planned = batch_statements(part, mine, q)  # pure: a bug here is raised, not retried
         if step_seconds is not None:
             step_seconds["plan"] = step_seconds.get("plan", 0.0) + time.perf_counter() - clock
         try:
@@ -377,10 +377,10 @@ def apply(
 
 def _with_scope(diff: Diff, scope_path: str) -> Diff:
     """One scope's part (as :meth:`Diff.by_scope` gives it) with its ``scope_path`` back on every row."""
-    from deep_sleep.run.plan import as_shard_diff
+    from deep_sleep.run.transform import as_shard_diff
 
     return as_shard_diff(diff, scope_path)
 
 
-__all__ = ["apply", "apply_batch", "ScopeApplied", "record_run", "planned_statements", "ledger_rows", "apply_work_mem", "stage",
+__all__ = ["apply", "apply_batch", "ScopeApplied", "record_run", "batch_statements", "ledger_rows", "apply_work_mem", "stage",
            "TRANSIENT_ATTEMPTS", "FAST_INSERTS_PER_BATCH"]

@@ -163,7 +163,7 @@ def recall_gate(shard: Shard | Snapshot, diff: Diff, config: Any, embeddings: pl
     configuration (its ``gate`` and ``label_recalls.min_label``); ``embeddings``: the nodes' (``id``,
     ``embedding``)."""
     if isinstance(shard, Snapshot):
-        from deep_sleep.run.plan import as_shard_diff
+        from deep_sleep.run.transform import as_shard_diff
 
         shard, diff = Shard.of(shard), as_shard_diff(diff, shard.scope_path)
     gate, min_label = _settings(config)

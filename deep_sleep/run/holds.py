@@ -413,7 +413,7 @@ def read_held(diff_dir: str | Path, scope_path: str) -> tuple[Diff, pl.DataFrame
     release's (every row with ``scope_path``, :meth:`HoldSplit.write`), and earlier releases' — a
     single-scope run's diff directory, and shards' per-scope folders ``held/<scope>/``.  ``diff_dir``
     may be a URL (a local copy of its ``held/`` is fetched)."""
-    from deep_sleep.run.plan import as_shard_diff
+    from deep_sleep.run.transform import as_shard_diff
 
     empty = Diff.empty(), pl.DataFrame(schema=REASONS_SCHEMA)
     src = Path(diff_dir) / HELD_DIR

@@ -3,7 +3,7 @@
 The phases stay pure: they build the deterministic text, ask a
 :class:`~deep_sleep.core.summary.Summarizer` for a better one and keep theirs whenever the answer
 is ``None``.  :class:`ClaudeSummarizer` is the summarizer with side effects, built by the runner
-(:func:`summarizer_for`) and handed to :func:`deep_sleep.run.plan.plan`:
+(:func:`summarizer_for`) and handed to :func:`deep_sleep.run.transform.transform`:
 
 1. **Cache** — each group's content hash (model, prompt version, phase, texts;
    :meth:`SummaryRequest.content_hash`) is looked up in ``llm_summary_cache`` (per tenant).  A hit

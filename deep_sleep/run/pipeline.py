@@ -45,7 +45,7 @@ from deep_sleep.run.apply import ScopeApplied, apply
 from deep_sleep.run.gate import not_run, recall_gate
 from deep_sleep.run.holds import HoldSplit, split_holds
 from deep_sleep.run.layout import QUARANTINE_FILE, VALIDATION_FILE, publish, write_reports
-from deep_sleep.run.plan import Plan, plan
+from deep_sleep.run.transform import Transformed, transform
 from deep_sleep.store.db import Store
 from deep_sleep.transforms.config import ConsolidationConfig
 from deep_sleep.validation import failed_scopes, validate_diff
@@ -105,8 +105,8 @@ class Context:
 class State:
     """What the stages so far computed.
 
-    shard: the snapshot (extracted, or given: replay, the nap).  plan: the transform's
-    (:class:`~deep_sleep.run.plan.Plan`: the clean shard, the diff, the quarantined rows).
+    shard: the snapshot (extracted, or given: replay, the nap).  transformed: the transform stage's
+    (:class:`~deep_sleep.run.transform.Transformed`: the clean shard, the diff, the quarantined rows).
     reports: scope → its report, as far as the run got.  split: the holds split (what applies tonight,
     what waits); None before the Hold stage or without one.  failures: the validation's failing checks.
     applied: scope → what the apply did.  ran: the names of the stages that ran, in order; seconds: each one's.
@@ -114,7 +114,7 @@ class State:
     """
 
     shard: Shard | None = None
-    plan: Plan | None = None
+    transformed: Transformed | None = None
     reports: Mapping[str, ConsolidationReport] = field(default_factory=dict)
     split: HoldSplit | None = None
     failures: pl.DataFrame | None = None
@@ -128,7 +128,7 @@ class State:
         """The part of the diff that applies tonight: the holds split's, else the whole diff."""
         if self.split is not None:
             return self.split.apply
-        return self.plan.diff if self.plan is not None else Diff.empty()
+        return self.transformed.diff if self.transformed is not None else Diff.empty()
 
     @property
     def ok(self) -> list[str]:
@@ -174,7 +174,7 @@ class Extract:
 
 @dataclass(frozen=True)
 class Transform:
-    """Run the phases over the shard (:func:`~deep_sleep.run.plan.plan`), give each scope its run id,
+    """Run the phases over the shard (:func:`~deep_sleep.run.transform.transform`), give each scope its run id,
     and write the diff's frames to ``ctx.diff_dir``."""
 
     name: ClassVar[str] = "transform"
@@ -184,7 +184,7 @@ class Transform:
             raise InputError("the transform stage needs a shard: extract first, or give one (replay, the nap)")
         if ctx.diff_dir is not None:
             ctx.diff_dir.mkdir(parents=True, exist_ok=True)
-        p = plan(state.shard, ctx.config, ctx.as_of, ctx.phases, summarizer=ctx.summarizer, write_to=ctx.diff_dir)
+        p = transform(state.shard, ctx.config, ctx.as_of, ctx.phases, summarizer=ctx.summarizer, write_to=ctx.diff_dir)
         snap_uri = str(state.shard.source.resolve()) if state.shard.source is not None else None
         diff_uri = str(ctx.diff_dir.resolve()) if ctx.diff_dir is not None else None
         if ctx.location is not None:
@@ -194,7 +194,7 @@ class Transform:
         if ctx.diff_dir is not None and p.quarantined.height:
             (p.quarantined.drop("scope_path") if len(reports) == 1 else p.quarantined).write_parquet(
                 ctx.diff_dir / QUARANTINE_FILE)
-        return replace(state, plan=p, reports=reports)
+        return replace(state, transformed=p, reports=reports)
 
     def describe(self, ctx: Context) -> str:
         return f"transform: quarantine, then {'the roster' if ctx.phases is None else ', '.join(ctx.phases)} over the shard"
@@ -217,7 +217,7 @@ class Gate:
         from deep_sleep.store.vectors import node_embeddings
 
         embeddings = node_embeddings(ctx.store, list(state.reports)) if ctx.config.gate.enabled else None
-        results = recall_gate(state.plan.shard, state.plan.diff, ctx.config, embeddings, now=ctx.as_of)
+        results = recall_gate(state.transformed.shard, state.transformed.diff, ctx.config, embeddings, now=ctx.as_of)
         return _with_reports(state, {s: {"gate": results[s].to_report()} for s in state.reports})
 
     def describe(self, ctx: Context) -> str:
@@ -241,7 +241,7 @@ class Hold:
         if not ctx.holds:
             return state
         gate_failed = {s: bool(r.gate.get("failed")) for s, r in state.reports.items()}
-        split = split_holds(state.plan.diff, state.plan.shard, ctx.config.holds, gate_failed, scopes=state.ok)
+        split = split_holds(state.transformed.diff, state.transformed.shard, ctx.config.holds, gate_failed, scopes=state.ok)
         if not split.held.has_changes:
             return replace(state, split=split)
         if out is None:
@@ -266,7 +266,7 @@ class Validate:
     writes_reports: ClassVar[bool] = True
 
     def run(self, ctx: Context, state: State) -> State:
-        shard = state.plan.shard
+        shard = state.transformed.shard
         failures = validate_diff(state.tonight, shard, ctx.config)
         failing = failed_scopes(failures, shard)
         if ctx.diff_dir is not None and failures.height:
@@ -318,7 +318,7 @@ class Apply:
             raise InputError("the apply stage needs a store")
         steps: dict[str, float] = {}
         ok = state.ok  # a failed scope's rows are not applied (nor, when validation failed them all, a stray row's)
-        q = _only(state.plan.quarantined, ok)
+        q = _only(state.transformed.quarantined, ok)
         results = apply(ctx.store, _only_scopes(state.tonight, ok), dict(state.reports), mode=ctx.mode,
                         started_at=ctx.started_at, quarantined=q if q.height else None, step_seconds=steps)
         timings = {f"apply.{k}": round(v, 6) for k, v in steps.items()}

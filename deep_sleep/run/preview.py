@@ -133,7 +133,7 @@ def preview(shard: Shard | Snapshot, diff: Diff) -> pl.DataFrame:
     edge's end labels) is joined on (``scope_path``, id), so a scope never sees another's rows.  A
     :class:`Snapshot` is a shard of one, and its rows come without ``scope_path``."""
     if isinstance(shard, Snapshot):
-        from deep_sleep.run.plan import as_shard_diff
+        from deep_sleep.run.transform import as_shard_diff
 
         return preview(Shard.of(shard), as_shard_diff(diff, shard.scope_path)).drop("scope_path")
     parts = _records(shard, diff, ["scope_path"])
@@ -318,7 +318,7 @@ def plan_preview(state: State) -> PlanPreview:
     """The records of a run's plan (:func:`preview` of its shard and diff) with what its Hold stage
     split off for approval (``held``: the rule; :attr:`deep_sleep.run.holds.HoldSplit.rows`) — the
     plan stops here, where the apply would start."""
-    records = preview(state.plan.shard, state.plan.diff)
+    records = preview(state.transformed.shard, state.transformed.diff)
     if state.split is None or not state.split.rows.height:
         return PlanPreview(records.with_columns(pl.lit(None, dtype=pl.String).alias("held")), {})
     ok = set(state.ok)

@@ -359,7 +359,7 @@ def bodies(diff: Diff, run_ids: pl.DataFrame) -> tuple[dict[tuple[str, str], pl.
                 continue
             if "scope_path" not in frame.columns:
                 raise InputError(f"{table}.{kind}: the apply needs a scope_path on every row (plan adds it; "
-                                 "deep_sleep.run.plan.as_shard_diff gives a single scope's diff one)")
+                                 "deep_sleep.run.transform.as_shard_diff gives a single scope's diff one)")
             frame = frame.drop("phase") if "phase" in frame.columns else frame
             if kind == "updates":
                 frame = _collapse_updates(frame)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 from pydantic import Field
@@ -86,13 +87,36 @@ def test_config_files_that_cannot_be_read_name_the_file_and_the_fix(tmp_path, mo
     assert load(Model, bom).alpha.size == 3
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file")
-def test_an_unreadable_config_file_names_the_fix(tmp_path):
-    locked = tmp_path / "locked.toml"
-    locked.write_text("[alpha]\nsize = 3\n")
-    locked.chmod(0)
-    with pytest.raises(ConfigError, match="cannot be read \\(permission denied\\); make it readable by this user"):
-        load(assemble({"alpha": AlphaConfig}), locked)
+def test_an_unreadable_config_file_names_the_fix():
+    """A file this user may not read: as root (who reads any file) the load runs in a child process
+    as the unprivileged user ``nobody``."""
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="ds-locked-"))
+    try:
+        folder.chmod(0o755)
+        locked = folder / "locked.toml"
+        locked.write_text("[alpha]\nsize = 3\n")
+        locked.chmod(0)
+        if os.geteuid() != 0:
+            with pytest.raises(ConfigError, match="cannot be read \\(permission denied\\); make it readable by this user"):
+                load(assemble({"alpha": AlphaConfig}), locked)
+            return
+        code = ("from deep_sleep.core.config import load, assemble\n"
+                "from deep_sleep.core.errors import ConfigError\n"
+                "from tests.core.test_config import AlphaConfig\n"
+                f"try:\n    load(assemble({{'alpha': AlphaConfig}}), {str(locked)!r})\n"
+                "except ConfigError as e:\n    print(e)\n")
+        done = subprocess.run([sys.executable, "-c", code], user=65534, capture_output=True, text=True, cwd=Path.cwd(),
+                              env={**os.environ, "PYTHONPATH": str(Path.cwd())}, timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.stdout.strip() == (f"config file {locked} cannot be read (permission denied); "
+                                       "make it readable by this user")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 class RatioConfig(PhaseConfig):

@@ -42,7 +42,7 @@ def test_a_phase_asking_for_an_unknown_argument_is_a_phase_error():
     from deep_sleep.transforms import Phase
     from deep_sleep.transforms.config import ConsolidationConfig
 
-    from deep_sleep.run.plan import _arguments
+    from deep_sleep.run.transform import _arguments
     from deep_sleep.transforms.strengthen import StrengthenConfig
 
     def strengthen(snapshot, weather):  # a real phase's name (its config section exists), an argument nobody offers

@@ -106,14 +106,14 @@ def test_some_fleet_scopes_fail_the_gate_because_prune_takes_a_used_memory():
     from deep_sleep.core import tables
     from deep_sleep.core.shard import Shard
     from deep_sleep.run.gate import recall_gate
-    from deep_sleep.run.plan import plan
+    from deep_sleep.run.transform import transform
     from deep_sleep.transforms.config import ConsolidationConfig
 
     frames = generate_fleet(FleetSpec(scopes=48, nodes=100, templates=16, now=NOW, recalls=True))
     emb = frames["memory_nodes"].select("id", "embedding")
     snap = {n: tables.conform(n, f.drop("tenant_id", "embedding", strict=False)) for n, f in frames.items()}
     shard = Shard.from_frames({fleet_scope(i).path: None for i in range(48)}, NOW, snap)
-    planned = plan(shard, ConsolidationConfig(), NOW)
+    planned = transform(shard, ConsolidationConfig(), NOW)
     gates = recall_gate(planned.shard, planned.diff, ConsolidationConfig(), emb, now=NOW)
     gated = [g for g in gates.values() if g.queries]
     assert all(g.status == "measured" for g in gated)  # a gate that replayed queries measured them

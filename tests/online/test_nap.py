@@ -103,14 +103,14 @@ def test_quick_nap_on_a_connection_and_a_live_write_conflict(store, scope):
 
     from deep_sleep.online.pg import store_of
     from deep_sleep.run.apply import apply
-    from deep_sleep.run.plan import plan
+    from deep_sleep.run.transform import transform
 
     for turn in range(1, 3):
         record_turn(store, scope, [{"op": "upsert_node", "label": "project: gamma"}], now=NOW + timedelta(minutes=turn), nap=False)
     with psycopg.connect(store.dsn) as con:
         config = ConsolidationConfig()
         snap = nap_snapshot(con, scope, NOW + timedelta(minutes=5), config)
-        planned = plan(snap, config, NOW + timedelta(minutes=5), phases=QUICK_NAP)
+        planned = transform(snap, config, NOW + timedelta(minutes=5), phases=QUICK_NAP)
         record_turn(con, scope, [{"op": "upsert_node", "label": "project: gamma", "importance": 9}], now=NOW + timedelta(minutes=4), nap=False)
         # planned.diff is a shard diff (a shard of one): every row carries its scope_path
         results = apply(store_of(con), planned.diff, {scope.path: planned.report.with_(run_id=str(uuid.uuid4()))},

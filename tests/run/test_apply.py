@@ -21,7 +21,7 @@ from deep_sleep.core.report import ConsolidationReport
 from deep_sleep.core.snapshot import Snapshot
 from deep_sleep.run import pipeline
 from deep_sleep.run.apply import apply
-from deep_sleep.run.plan import as_shard_diff, plan, write_diff
+from deep_sleep.run.transform import as_shard_diff, transform, write_diff
 from deep_sleep.store.extract import extract
 from tests.storeutil import dump, scalar, small_graph
 
@@ -92,7 +92,7 @@ def test_second_run_at_same_as_of_is_empty_and_replay_reproduces_the_hash(store,
     first = _consolidate(store, scope, runs_dir)
     assert first.status == "applied" and first.rows_changed
     # replay the stored snapshot of the applied run: same diff, byte for byte
-    replay = plan(Snapshot.read(first.snapshot_uri), ConsolidationConfig(), NOW, phases=TWO)
+    replay = transform(Snapshot.read(first.snapshot_uri), ConsolidationConfig(), NOW, phases=TWO)
     assert replay.report.diff_hash == first.diff_hash
     assert replay.report.counters == first.counters
     second = _consolidate(store, scope, runs_dir)
@@ -104,7 +104,7 @@ def test_second_run_at_same_as_of_is_empty_and_replay_reproduces_the_hash(store,
 def test_diff_files_round_trip_with_the_same_hash(store, scope, tmp_path):
     small_graph(store, scope, NOW)
     snap = extract(store, scope)
-    result = plan(snap, ConsolidationConfig(), NOW, phases=TWO)
+    result = transform(snap, ConsolidationConfig(), NOW, phases=TWO)
     write_diff(result.diff, result.shard.scope_paths, tmp_path / "d")  # a shard of one: the single-scope layout
     again = Diff.read(tmp_path / "d")
     assert again.content_hash() == result.report.diff_hash == result.scope_diff().content_hash()

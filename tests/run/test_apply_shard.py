@@ -21,12 +21,12 @@ from deep_sleep.core.report import ConsolidationReport
 from deep_sleep.dev.seed import SeedSpec, generate, load
 from deep_sleep.core.errors import InputError
 from deep_sleep.run.apply import apply
-from deep_sleep.run.plan import as_shard_diff, plan
+from deep_sleep.run.transform import as_shard_diff, transform
 from deep_sleep.run.statements import statements
 from deep_sleep.store.db import create_database, drop_database
 from deep_sleep.store.extract import extract_shard
 from deep_sleep.transforms.config import ConsolidationConfig
-from tests.run.test_plan_shard import _rename
+from tests.run.test_transform_shard import _rename
 from tests.storeutil import insert, node, scalar
 
 AS_OF = datetime(2026, 11, 30, 3, 0, tzinfo=UTC)
@@ -55,7 +55,7 @@ def _scopes(frames) -> list[str]:
 
 
 def _plan(store, scopes):
-    planned = plan(extract_shard(store, scopes), ConsolidationConfig(), AS_OF)
+    planned = transform(extract_shard(store, scopes), ConsolidationConfig(), AS_OF)
     reports = {s: r.with_(run_id=str(uuid.uuid4())) for s, r in planned.reports.items()}
     return planned, reports
 
@@ -126,7 +126,7 @@ def test_inline_and_staged_rows_give_the_same_store(twin_stores, monkeypatch):
     quarantine, ledger (a gate verdict included) and counts — with a live write the plan did not see
     counted as a conflict alike."""
     import deep_sleep.run.apply as apply_mod
-    from deep_sleep.run.apply import planned_statements
+    from deep_sleep.run.apply import batch_statements
 
     inline_store, staged_store, scopes = twin_stores
     planned, reports = _plan(inline_store, scopes)
@@ -143,10 +143,10 @@ def test_inline_and_staged_rows_give_the_same_store(twin_stores, monkeypatch):
         d = as_shard_diff(planned.scope_diff(s), s)
         q = planned.quarantined.filter(pl.col("scope_path") == s)
         q = q if q.height else None
-        assert {x.source for x in planned_statements(d, {s: reports[s]}, q).statements if x.is_write} <= {"inline_json"}
+        assert {x.source for x in batch_statements(d, {s: reports[s]}, q).statements if x.is_write} <= {"inline_json"}
         inline = apply(inline_store, d, {s: reports[s]}, started_at=STARTED, quarantined=q)[s]
         monkeypatch.setattr(apply_mod, "SMALL_STAGE_ROWS", 0)
-        assert {x.source for x in planned_statements(d, {s: reports[s]}, q).statements if x.is_write} <= {"staged_table"}
+        assert {x.source for x in batch_statements(d, {s: reports[s]}, q).statements if x.is_write} <= {"staged_table"}
         staged = apply(staged_store, d, {s: reports[s]}, started_at=STARTED, quarantined=q)[s]
         monkeypatch.undo()
         assert (staged.status, staged.applied, staged.conflicts) == (inline.status, inline.applied, inline.conflicts), s
@@ -339,7 +339,7 @@ def test_a_batchs_updates_and_deletes_probe_each_store_table_by_index_never_scan
     staged row (a nested loop), never by reading the whole table: the write costs in proportion to the
     batch's rows, not to the store's (at a hundred thousand scopes, every batch would read every node)."""
     import deep_sleep.run.apply as apply_mod
-    from deep_sleep.run.apply import _run, planned_statements
+    from deep_sleep.run.apply import _run, batch_statements
 
     monkeypatch.setattr(apply_mod, "SMALL_STAGE_ROWS", 0)  # the staged path (a big batch's)
     name = f"ds_plans_{os.getpid()}_{uuid.uuid4().hex[:6]}"
@@ -352,7 +352,7 @@ def test_a_batchs_updates_and_deletes_probe_each_store_table_by_index_never_scan
         with store.adbc() as con:
             cur = con.cursor()
             try:
-                for s in planned_statements(planned.diff, reports).statements:
+                for s in batch_statements(planned.diff, reports).statements:
                     if s.is_write:
                         cur.adbc_statement.set_options(**{"adbc.postgresql.use_copy": "false"})  # EXPLAIN is no COPY source
                         cur.execute("EXPLAIN " + s.sql)

@@ -67,7 +67,7 @@ def apply_from_files(store: Store, diff_dir: Path):
     from deep_sleep.jobs.undo_plan import without_rows
     from deep_sleep.run.apply import apply
     from deep_sleep.run.holds import read_held
-    from deep_sleep.run.plan import as_shard_diff
+    from deep_sleep.run.transform import as_shard_diff
 
     report = ConsolidationReport.read(diff_dir)
     s = report.scope_path

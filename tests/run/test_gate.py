@@ -26,7 +26,7 @@ from deep_sleep.dev.generate import generate
 from deep_sleep.dev.spec import SeedSpec
 from deep_sleep.run import gate as gate_mod
 from deep_sleep.run.gate import ranked_hits
-from deep_sleep.run.plan import as_shard_diff, plan
+from deep_sleep.run.transform import as_shard_diff, transform
 from deep_sleep.transforms.config import ConsolidationConfig
 
 AS_OF = datetime(2026, 11, 30, 3, 0, tzinfo=UTC)
@@ -102,7 +102,7 @@ def _subset(report: dict, **want) -> bool:
 
 
 def _planned(snap: Snapshot):
-    result = plan(snap, ConsolidationConfig(), AS_OF, phases=("decay_importance", "prune_orphans"))
+    result = transform(snap, ConsolidationConfig(), AS_OF, phases=("decay_importance", "prune_orphans"))
     deleted = result.diff.table("memory_nodes").deletes.get_column("id").to_list()
     return result, deleted
 
@@ -244,7 +244,7 @@ def test_an_empty_diff_never_drops(seed):
 def test_the_shard_gate_is_each_scopes_gate():
     snaps = _fleet_snapshots(5, scopes=4)
     shard = Shard.from_snapshots(snaps)
-    planned = plan(shard, ConsolidationConfig(), AS_OF)
+    planned = transform(shard, ConsolidationConfig(), AS_OF)
     emb = pl.concat([_label_embeddings(s) for s in snaps])
     together = recall_gate(planned.shard, planned.diff, ConsolidationConfig(), emb, now=AS_OF)
     assert set(together) == set(shard.scope_paths)
@@ -334,7 +334,7 @@ def test_the_shard_gate_on_a_fleet_with_prefix_sibling_scopes_is_each_scopes_gat
             for n, f in frames.items()}
     paths = sorted({rename.get(fleet_scope(i).path, fleet_scope(i).path) for i in range(20)}, key=str.encode)
     shard = Shard.from_frames(dict.fromkeys(paths), AS_OF, snap)
-    planned = plan(shard, ConsolidationConfig(), AS_OF)
+    planned = transform(shard, ConsolidationConfig(), AS_OF)
     together = recall_gate(planned.shard, planned.diff, ConsolidationConfig(), emb, now=AS_OF)
     alone = {s: recall_gate(planned.scope_snapshot(s), planned.scope_diff(s), ConsolidationConfig(), emb, now=AS_OF)
              for s in paths}

@@ -14,7 +14,7 @@ from deep_sleep.core.shard import Shard
 from deep_sleep.core.snapshot import Snapshot
 from deep_sleep.run import holds
 from deep_sleep.run.holds import only_phases, phases_of
-from deep_sleep.run.plan import as_shard_diff, plan
+from deep_sleep.run.transform import as_shard_diff, transform
 from deep_sleep.transforms.config import load_config
 from deep_sleep.validation import validate_diff
 
@@ -157,7 +157,7 @@ def test_a_planned_prune_of_40_percent_is_held_and_the_rest_applies():
     snap = snapshot().with_frames({"memory_edges": snapshot().table("memory_edges").head(0),
                                    "soul_profiles": snapshot().table("soul_profiles").head(0),
                                    "recall_events": snapshot().table("recall_events").head(0)})
-    result = plan(snap, load_config(), NOW)
+    result = transform(snap, load_config(), NOW)
     assert ids_of(result.diff, "memory_nodes", "deletes") == N[:4]
     split = holds.split_holds(result.diff, result.shard, HoldsConfig())
     assert ids_of(split.held, "memory_nodes", "deletes") == N[:4]

@@ -25,9 +25,9 @@ from deep_sleep.core.holds_config import HoldsConfig
 from deep_sleep.core.shard import Shard
 from deep_sleep.core.snapshot import Snapshot
 from deep_sleep.run.holds import HELD_DIR, REASONS_FILE, read_held, split_holds
-from deep_sleep.run.plan import as_shard_diff, plan
+from deep_sleep.run.transform import as_shard_diff, transform
 from tests.run import test_holds as golden
-from tests.run.test_plan_shard import AS_OF, fleet
+from tests.run.test_transform_shard import AS_OF, fleet
 from tests.transforms.shard_cases import AC, ACME, NESTED
 
 POLICIES = [
@@ -94,7 +94,7 @@ def test_planned_random_fleets_split_as_each_scope_alone(seed):
     snaps = fleet(12, seed=seed, sizes=(5, 30, 80))
     shard = Shard.from_snapshots(snaps)
     assert {AC, ACME} <= set(shard.scope_paths) and any(p.startswith(ACME + "\x1f") for p in shard.scope_paths)
-    diff = plan(shard, ConsolidationConfig(), AS_OF).diff
+    diff = transform(shard, ConsolidationConfig(), AS_OF).diff
     rng = random.Random(seed)
     seen = 0
     for policy in POLICIES:
@@ -316,7 +316,7 @@ def test_the_applied_part_and_every_approval_are_valid_on_their_own(n, seed, pol
 
     snaps = fleet(n, seed=seed, sizes=(5, 30, 80))
     shard = Shard.from_snapshots(snaps)
-    planned = plan(shard, ConsolidationConfig(), AS_OF)
+    planned = transform(shard, ConsolidationConfig(), AS_OF)
     assert validate_diff(planned.diff, planned.shard).height == 0  # the whole diff is valid
     rng = random.Random(seed)
     gate = {s: rng.random() < gate_share for s in shard.scope_paths}

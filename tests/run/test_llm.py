@@ -20,7 +20,7 @@ from deep_sleep.core.llm_config import LlmConfig
 from deep_sleep.core.snapshot import Snapshot
 from deep_sleep.dev.seed import SeedSpec, generate, scopes_of
 from deep_sleep.run.llm import ClaudeSummarizer, summarizer_for
-from deep_sleep.run.plan import plan
+from deep_sleep.run.transform import transform
 from deep_sleep.run.pipeline import consolidate
 from tests.storeutil import insert, node, scalar
 
@@ -136,17 +136,17 @@ def _model_summaries(p) -> dict[str, str]:
 
 
 def _off_hash(snapshot) -> str:
-    return plan(snapshot, ConsolidationConfig(), AS_OF).report.diff_hash
+    return transform(snapshot, ConsolidationConfig(), AS_OF).report.diff_hash
 
 
 def test_batching_several_groups_per_request_and_the_diff_names_the_model(api, store, snapshot):
-    p = plan(snapshot, ConsolidationConfig(), AS_OF, summarizer=_summarizer(api, store))
+    p = transform(snapshot, ConsolidationConfig(), AS_OF, summarizer=_summarizer(api, store))
     assert api.group_counts() == [10, 10, 5, 1]  # 25 META groups 10 at a time, then phase 10's batch
     assert {r["path"] for r in api.requests} == {"/v1/messages"}
     assert all("test-key" in r["headers"].get("x-api-key", "") + r["headers"].get("authorization", "") for r in api.requests)
     marked = _model_summaries(p)
     assert len(marked) == META_GROUPS + EPISODIC_BATCHES and set(marked.values()) == {"claude-haiku-4-5"}
-    assert len(_model_summaries(plan(snapshot, ConsolidationConfig(), AS_OF))) == 0
+    assert len(_model_summaries(transform(snapshot, ConsolidationConfig(), AS_OF))) == 0
     assert all(k.split("|")[1].startswith("Model: ") for k in marked)
     assert p.report.llm == {"calls": 4, "retries": 0, "input_tokens": 40 * 26, "output_tokens": 20 * 26,
                             "cache_hits": 0, "model_summaries": 26, "fallbacks": 0, "fallback_budget": 0,
@@ -158,17 +158,17 @@ def test_batching_several_groups_per_request_and_the_diff_names_the_model(api, s
 
 
 def test_cache_second_replay_makes_zero_calls_and_reproduces_the_hash(api, store, snapshot):
-    first = plan(snapshot, ConsolidationConfig(), AS_OF, summarizer=_summarizer(api, store))
+    first = transform(snapshot, ConsolidationConfig(), AS_OF, summarizer=_summarizer(api, store))
     calls = len(api.requests)
-    again = plan(snapshot, ConsolidationConfig(), AS_OF, summarizer=_summarizer(api, store))  # a new process would do this
+    again = transform(snapshot, ConsolidationConfig(), AS_OF, summarizer=_summarizer(api, store))  # a new process would do this
     assert len(api.requests) == calls == 4
     assert again.report.llm["calls"] == 0 and again.report.llm["cache_hits"] == 26
     assert again.report.diff_hash == first.report.diff_hash
     # Replay (offline): from the cache, the same hash; without it, the deterministic diff of the model off.
     offline = summarizer_for(_llm(api), store, offline=True, today=lambda: TODAY)
-    replay = plan(snapshot, ConsolidationConfig(), AS_OF, summarizer=offline)
+    replay = transform(snapshot, ConsolidationConfig(), AS_OF, summarizer=offline)
     assert replay.report.diff_hash == first.report.diff_hash and replay.report.llm["cache_hits"] == 26
-    bare = plan(snapshot, ConsolidationConfig(), AS_OF, summarizer=summarizer_for(_llm(api), None, offline=True))
+    bare = transform(snapshot, ConsolidationConfig(), AS_OF, summarizer=summarizer_for(_llm(api), None, offline=True))
     assert bare.report.diff_hash == _off_hash(snapshot)
     assert bare.report.llm["fallback_cache_miss"] == 26 and len(api.requests) == 4
 
@@ -176,7 +176,7 @@ def test_cache_second_replay_makes_zero_calls_and_reproduces_the_hash(api, store
 def test_run_budget_exhausted_stops_calling_and_falls_back(api, store, snapshot):
     # Room for the first request of 10 groups only: its worst case is ~2.8k tokens and it costs 600;
     # the second (worst case ~3k) does not fit in what is left, and then nothing more is sent.
-    p = plan(snapshot, ConsolidationConfig(), AS_OF, summarizer=_summarizer(api, store, run_token_budget=3000))
+    p = transform(snapshot, ConsolidationConfig(), AS_OF, summarizer=_summarizer(api, store, run_token_budget=3000))
     assert api.group_counts() == [10]
     assert p.report.llm["calls"] == 1 and p.report.llm["model_summaries"] == 10
     assert p.report.llm["fallback_budget"] == 16 and p.report.llm["fallbacks"] == 16
@@ -186,7 +186,7 @@ def test_tenant_daily_budget_spent_means_no_request(api, store, snapshot):
     with store.pg() as con:
         con.execute("INSERT INTO llm_token_usage VALUES (%s, %s, 9, 999000, 1000)", (snapshot.scope.tenant_id, TODAY))
         con.commit()
-    p = plan(snapshot, ConsolidationConfig(), AS_OF, summarizer=_summarizer(api, store, tenant_daily_token_budget=1_000_000))
+    p = transform(snapshot, ConsolidationConfig(), AS_OF, summarizer=_summarizer(api, store, tenant_daily_token_budget=1_000_000))
     assert api.requests == []
     assert p.report.llm["fallback_budget"] == 26 and p.report.diff_hash == _off_hash(snapshot)
 
@@ -194,7 +194,7 @@ def test_tenant_daily_budget_spent_means_no_request(api, store, snapshot):
 def test_500_is_retried_with_backoff(api, store, snapshot):
     api.script = [("status", 500, {}), ("status", 503, {})]
     waits: list[float] = []
-    p = plan(snapshot, ConsolidationConfig(), AS_OF, summarizer=_summarizer(api, store, waits, backoff_seconds=0.02))
+    p = transform(snapshot, ConsolidationConfig(), AS_OF, summarizer=_summarizer(api, store, waits, backoff_seconds=0.02))
     assert waits == [0.02, 0.04]  # exponential
     assert p.report.llm["retries"] == 2 and p.report.llm["calls"] == 6 and p.report.llm["fallbacks"] == 0
 
@@ -202,30 +202,30 @@ def test_500_is_retried_with_backoff(api, store, snapshot):
 def test_429_honours_retry_after(api, store, snapshot):
     api.script = [("status", 429, {"retry-after": "0.3"})]
     waits: list[float] = []
-    p = plan(snapshot, ConsolidationConfig(), AS_OF, summarizer=_summarizer(api, store, waits))
+    p = transform(snapshot, ConsolidationConfig(), AS_OF, summarizer=_summarizer(api, store, waits))
     assert waits == [0.3]
     assert p.report.llm["retries"] == 1 and p.report.llm["model_summaries"] == 26
 
 
 def test_500s_past_the_retries_fall_back(api, store, snapshot):
     api.script = [("status", 500, {})] * 3
-    p = plan(snapshot, ConsolidationConfig(), AS_OF, summarizer=_summarizer(api, store, max_retries=2))
+    p = transform(snapshot, ConsolidationConfig(), AS_OF, summarizer=_summarizer(api, store, max_retries=2))
     assert p.report.llm["fallback_error"] == 10 and p.report.llm["model_summaries"] == 16  # the other requests went through
     assert p.report.llm["calls"] == 6
 
 
 def test_timeout_is_retried_then_falls_back(api, store, snapshot):
     api.script = [("sleep", 1.5), ("sleep", 1.5)]
-    p = plan(snapshot, ConsolidationConfig(), AS_OF, phases=("episodic_summary",),
+    p = transform(snapshot, ConsolidationConfig(), AS_OF, phases=("episodic_summary",),
              summarizer=_summarizer(api, store, max_retries=1, timeout_seconds=0.3))
     assert len(api.requests) == 2
     assert p.report.llm["retries"] == 1 and p.report.llm["fallback_error"] == 1
-    assert p.report.diff_hash == plan(snapshot, ConsolidationConfig(), AS_OF, phases=("episodic_summary",)).report.diff_hash
+    assert p.report.diff_hash == transform(snapshot, ConsolidationConfig(), AS_OF, phases=("episodic_summary",)).report.diff_hash
 
 
 def test_malformed_output_falls_back(api, store, snapshot):
     api.script = ["malformed", "half"]
-    p = plan(snapshot, ConsolidationConfig(), AS_OF, summarizer=_summarizer(api, store))
+    p = transform(snapshot, ConsolidationConfig(), AS_OF, summarizer=_summarizer(api, store))
     # request 1 (10 groups): no JSON at all; request 2 (10 groups): only every other group answered
     assert p.report.llm["fallback_malformed"] == 15 and p.report.llm["model_summaries"] == 11
     assert len(_model_summaries(p)) == 11  # the others carry no summary_model: deterministic text
@@ -268,11 +268,11 @@ def test_a_rerun_with_the_cached_summaries_changes_nothing_and_the_model_off_tak
     """Idempotence holds with the model: fold the night's diff in, plan again at the same as_of with
     the cache → phases 4 and 10 change nothing; with the model off, META nodes lose summary_model."""
     phases = ("meta_nodes",)
-    night = plan(snapshot, ConsolidationConfig(), AS_OF, phases=phases, summarizer=_summarizer(api, store))
+    night = transform(snapshot, ConsolidationConfig(), AS_OF, phases=phases, summarizer=_summarizer(api, store))
     after = night.scope_diff().fold(snapshot)
-    again = plan(after, ConsolidationConfig(), AS_OF, phases=phases, summarizer=_summarizer(api, store))
+    again = transform(after, ConsolidationConfig(), AS_OF, phases=phases, summarizer=_summarizer(api, store))
     assert not again.diff.has_changes and again.report.llm["cache_hits"] == META_GROUPS and len(api.requests) == 3
-    off = plan(after, ConsolidationConfig(), AS_OF, phases=phases)
+    off = transform(after, ConsolidationConfig(), AS_OF, phases=phases)
     updates = off.diff.tables["memory_nodes"].updates
     assert updates.height == META_GROUPS
     assert all("summary_model" not in json.loads(p) for p in updates["properties"])

@@ -69,13 +69,13 @@ def fleet_plan():
     from deep_sleep.transforms.config import ConsolidationConfig
 
     from deep_sleep.core.shard import Shard
-    from deep_sleep.run.plan import plan
-    from tests.run.test_plan_shard import AS_OF, fleet
+    from deep_sleep.run.transform import transform
+    from tests.run.test_transform_shard import AS_OF, fleet
 
     snaps = fleet(24, seed=5)
     config = ConsolidationConfig()
     shard = Shard.from_snapshots(snaps)
-    return plan(shard, config, AS_OF), {s.scope_path: plan(s, config, AS_OF) for s in snaps}
+    return transform(shard, config, AS_OF), {s.scope_path: transform(s, config, AS_OF) for s in snaps}
 
 
 def test_preview_of_a_shard_is_every_scopes_own_preview(fleet_plan):
@@ -101,13 +101,13 @@ def test_a_plans_held_records_are_its_hold_stages_split(fleet_plan):
     leave waiting), scope by scope as each scope alone."""
     from deep_sleep.core.holds_config import HoldsConfig
     from deep_sleep.run.holds import split_holds
-    from deep_sleep.run.plan import as_shard_diff
+    from deep_sleep.run.transform import as_shard_diff
     from deep_sleep.core.shard import Shard
 
     shard_plan, alone = fleet_plan
     policy = HoldsConfig(max_delete_share=0.0)  # any semantic delete is held, and every SOUL correction
     split = split_holds(shard_plan.diff, shard_plan.shard, policy)
-    state = pipeline.State(plan=shard_plan, reports=shard_plan.reports, split=split)
+    state = pipeline.State(transformed=shard_plan, reports=shard_plan.reports, split=split)
     found = plan_preview(state)
     held = found.records.filter(pl.col("held").is_not_null())
     assert held.height == split.rows.height > 0 and len(found.why) > 1
@@ -115,7 +115,7 @@ def test_a_plans_held_records_are_its_hold_stages_split(fleet_plan):
         mine = split_holds(as_shard_diff(one.scope_diff(), s), Shard.of(one.scope_snapshot()), policy)
         assert held.filter(pl.col("scope_path") == s).height == mine.rows.height
         assert found.why.get(s, ()) == mine.why.get(s, ())
-    nothing = plan_preview(pipeline.State(plan=shard_plan, reports=shard_plan.reports))
+    nothing = plan_preview(pipeline.State(transformed=shard_plan, reports=shard_plan.reports))
     assert nothing.records.get_column("held").null_count() == nothing.records.height
 
 

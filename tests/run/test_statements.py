@@ -22,7 +22,7 @@ from deep_sleep.cli import main
 from deep_sleep.core import tables
 from deep_sleep.core.diff import Diff
 from deep_sleep.core.errors import ConfigError, InputError
-from deep_sleep.run.plan import as_shard_diff
+from deep_sleep.run.transform import as_shard_diff
 from deep_sleep.run.statements import SOURCES, Rows, Statement, explain
 from deep_sleep.run.statements import statements as build
 from tests.flows.test_replay import _hand_written_snapshot

@@ -22,7 +22,7 @@ from deep_sleep.core.shard import Shard
 from deep_sleep.core.snapshot import Snapshot
 from deep_sleep.dev.generate import generate
 from deep_sleep.dev.spec import SeedSpec
-from deep_sleep.run.plan import Plan, plan
+from deep_sleep.run.transform import Transformed, transform
 
 AS_OF = datetime(2026, 11, 30, 3, 0, tzinfo=UTC)
 AC = "org\x1fac"
@@ -69,7 +69,7 @@ def shard_of(rows: dict[str, list[dict]], scopes: tuple[str, ...],
     return shard, snaps
 
 
-def assert_plan_is_each_scope_alone(got: Plan, snaps: list[Snapshot], config: ConsolidationConfig,
+def assert_plan_is_each_scope_alone(got: Transformed, snaps: list[Snapshot], config: ConsolidationConfig,
                                     phases: tuple[str, ...] | list[str] | None = None, **kw) -> None:
     """``got`` (the plan of a shard holding every scope of ``snaps``) gives every scope the report
     fields (:data:`SAME`), diff, clean snapshot and quarantined rows of the plan of a shard of that
@@ -77,7 +77,7 @@ def assert_plan_is_each_scope_alone(got: Plan, snaps: list[Snapshot], config: Co
     assert set(got.shard.scope_paths) == {s.scope_path for s in snaps}
     for snap in snaps:
         s = snap.scope_path
-        alone = plan(Shard.of(snap), config, AS_OF, phases=phases, **kw)
+        alone = transform(Shard.of(snap), config, AS_OF, phases=phases, **kw)
         assert alone.shard.scope_paths == (s,)
         for field in SAME:
             assert getattr(got.reports[s], field) == getattr(alone.report, field), (s, field)
@@ -87,11 +87,11 @@ def assert_plan_is_each_scope_alone(got: Plan, snaps: list[Snapshot], config: Co
 
 
 def _same_as_alone(shard: Shard, snaps: list[Snapshot], phases: tuple[str, ...], config: ConsolidationConfig | None,
-                   check_rows: bool, **kw) -> Plan:
+                   check_rows: bool, **kw) -> Transformed:
     """The plan of ``phases`` on ``shard``, after asserting that every scope of ``snaps`` got the
     report fields (:data:`SAME`) and diff of the plan of a shard of that scope alone."""
     config = config or ConsolidationConfig()
-    got = plan(shard, config, AS_OF, phases=phases, check_rows=check_rows, **kw)
+    got = transform(shard, config, AS_OF, phases=phases, check_rows=check_rows, **kw)
     assert_plan_is_each_scope_alone(got, snaps, config, phases, check_rows=check_rows, **kw)
     return got
 
@@ -105,7 +105,7 @@ def assert_each_scope_alone(shard: Shard, snaps: list[Snapshot], phase: str | tu
 
 
 def each_scope_alone(snaps: list[Snapshot], phase: str, config: ConsolidationConfig | None = None,
-                     check_rows: bool = True, **kw) -> Plan:
+                     check_rows: bool = True, **kw) -> Transformed:
     """The plan of ``phase`` on the shard of ``snaps``, after asserting that every scope got exactly
     the report fields and diff of the plan of a shard of that scope alone."""
     return _same_as_alone(Shard.from_snapshots(snaps), snaps, (phase,), config, check_rows, **kw)
@@ -171,7 +171,7 @@ def edges(scope: str, rows: list[dict]) -> pl.DataFrame:
     return tables.conform("memory_edges", pl.DataFrame([{"id": new_id(), **base, **r} for r in rows]))
 
 
-def rows(got: Plan, scope: str, table: str, kind: str) -> pl.DataFrame:
+def rows(got: Transformed, scope: str, table: str, kind: str) -> pl.DataFrame:
     """One scope's ``kind`` rows of ``table`` in the shard's diff (single-scope form), by id."""
     frame = got.scope_diff(scope).table(table).frames()[kind]
     return frame.sort("id") if frame.height else frame

@@ -1,6 +1,6 @@
 """Golden cases: ``tests/transforms/golden/<phase>/<case>.json`` hold input rows and the exact expected diff.
 
-Each case runs its one phase through :func:`deep_sleep.run.plan.plan` (the same path as a real run)
+Each case runs its one phase through :func:`deep_sleep.run.transform.transform` (the same path as a real run)
 and compares every diff row.  Missing columns of input rows take the defaults below.
 """
 
@@ -15,7 +15,7 @@ from deep_sleep.transforms.config import load_config
 
 from deep_sleep.core import tables
 from deep_sleep.core.snapshot import Snapshot, utc
-from deep_sleep.run.plan import plan
+from deep_sleep.run.transform import transform
 
 GOLDEN = Path(__file__).parent / "golden"
 SCOPE = "org\x1fgolden\x1fbrand\x1fb1"
@@ -52,7 +52,7 @@ def test_golden(path: Path):
         previous_run_as_of=utc(case["previous_run_as_of"]) if case.get("previous_run_as_of") else None,
         frames={t: _frame(t, rows) for t, rows in case["input"].items()},
     )
-    result = plan(snap, load_config(overrides=case.get("config")), utc(case["as_of"]), phases=[phase])
+    result = transform(snap, load_config(overrides=case.get("config")), utc(case["as_of"]), phases=[phase])
     diff = result.scope_diff()  # the single-scope form: no scope_path on updates and deletes
     got = {t: {k: _rows(f) for k, f in td.frames().items() if f.height} for t, td in diff.tables.items()}
     assert got == case["expected"], case["title"]

@@ -9,7 +9,7 @@ from deep_sleep.transforms.config import ConsolidationConfig
 
 from deep_sleep.core.shard import Shard
 from deep_sleep.core.summary import Summary
-from deep_sleep.run.plan import plan
+from deep_sleep.run.transform import transform
 from tests.transforms.shard_cases import AC, ACME, AS_OF, each_scope_alone, edges, nodes, snapshot_of
 
 
@@ -71,10 +71,10 @@ def test_the_summarizer_is_asked_with_each_groups_own_scope():
     snaps, _, _ = _snaps()
     got = each_scope_alone(snaps, "meta_nodes", summarizer=_Recording())  # model summaries: still each scope's own diff
     model, alone = _Recording(), _Recording()
-    plan(Shard.from_snapshots(snaps), ConsolidationConfig(), AS_OF, phases=("meta_nodes",), check_rows=False,
+    transform(Shard.from_snapshots(snaps), ConsolidationConfig(), AS_OF, phases=("meta_nodes",), check_rows=False,
          summarizer=model)
     for snap in snaps:
-        plan(Shard.of(snap), ConsolidationConfig(), AS_OF, phases=("meta_nodes",), check_rows=False, summarizer=alone)
+        transform(Shard.of(snap), ConsolidationConfig(), AS_OF, phases=("meta_nodes",), check_rows=False, summarizer=alone)
     assert sorted(model.asked) == sorted(alone.asked)
     assert set(model.asked) == {(s, k) for s in (AC, ACME) for k in ("note", "task", "topic")}
     ins = got.diff.table("memory_nodes").inserts.filter(pl.col("label") == "META:topic")

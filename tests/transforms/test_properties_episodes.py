@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from deep_sleep.core import tables
 from deep_sleep.core.snapshot import Snapshot
-from deep_sleep.run.plan import plan
+from deep_sleep.run.transform import transform
 
 SCOPE = "org\x1fprop\x1fbrand\x1fb1"
 AS_OF = datetime(2026, 11, 20, 3, 0, tzinfo=UTC)
@@ -197,8 +197,8 @@ def test_episodic_phases_invariants(case):
     snapshot, config, seed = case
     for phase in PHASES:
         # The generated rows are clean: skip the snapshot quarantine (the test below keeps it).
-        first = plan(snapshot, config, AS_OF, phases=[phase], check_rows=False)
-        again = plan(_shuffled(snapshot, seed), config, AS_OF, phases=[phase], check_rows=False)  # rows in another order
+        first = transform(snapshot, config, AS_OF, phases=[phase], check_rows=False)
+        again = transform(_shuffled(snapshot, seed), config, AS_OF, phases=[phase], check_rows=False)  # rows in another order
         assert first.report.diff_hash == again.report.diff_hash == first.scope_diff().content_hash(), phase
         assert validate_diff(first.diff, first.shard, config).height == 0, phase  # the shard form
         snap, first_diff = first.scope_snapshot(), first.scope_diff()
@@ -217,7 +217,7 @@ def test_episodic_phases_invariants(case):
             if not diff.has_changes:
                 break
             snap = replace(diff.fold(snap), previous_run_as_of=AS_OF)
-            nxt = plan(snap, config, AS_OF, phases=[phase], check_rows=False)
+            nxt = transform(snap, config, AS_OF, phases=[phase], check_rows=False)
             nxt_diff = nxt.scope_diff()
             if nxt_diff.has_changes:
                 assert capped, (phase, "a rerun changed something although nothing was capped", nxt_diff.row_counts())
@@ -232,8 +232,8 @@ def test_episodic_phases_invariants(case):
 @given(snapshots())
 def test_the_three_phases_together_give_a_valid_diff(case):
     snapshot, config, seed = case
-    result = plan(snapshot, config, AS_OF, phases=list(PHASES))
+    result = transform(snapshot, config, AS_OF, phases=list(PHASES))
     assert validate_diff(result.diff, result.shard, config).height == 0
     assert validate_diff(result.scope_diff(), result.scope_snapshot(), config).height == 0
     assert result.report.diff_hash == result.scope_diff().content_hash()
-    assert result.report.diff_hash == plan(_shuffled(snapshot, seed), config, AS_OF, phases=list(PHASES)).report.diff_hash
+    assert result.report.diff_hash == transform(_shuffled(snapshot, seed), config, AS_OF, phases=list(PHASES)).report.diff_hash

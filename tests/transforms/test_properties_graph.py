@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from deep_sleep.core import tables
 from deep_sleep.core.snapshot import Snapshot
-from deep_sleep.run.plan import plan
+from deep_sleep.run.transform import transform
 
 SCOPE = "org\x1fprop\x1fbrand\x1fb1"
 AS_OF = datetime(2026, 11, 20, 3, tzinfo=UTC)
@@ -132,7 +132,7 @@ def snapshots(draw) -> tuple[Snapshot, ConsolidationConfig]:
 def _run(snap: Snapshot, config: ConsolidationConfig, phases=GRAPH):
     # The generated rows are clean by construction (except one non-object ``properties`` that the
     # phases must tolerate), so the snapshot quarantine is skipped: it would dominate the runtime.
-    return plan(snap, config, AS_OF, phases=list(phases), check_rows=False)
+    return transform(snap, config, AS_OF, phases=list(phases), check_rows=False)
 
 
 def _shuffled(snap: Snapshot, seed: int) -> Snapshot:

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from deep_sleep.core import tables
 from deep_sleep.core.snapshot import Snapshot
-from deep_sleep.run.plan import plan
+from deep_sleep.run.transform import transform
 
 SCOPE = "org\x1fprop\x1fbrand\x1fb9"
 AS_OF = datetime(2026, 11, 20, 3, tzinfo=UTC)
@@ -128,7 +128,7 @@ def _reversed(snap: Snapshot) -> Snapshot:
 def _run(snap: Snapshot, config: ConsolidationConfig, phase: str):
     # Rows the snapshot quarantine would set aside (blank labels, non-object properties) are kept on
     # purpose: the phases must tolerate them, and skipping the quarantine keeps the tests fast.
-    return plan(snap, config, AS_OF, phases=[phase], check_rows=False)
+    return transform(snap, config, AS_OF, phases=[phase], check_rows=False)
 
 
 def _check_common(snap: Snapshot, config: ConsolidationConfig, phase: str):

@@ -11,7 +11,7 @@ import polars as pl
 from deep_sleep.core import tables
 from deep_sleep.transforms.config import load_config
 from deep_sleep.core.snapshot import Snapshot
-from deep_sleep.run.plan import plan
+from deep_sleep.run.transform import transform
 
 SCOPE = "org\x1facme\x1fbrand\x1fb1"
 NOW = datetime(2026, 11, 20, 3, 0, tzinfo=UTC)
@@ -33,7 +33,7 @@ def _snapshot(bad_weight: float) -> tuple[Snapshot, str]:
 
 def test_weak_node_with_a_quarantined_edge_is_not_pruned():
     snap, weak = _snapshot(float("nan"))
-    result = plan(snap, load_config(), NOW, phases=["prune_orphans"])
+    result = transform(snap, load_config(), NOW, phases=["prune_orphans"])
     assert result.report.quarantined == {"memory_edges": {"weight is negative or not finite": 1}}
     assert weak in result.shard.held_nodes
     assert weak in result.scope_snapshot().held_nodes
@@ -46,6 +46,6 @@ def test_the_same_node_with_a_good_second_edge_is_pruned_as_before():
     # control: the same weak node with only its good edge (nothing quarantined) is an orphan and goes
     snap, weak = _snapshot(1.0)
     edges = snap.table("memory_edges").head(1)
-    result = plan(snap.with_frames({"memory_edges": edges}), load_config(), NOW, phases=["prune_orphans"])
+    result = transform(snap.with_frames({"memory_edges": edges}), load_config(), NOW, phases=["prune_orphans"])
     assert result.scope_diff().table("memory_nodes").deletes.get_column("id").to_list() == [weak]
     assert not result.scope_snapshot().held_nodes

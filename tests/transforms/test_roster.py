@@ -15,7 +15,7 @@ from deep_sleep.transforms.config import ConsolidationConfig
 
 from deep_sleep.core.report import ConsolidationReport
 from deep_sleep.core.snapshot import Snapshot
-from deep_sleep.run.plan import plan
+from deep_sleep.run.transform import transform
 from tests.transforms import toy_phase
 
 TOY_ROSTER: tuple[Phase, ...] = (*ROSTER, Phase("T", toy_phase.toy, toy_phase.ToyConfig, toy_phase.COUNTERS))  # the line
@@ -133,7 +133,7 @@ def test_an_old_report_json_reads_and_writes_back_byte_for_byte(tmp_path):
 
 
 def test_the_runners_report_has_every_counter_as_before():
-    report = plan(Snapshot.empty(SCOPE, taken_at=AS_OF), ConsolidationConfig(), AS_OF).report
+    report = transform(Snapshot.empty(SCOPE, taken_at=AS_OF), ConsolidationConfig(), AS_OF).report
     new = json.loads(report.to_json())
     old = json.loads(OLD_REPORT_JSON)
     assert list(new["counters"]) == list(old["counters"])  # same names, same (sorted) order in the file

@@ -17,7 +17,7 @@ from deep_sleep.core.snapshot import Snapshot
 from deep_sleep.run import pipeline
 from deep_sleep.run.apply import apply
 from deep_sleep.run.layout import VALIDATION_FILE
-from deep_sleep.run.plan import Plan, as_shard_diff, plan
+from deep_sleep.run.transform import Transformed, as_shard_diff, transform
 from deep_sleep.store.extract import extract
 from deep_sleep.validation.quarantine import SHARD_QUARANTINE_SCHEMA
 from tests.storeutil import dump, insert, node, scalar, small_graph
@@ -95,13 +95,13 @@ def test_validate_diff_reads_only_the_snapshot_columns_it_names(store, scope, gr
     assert pruned.table("memory_nodes").columns != snap.table("memory_nodes").columns
     for check, (diff, _, _) in _bad_diffs(snap, graph, scope).items():
         assert validate_diff(diff, snap).equals(validate_diff(diff, pruned)), check
-    result = plan(snap, ConsolidationConfig(), NOW)
+    result = transform(snap, ConsolidationConfig(), NOW)
     assert validate_diff(result.diff, pruned).height == 0
 
 
 def test_a_real_plan_passes_validation(store, scope, graph):
     snap = extract(store, scope)
-    result = plan(snap, ConsolidationConfig(), NOW)
+    result = transform(snap, ConsolidationConfig(), NOW)
     assert result.diff.has_changes
     assert validate_diff(result.diff, result.shard).height == 0  # the shard form
     assert validate_diff(result.scope_diff(), snap).height == 0  # the single-scope form
@@ -115,13 +115,13 @@ def _validate_and_apply(store, snap, diff, scope, tmp_path):
     diff = as_shard_diff(diff, scope.path)
     report = ConsolidationReport(scope_path=scope.path, as_of="2026-11-20T03:00:00Z", run_id=run_id,
                                  diff_hash=diff.content_hash())
-    planned = Plan(shard, diff, {scope.path: report}, pl.DataFrame(schema=SHARD_QUARANTINE_SCHEMA))
+    planned = Transformed(shard, diff, {scope.path: report}, pl.DataFrame(schema=SHARD_QUARANTINE_SCHEMA))
     (tmp_path / "diff").mkdir()  # the Transform stage would have made it
     ctx = pipeline.Context.of(NOW, ConsolidationConfig(), scopes=scope, store=store, diff_dir=tmp_path / "diff",
                               run_ids={scope.path: run_id})
     before = dump(store, scope)
     state = pipeline.run((pipeline.Validate(), pipeline.Apply()), ctx,
-                         pipeline.State(shard=shard, plan=planned, reports={scope.path: report}))
+                         pipeline.State(shard=shard, transformed=planned, reports={scope.path: report}))
     after = dump(store, scope)
     with store.pg() as con:
         ledger = con.execute("SELECT status, errors FROM consolidation_runs WHERE run_id = %s", (run_id,)).fetchone()

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from deep_sleep.core.diff import Diff, TableDiff
 from deep_sleep.core.errors import DiffError
 from deep_sleep.core.shard import Shard
-from deep_sleep.run.plan import as_shard_diff, plan
+from deep_sleep.run.transform import as_shard_diff, transform
 from tests.transforms.shard_cases import AS_OF, fleet
 
 KEY = ["check", "table", "kind", "phase", "id", "column"]
@@ -30,7 +30,7 @@ TIGHT = ConsolidationConfig(cooccurrence={"max_neighbours": 2}, episodic_summary
 @functools.cache
 def planned(n: int = 6, seed: int = 5):
     shard = Shard.from_snapshots(fleet(n, seed=seed))
-    result = plan(shard, ConsolidationConfig(), AS_OF)
+    result = transform(shard, ConsolidationConfig(), AS_OF)
     return result.shard, result.diff
 
 

@@ -14,7 +14,7 @@ from deep_sleep.core.diff import Diff
 from deep_sleep.core.report import ConsolidationReport
 from deep_sleep.core.snapshot import Snapshot
 from deep_sleep.run.apply import apply
-from deep_sleep.run.plan import as_shard_diff
+from deep_sleep.run.transform import as_shard_diff
 from deep_sleep.validation.quarantine import quarantine
 from tests.storeutil import insert, scalar
 

@@ -14,8 +14,8 @@ from deep_sleep.validation.quarantine import REASONS, quarantine
 from deep_sleep.core.shard import Shard
 from deep_sleep.core.snapshot import Snapshot
 from deep_sleep.run import pipeline
-from deep_sleep.run import plan as plan_module
-from deep_sleep.run.plan import plan
+from deep_sleep.run import transform as transform_module
+from deep_sleep.run.transform import transform
 from deep_sleep.store.extract import extract
 from tests.storeutil import access, edge, insert, node, scalar
 
@@ -140,46 +140,46 @@ def test_duplicate_ids_in_a_snapshot_are_quarantined_both(tmp_path):
 
 
 def test_checks_beside_the_phases_give_the_sequential_plan_and_rerun_when_rows_are_quarantined(store, scope, monkeypatch):
-    """On big snapshots plan() checks rows in a second thread while the phases run on the rows as
+    """On big snapshots transform() checks rows in a second thread while the phases run on the rows as
     extracted; when a row is quarantined, the phases run again on the clean snapshot."""
     _, expected = _corpus(store, scope)
     snap = Shard.of(extract(store, scope))
-    sequential = plan(snap, ConsolidationConfig(), NOW)
-    unchecked = plan(snap, ConsolidationConfig(), NOW, check_rows=False)
+    sequential = transform(snap, ConsolidationConfig(), NOW)
+    unchecked = transform(snap, ConsolidationConfig(), NOW, check_rows=False)
     assert unchecked.report.diff_hash != sequential.report.diff_hash  # the bad rows change the diff
-    monkeypatch.setattr(plan_module, "OVERLAP_ROWS", 0)
+    monkeypatch.setattr(transform_module, "OVERLAP_ROWS", 0)
     runs = []
-    real = plan_module._run_phases
-    monkeypatch.setattr(plan_module, "_run_phases", lambda s, *a: runs.append(s) or real(s, *a))
-    overlapped = plan(snap, ConsolidationConfig(), NOW)
+    real = transform_module._run_phases
+    monkeypatch.setattr(transform_module, "_run_phases", lambda s, *a: runs.append(s) or real(s, *a))
+    overlapped = transform(snap, ConsolidationConfig(), NOW)
     assert len(runs) == 2 and runs[0] is snap and runs[1] is overlapped.shard  # optimistic run, then the rerun
     assert overlapped.report.diff_hash == sequential.report.diff_hash
     assert overlapped.quarantined.equals(sequential.quarantined) and set(overlapped.quarantined["id"]) == set(expected)
     assert overlapped.report.counters == sequential.report.counters
     # nothing to quarantine: the optimistic run stands, no rerun
     runs.clear()
-    clean = plan(overlapped.shard, ConsolidationConfig(), NOW)
+    clean = transform(overlapped.shard, ConsolidationConfig(), NOW)
     assert len(runs) == 1 and clean.quarantined.height == 0
-    assert clean.report.diff_hash == plan(overlapped.shard, ConsolidationConfig(), NOW, check_rows=False).report.diff_hash
+    assert clean.report.diff_hash == transform(overlapped.shard, ConsolidationConfig(), NOW, check_rows=False).report.diff_hash
 
 
 def test_a_phase_failing_beside_the_checks_is_rerun_on_the_clean_snapshot_or_its_error_raised(store, scope, monkeypatch):
     _corpus(store, scope)
     snap = Shard.of(extract(store, scope))
-    sequential = plan(snap, ConsolidationConfig(), NOW)
-    monkeypatch.setattr(plan_module, "OVERLAP_ROWS", 0)
-    real = plan_module._run_phases
+    sequential = transform(snap, ConsolidationConfig(), NOW)
+    monkeypatch.setattr(transform_module, "OVERLAP_ROWS", 0)
+    real = transform_module._run_phases
 
     def fails_on_the_extracted_rows(s, *a):
         if s is snap:  # the optimistic run, on rows the checks will quarantine
             raise ValueError("a phase choked on a bad row")
         return real(s, *a)
 
-    monkeypatch.setattr(plan_module, "_run_phases", fails_on_the_extracted_rows)
-    rerun = plan(snap, ConsolidationConfig(), NOW)
+    monkeypatch.setattr(transform_module, "_run_phases", fails_on_the_extracted_rows)
+    rerun = transform(snap, ConsolidationConfig(), NOW)
     assert rerun.report.diff_hash == sequential.report.diff_hash and rerun.quarantined.height
     # nothing to quarantine: the phase's own error is raised, not swallowed
     clean = sequential.shard
-    monkeypatch.setattr(plan_module, "_run_phases", lambda s, *a: (_ for _ in ()).throw(ValueError("a real bug")))
+    monkeypatch.setattr(transform_module, "_run_phases", lambda s, *a: (_ for _ in ()).throw(ValueError("a real bug")))
     with pytest.raises(ValueError, match="a real bug"):
-        plan(clean, ConsolidationConfig(), NOW)
+        transform(clean, ConsolidationConfig(), NOW)

@@ -14,7 +14,7 @@ from deep_sleep.core import tables
 from deep_sleep.core.shard import Shard
 from deep_sleep.transforms.config import load_config
 from deep_sleep.core.snapshot import Snapshot
-from deep_sleep.run.plan import plan
+from deep_sleep.run.transform import transform
 from deep_sleep.validation.quarantine import REASONS, future_limit, quarantine, quarantine_plain
 
 SCOPE = "org\x1facme\x1fbrand\x1fb1"
@@ -74,7 +74,7 @@ def test_timestamps_before_1990_and_far_future_are_quarantined_and_year_9999_doe
     # an as_of at the end of year 9999: as_of + tolerance overflows; nothing crashes
     late = datetime(9999, 12, 31, 23, 58, tzinfo=UTC)
     assert sorted(_reasons(snap, as_of=late).values()) == ["timestamp before min_timestamp"]
-    result = plan(snap, load_config(), NOW)
+    result = transform(snap, load_config(), NOW)
     assert result.report.quarantined == {"memory_nodes": {"timestamp before min_timestamp": 1, "timestamp in the future": 1}}
     floor = load_config(overrides={"quarantine": {"min_timestamp": "1960-01-01T00:00:00Z"}}).quarantine
     assert sorted(_reasons(snap, config=floor).values()) == ["timestamp in the future"]
@@ -105,7 +105,7 @@ def test_the_future_is_after_the_later_of_as_of_and_the_extracts_own_time():
     _, in_shard = quarantine(Shard.of(snap), as_of)
     assert in_shard.select("id", "reason", "scope_path").rows() == [(future, "timestamp in the future", SCOPE)]
     # and the plan of that run quarantines that row alone
-    result = plan(snap, load_config(), as_of, phases=["decay_importance"])
+    result = transform(snap, load_config(), as_of, phases=["decay_importance"])
     assert result.report.quarantined == {"memory_nodes": {"timestamp in the future": 1}}
     assert result.scope_quarantined().get_column("id").to_list() == [future]
     # as_of later than the extract: the limit is as_of's
@@ -122,7 +122,7 @@ def test_recall_with_nan_similarity_is_quarantined_and_a_rerun_changes_nothing()
         "created_at": NOW - timedelta(hours=2), "version": 1,
     }, schema_overrides={"features": pl.List(pl.Float64)}))
     snap = Snapshot(SCOPE, NOW, frames={"memory_nodes": node, "recall_events": recalls})
-    first = plan(snap, load_config(), NOW, phases=["label_recalls"])
+    first = transform(snap, load_config(), NOW, phases=["label_recalls"])
     assert first.report.quarantined == {"recall_events": {"features are not finite numbers": 1,
                                                           "similarity is not a finite number": 1}}
     assert first.report.counters["recalls_labelled"] == 1
@@ -131,7 +131,7 @@ def test_recall_with_nan_similarity_is_quarantined_and_a_rerun_changes_nothing()
     # the store after that run: the good recall labelled, the bad ones as they were
     after = snap.with_frames({"recall_events": recalls.with_columns(
         pl.when(pl.col("id") == labelled.get_column("id")[0]).then(labelled.get_column("label")[0]).otherwise(pl.col("label")).alias("label"))})
-    again = plan(after, load_config(), NOW, phases=["label_recalls"])
+    again = transform(after, load_config(), NOW, phases=["label_recalls"])
     assert again.report.counters["recalls_labelled"] == 0 and again.scope_diff().table("recall_events").updates.height == 0
 
 
@@ -141,7 +141,7 @@ def test_null_similarity_is_not_labelled_again_and_again():
         "similarity": pl.Series([None], dtype=pl.Float64), "features": [[0.1] * 12], "created_at": NOW - timedelta(hours=2)},
         schema_overrides={"features": pl.List(pl.Float64)}))
     snap = Snapshot(SCOPE, NOW, frames={"recall_events": recalls})
-    result = plan(snap, load_config(), NOW, phases=["label_recalls"], check_rows=False)
+    result = transform(snap, load_config(), NOW, phases=["label_recalls"], check_rows=False)
     assert result.report.counters["recalls_labelled"] == 0
 
 

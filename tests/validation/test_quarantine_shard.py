@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 from deep_sleep.core import tables
 from deep_sleep.core.shard import Shard
 from deep_sleep.core.snapshot import Snapshot
-from deep_sleep.run import plan as plan_module
-from deep_sleep.run.plan import plan
+from deep_sleep.run import transform as transform_module
+from deep_sleep.run.transform import transform
 from deep_sleep.transforms.config import ConsolidationConfig
 
 NOW = datetime(2026, 11, 20, 3, 0, tzinfo=UTC)
@@ -240,19 +240,19 @@ def test_plan_quarantines_the_shard_in_one_call_and_every_scope_plans_as_alone(m
             nodes = pl.concat([bad, nodes.slice(3)])
         broken.append(Snapshot(snap.scope_path, snap.taken_at, snap.previous_run_as_of, {**snap.frames, "memory_nodes": nodes}))
     calls = []
-    real = plan_module.quarantine
+    real = transform_module.quarantine
 
     def counted(source, *a, **kw):
         calls.append(type(source).__name__)
         return real(source, *a, **kw)
 
-    monkeypatch.setattr(plan_module, "quarantine", counted)
-    got = plan(Shard.from_snapshots(broken), ConsolidationConfig(), AS_OF)
+    monkeypatch.setattr(transform_module, "quarantine", counted)
+    got = transform(Shard.from_snapshots(broken), ConsolidationConfig(), AS_OF)
     assert calls == ["Shard"]
     assert set(got.quarantined["scope_path"]) == {s.scope_path for i, s in enumerate(broken) if i % 2}
     for i, snap in enumerate(broken):
         calls.clear()
-        alone = plan(Shard.of(snap), ConsolidationConfig(), AS_OF)
+        alone = transform(Shard.of(snap), ConsolidationConfig(), AS_OF)
         assert calls == ["Shard"]
         for field in SAME:
             assert getattr(got.reports[snap.scope_path], field) == getattr(alone.report, field), (snap.scope_path, field)
@@ -267,5 +267,5 @@ def test_plan_quarantines_the_shard_in_one_call_and_every_scope_plans_as_alone(m
         else:
             assert alone.quarantined.height == 0
     calls.clear()
-    plan(broken[1], ConsolidationConfig(), AS_OF)  # a Snapshot is planned as a shard of one
+    transform(broken[1], ConsolidationConfig(), AS_OF)  # a Snapshot is planned as a shard of one
     assert calls == ["Shard"]

@@ -19,7 +19,7 @@ from deep_sleep.core.shard import Shard
 from deep_sleep.core.snapshot import Snapshot
 from deep_sleep.dev.generate import generate
 from deep_sleep.dev.spec import SeedSpec
-from deep_sleep.run.plan import plan
+from deep_sleep.run.transform import transform
 from deep_sleep.transforms import ROSTER
 from deep_sleep.transforms.config import ConsolidationConfig
 
@@ -75,9 +75,9 @@ def fleet(n_scopes: int, seed: int, sizes: tuple[int, ...] = (20, 60, 150)) -> l
 def assert_shard_equals_scopes(snaps: list[Snapshot], config: ConsolidationConfig | None = None) -> None:
     config = config or ConsolidationConfig()
     shard = Shard.from_snapshots(snaps)
-    got = plan(shard, config, AS_OF)
+    got = transform(shard, config, AS_OF)
     for snap in snaps:
-        alone = plan(snap, config, AS_OF)
+        alone = transform(snap, config, AS_OF)
         mine = got.reports[snap.scope_path]
         for field in SAME:
             assert getattr(mine, field) == getattr(alone.report, field), (snap.scope_path, field)
@@ -104,9 +104,9 @@ def test_prefix_siblings_and_nested_scopes_never_mix():
 def test_each_phase_alone_on_a_shard(phase):
     snaps = fleet(6, seed=4)
     shard = Shard.from_snapshots(snaps)
-    got = plan(shard, ConsolidationConfig(), AS_OF, phases=(phase,))
+    got = transform(shard, ConsolidationConfig(), AS_OF, phases=(phase,))
     for snap in snaps:
-        alone = plan(snap, ConsolidationConfig(), AS_OF, phases=(phase,))
+        alone = transform(snap, ConsolidationConfig(), AS_OF, phases=(phase,))
         mine = got.reports[snap.scope_path]
         for field in SAME:
             assert getattr(mine, field) == getattr(alone.report, field), (snap.scope_path, field)
@@ -120,7 +120,7 @@ def test_random_fleets(n, seed):
 
 def test_scope_hashes_cut_from_one_encoding_equal_each_scopes_own_hash():
     snaps = fleet(10, seed=5)
-    got = plan(Shard.from_snapshots(snaps), ConsolidationConfig(), AS_OF)
+    got = transform(Shard.from_snapshots(snaps), ConsolidationConfig(), AS_OF)
     fast, plain = got.diff.scope_hashes(), got.diff.scope_hashes_plain()
     assert fast == plain and len(fast) >= 5
     counts = got.diff.scope_row_counts()

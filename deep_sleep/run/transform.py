@@ -1,17 +1,17 @@
 """The transform stage: run the phases over a shard and collect its diff and every scope's report.
 
 A single scope is a shard of one and runs exactly this code (SPEC §2: "A single-scope run is a
-shard of one").  :func:`plan` touches no database and reads no clock (beyond timing itself): it is
+shard of one").  :func:`transform` touches no database and reads no clock (beyond timing itself): it is
 the transform of the nightly, of ``deep-sleep run`` and ``plan``, of the quick nap and of replay.
 
 Every phase runs once over all the scopes of the shard: it partitions every group, join, rank, cap,
 window and threshold by ``scope_path`` and reports counters, skips and notes per scope
 (:class:`~deep_sleep.transforms._common.PhaseResult` ``by_scope``, ``skipped_scopes``,
 ``scope_notes``).  Each scope gets the diff, counters, skips, notes and content hash a shard of that
-scope alone gives (tests/run/test_plan_shard.py: random fleets against each scope alone).
+scope alone gives (tests/run/test_transform_shard.py: random fleets against each scope alone).
 
     >>> from deep_sleep.core.snapshot import Snapshot
-    >>> p = plan(Snapshot.empty("org\\x1facme", taken_at=datetime(2026, 1, 2, tzinfo=UTC)),
+    >>> p = transform(Snapshot.empty("org\\x1facme", taken_at=datetime(2026, 1, 2, tzinfo=UTC)),
     ...          ConsolidationConfig(), datetime(2026, 1, 2, tzinfo=UTC))
     >>> p.diff.has_changes, p.report.phases_run[:1]
     (False, ['strengthen'])
@@ -22,7 +22,7 @@ from __future__ import annotations
 import inspect
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -45,8 +45,9 @@ OVERLAP_ROWS = 200_000
 
 
 @dataclass(frozen=True)
-class Plan:
-    """What a run of a shard would do.
+class Transformed:
+    """What the transform of a shard gives (the plan, SPEC §9, is the night up to its apply: this and
+    the stages after it).
 
     shard: the clean shard (the quarantined rows left out) the phases ran on.
     diff: the shard's diff; every frame has a ``scope_path`` column (each row its own scope).
@@ -209,7 +210,7 @@ def _checked(shard: Shard, as_of: datetime, config: ConsolidationConfig) -> tupl
     return clean, quarantined, round(time.perf_counter() - t0, 6)
 
 
-def plan(
+def transform(
     shard: Shard | Snapshot,
     config: ConsolidationConfig,
     as_of: datetime,
@@ -217,7 +218,7 @@ def plan(
     check_rows: bool = True,
     summarizer: Summarizer | None = None,
     write_to: str | Path | None = None,
-) -> Plan:
+) -> Transformed:
     """Quarantine rows that break the store's invariants (``check_rows``), then run the roster (or
     the named ``phases``) in order over the whole shard, folding each diff in before the next phase.
     A :class:`Snapshot` is planned as a shard of one.
@@ -296,7 +297,7 @@ def plan(
         )
         for s in shard.scope_paths
     }
-    return Plan(shard=shard, diff=diff, reports=reports, quarantined=quarantined)
+    return Transformed(shard=shard, diff=diff, reports=reports, quarantined=quarantined)
 
 
 # -- the diff directory's frames (SPEC §8) -------------------------------------------------------
@@ -327,7 +328,7 @@ def _timed_write(diff: Diff, scope_paths: tuple[str, ...], out: Path) -> float:
 
 
 def as_shard_diff(diff: Diff, scope_path: str) -> Diff:
-    """A single scope's diff (as :meth:`Plan.scope_diff` or a single-scope directory gives it) with a
+    """A single scope's diff (as :meth:`Transformed.scope_diff` or a single-scope directory gives it) with a
     ``scope_path`` on every row: the form every stage after the transform takes.  A row that already
     names another scope keeps it (validation then fails it: SPEC §1)."""
     out = {}
@@ -338,4 +339,4 @@ def as_shard_diff(diff: Diff, scope_path: str) -> Diff:
     return Diff(out)
 
 
-__all__ = ["Plan", "plan", "write_diff", "as_shard_diff", "with_scope", "OVERLAP_ROWS", "UTC", "replace"]
+__all__ = ["Transformed", "transform", "write_diff", "as_shard_diff", "with_scope", "OVERLAP_ROWS"]
