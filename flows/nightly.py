@@ -20,7 +20,7 @@
    night's runs; so the suite does not run then.  Live writes keep changing the store between
    nights, but the suite checks whole tables: what a live write broke is found by the next night that
    applies (and each scope's extract quarantines such rows before they reach a diff).  Those nights
-   do not pay great-expectations (its import alone is ~3.6 s; measured in benchmarks/README.md).
+   do not pay great-expectations (its import alone takes seconds; benchmarks/README.md).
 4. Run health and retention, the summary (:mod:`deep_sleep.jobs.night` builds it, the same as for a
    night with no due scope that ``deep-sleep nightly`` runs without Prefect), and a summary table
    artifact.
@@ -274,10 +274,9 @@ def _night_plan(as_of: datetime, night_id: str, gates: list, due: list, rows: li
 
 
 #: ``task_runner="auto"`` runs the shards in worker processes from this many due rows (nodes + edges +
-#: events) on: four full default shards.  Measured on the 100k fleet's first K shards (README,
-#: *Threads or processes*), two threads against two processes whose start (~2 s: each imports the
-#: pipeline) is not in the figures: 2 shards 24.5, 26.8 s against 23.4, 24.1 s (even, once started);
-#: 4 shards 51.4, 60.1 s against 44.5, 42.1 s; 12 shards −24 %.  Tests and the demo stay in one process.
+#: events) on: four full default shards.  Workers cost seconds to start (each imports the pipeline) and
+#: pay off only once two shards would otherwise share a GIL for long: two shards came out even, four
+#: and more clearly faster in processes (benchmarks/README.md).  Tests and the demo stay in one process.
 AUTO_PROCESSES_ROWS = 2_000_000
 
 

@@ -12,7 +12,7 @@ What is checked, and the semantics decided for it, is in :mod:`deep_sleep.valida
 (the checks as values, from the catalog); this module runs them with great-expectations and keeps
 the results.
 
-How it runs with great-expectations 1.24 (see also README and the report in the PR):
+How it runs with great-expectations 1.24 (what it checks and when: docs/semantics.md, "Data quality"):
 
 * An *ephemeral* context (nothing written but our out_dir) with in-memory stores, analytics and
   progress bars off, and one Data Docs site (``TupleFilesystemStoreBackend``) under
@@ -63,9 +63,9 @@ log = logging.getLogger(__name__)
 MAX_EXAMPLES = 5
 DOCS_SITE = "deep_sleep_store"
 #: ``work_mem`` of the suite's connections (``DEEP_SLEEP_SUITE_WORK_MEM``).  The dangling-edge check
-#: hash-joins every edge with its two nodes; at PostgreSQL's default 4MB those hashes spill to 128
-#: batches on disk.  On the 100k-scope benchmark fleet (15M edges, 10M nodes) its query took
-#: 32.7–35.2 s at 4MB, 22.0–23.3 s at 256MB and 23.7 s at 1GB; great-expectations runs it twice.
+#: hash-joins every edge with its two nodes; at PostgreSQL's default 4MB those hashes spill to disk,
+#: and great-expectations runs the query twice.  256MB took about a third off it on the 100k-scope
+#: fleet, and more bought nothing (benchmarks/README.md).
 DEFAULT_WORK_MEM = "256MB"
 
 

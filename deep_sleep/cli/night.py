@@ -1,10 +1,9 @@
 """``deep-sleep nightly`` without paying for Prefect machinery the night does not use (issue 32 item 4).
 
-Measured on 300 scopes (benchmarks/README.md, "A night's floor"): the same command an hour after a
-night, with nothing due, took 7.3–9.1 s (12.4 s on a busier machine), of which Prefect's temporary
-server 5.1 s (8.3: importing its server package into this process, then waiting for the
-subprocess), the flow module's imports 1.9 s (3.4), the end of the flow run 0.8 s (Prefect joins its
-heartbeat thread), and the night's own work (gating, run health) 0.2 s.  So:
+A night with nothing due does almost no work of its own (gating, run health); nearly all of its time
+went to Prefect's temporary server (importing its server package into this process, then waiting
+for the subprocess), the flow module's imports and the end of the flow run (benchmarks/README.md,
+"a night's floor").  So:
 
 * **No scope due and no standing Prefect server** (:func:`standing_api_url` is None): the night is
   :func:`deep_sleep.jobs.night.quiet_night` — in this process, no Prefect, no pipeline imports.  Why
@@ -16,8 +15,7 @@ heartbeat thread), and the night's own work (gating, run health) 0.2 s.  So:
   through ``PREFECT_API_URL``.
 * A plan (``--plan``) always runs the flow (its artifact is the plan).
 
-The gate is taken before any of this (one set-based query: ~25 ms on 300 scopes, ~6 s on 100k),
-and the flow takes it again: the server is only started for a night that needs it, never for a
+The gate is taken before any of this (one set-based query), and the flow takes it again: the server is only started for a night that needs it, never for a
 quiet one.
 """
 

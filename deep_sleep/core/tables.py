@@ -20,7 +20,7 @@ SCHEMA_VERSION = 1
 
 TS = pl.Datetime("us", "UTC")
 # How snapshots and diffs are written: zstd level 1 writes ~3× faster than the default level 3
-# (1.85 s → 0.56 s for 1.5M edges) for the same size; readers need nothing special.
+# for the same size; readers need nothing special.
 PARQUET_OPTIONS = {"compression": "zstd", "compression_level": 1, "statistics": False}
 
 
@@ -66,7 +66,7 @@ def _cols(spec: str) -> tuple[Column, ...]:
 
 
 # The columns a snapshot carries.  Node and event embeddings stay in Postgres: no phase reads
-# them, and at a million nodes they would be most of the bytes moved (README, "Semantics").
+# them, and at a million nodes they would be most of the bytes moved (docs/semantics.md, "Snapshot").
 TABLES: dict[str, tuple[Column, ...]] = {
     "memory_nodes": _cols(
         "id:uuid scope_path:text tenant_id:text layer:text label:text properties:json "

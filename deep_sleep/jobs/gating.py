@@ -37,9 +37,8 @@ ORDER BY s.scope_path
 #: The counts above are index-only scans of the tables' ``scope_path`` indexes (a fifth of the heaps'
 #: pages), and a scope's new sessions one range of ``episodic_events_scope_created``.  Postgres's
 #: default ``random_page_cost = 4`` (a spinning disk's) makes the planner read the whole heaps
-#: instead.  On the 100k-scope benchmark fleet (37M counted rows), beside a running test suite:
-#: 16–19 s → 6 s warm, 19 → 10 s cold (server restarted, OS page cache dropped).  Set for the gating
-#: query's own transaction only.
+#: instead, which took two to three times as long on the 100k-scope fleet (benchmarks/README.md).
+#: Set for the gating query's own transaction only.
 DUE_PLANNER = "SET LOCAL random_page_cost = 1.1"
 
 

@@ -12,11 +12,11 @@ scope skipped, with its reason), the run-health alerts (they can fire on a night
 nothing, e.g. ``gated_too_long``) and retention.  :func:`quiet_night` does exactly that in the
 calling process, without Prefect; ``deep-sleep nightly`` takes it when no scope is due and no
 standing Prefect server is configured (:mod:`deep_sleep.cli.night`).  Without a standing server
-the flow would first start Prefect's temporary one (8–9 s of a 12.4 s night on 300 scopes,
-measured) only to record a flow run in a local SQLite database that no server shows; with a
-standing server (``PREFECT_API_URL``) the flow still runs, so every night is on its UI.  Importing
-nothing of Prefect, the pipeline or great-expectations, such a night takes 0.4–0.9 s (300 to 3,000
-scopes; benchmarks/README.md).
+the flow would first start Prefect's temporary one — most of such a night's time — only to record a
+flow run in a local SQLite database that no server shows; with a standing server
+(``PREFECT_API_URL``) the flow still runs, so every night is on its UI.  Importing nothing of
+Prefect, the pipeline or great-expectations, such a night takes well under a second (measured in
+benchmarks/README.md, "a night's floor").
 """
 
 from __future__ import annotations

@@ -546,7 +546,7 @@ def _adjustments(state: Shard, paths: pl.Series, x: np.ndarray) -> np.ndarray:
 def _adjustments_by_scope(state: Shard, paths: pl.Series, x: np.ndarray) -> np.ndarray:
     """The plain version of :func:`_adjustments`: phase D3's own :func:`adjustment` (a BLAS
     product) scope by scope (one boolean mask over every candidate per scope: quadratic in the
-    scopes of a shard, ~70 s for 1,800 scopes).  Kept as the reference the fast one is tested
+    scopes of a shard).  Kept as the reference the fast one is tested
     against (equal to ~1e-15: the fixed-order sum against BLAS's)."""
     models = state.table("reranker_models")
     out = np.zeros(len(x))

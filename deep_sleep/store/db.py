@@ -139,11 +139,10 @@ def embedded_dsn(data_dir: str | os.PathLike | None = None, database: str = DEFA
 # that instead of PostgreSQL's tiny defaults: with 128 MB of shared buffers a 1M-node apply reads
 # its indexes back from the OS page cache over and over; a larger WAL budget avoids checkpoints
 # (and the full-page writes after each) in the middle of an apply.  Durability is unchanged.
-# At 100k scopes the night touches random leaf pages of every uuid primary key (15M edges: 0.9 GB)
-# and most of its WAL is full-page images; measured on 10 shards of that night: 4 GB of shared
-# buffers, 16 GB of WAL and 30 min between checkpoints wrote 3.9 GB of WAL instead of 5.7 (FPIs
-# 320k instead of 581k), read 41 % fewer pages from the OS, and cost 7 % less server CPU.
-# (A quarter of this machine's 24 GB; on a user's own server these are the operator's to set.)
+# At 100k scopes the night touches random leaf pages of every uuid primary key and most of its WAL
+# is full-page images: larger buffers and fewer checkpoints write less WAL and read fewer pages
+# from the OS (measured in benchmarks/README.md).  4 GB is a quarter of the development machine's
+# RAM; on a user's own server these are the operator's to set.
 EMBEDDED_SETTINGS = {
     "shared_buffers": "4GB",
     "maintenance_work_mem": "256MB",

@@ -83,8 +83,8 @@ def extract(store: Store, scope: Scope | str, log_since: datetime | None = None)
 # -- shards: many scopes in one transaction ----------------------------------------------------
 
 # The scope list is joined as a set (unnest), never filtered with ``= ANY($1)``: a bound array
-# is not hashed in a generic plan, so ANY compares every row with every scope (2,000 scopes took
-# 800 s through ADBC against 2 s joined).
+# is not hashed in a generic plan, so ANY compares every row with every scope (hundreds of times
+# slower at 2,000 scopes: benchmarks/README.md).
 SHARD_LEDGER_SQL = (
     "SELECT scope_path, max(as_of) FILTER (WHERE mode = 'nightly') AS previous, "
     "max(as_of) FILTER (WHERE mode = 'quick_nap') AS nap "
