@@ -8,7 +8,7 @@ built from the roster (:func:`~deep_sleep.transforms.config.config_model`, :func
 
 Each phase function takes any of the arguments the runner offers, by name — ``snapshot`` (with
 earlier phases' diffs folded in), ``config`` (its own section), ``as_of``, ``lookback_hours``,
-``settings`` (the whole configuration), ``extracted``, ``embedder`` — and returns a
+``settings`` (the whole configuration), ``extracted``, ``summarizer``, ``embedder`` — and returns a
 :class:`~deep_sleep.transforms._common.PhaseResult`.
 
     >>> [c for c in ROSTER[0].counters], ROSTER[0].config().min_accesses

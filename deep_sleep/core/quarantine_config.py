@@ -1,6 +1,6 @@
 """The ``quarantine`` section of the configuration: bounds a stored row must keep to be consolidated.
 
-A row outside them is set aside with a named reason (validation/quarantine.py, README "Semantics"),
+A row outside them is set aside with a named reason (validation/quarantine.py; docs/semantics.md, "Quarantine"),
 never repaired.
 
     >>> QuarantineConfig().max_label_chars

@@ -64,9 +64,11 @@ class ConsolidationReport:
         ``reasons`` (rule → rows), ``phases`` (phase → rows), ``why`` (one sentence per rule that fired),
         and ``status`` once decided; empty when nothing is held.  ``rows_changed`` and ``conflicts`` are
         then the applied part's.
-    gate: the recall-quality gate's figures (SPEC §9, :mod:`deep_sleep.run.gate`): ``queries``
-        replayed, ``recall_before`` and ``recall_after`` (recall@k of the used memories, 0–1),
-        ``drop_pp`` (percentage points) and ``failed``; empty when the gate is off or had no query.
+    gate: the recall-quality gate's verdict (SPEC §9, :mod:`deep_sleep.run.gate`): ``status``
+        (``measured``, or why not: ``no_used_query``, ``no_vectors``, ``zero_before``, ``disabled``,
+        ``not_run``), ``detail`` and ``failed`` in every finished run's report; with replayed queries
+        also ``queries``, ``recall_before`` and ``recall_after`` (recall@k of the used memories, 0–1)
+        and ``drop_pp`` (percentage points).
     diff_hash: content hash of the diff (same snapshot + config + as_of → same hash).
     status: "planned" (replay), "applied", "failed", or "empty".
     run_id, snapshot_uri, diff_uri: where the run is recorded and stored.
