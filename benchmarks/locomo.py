@@ -62,7 +62,7 @@ and differed on 7 questions' coverage; ``--random-ids`` alone 0 and 884 held row
 With ``--dsn`` the database is used as it is (its index kept).  ``protocol.seeded_ids`` and
 ``protocol.nearest_neighbours`` say which was measured.  ``--naps off`` records turns with ``nap=False`` (no quick naps between nights).
 
-The embedder is chosen by name from :data:`EMBEDDERS` (``hashing``: :func:`default_embedder`) and
+The embedder is the run's one embedder (``--embedder``, else the configuration's ``embedding.model``) and
 passed to every ``record_turn`` and ``recall``; the nightly takes none today (it uses the default).
 
 Writes ``bench-results.json`` → ``"locomo"`` (other keys kept): per mode, R@5 / R@10 / mean evidence
@@ -107,6 +107,8 @@ NIGHT_HOUR = 3  # UTC
 LIVE_K = 5
 QA_K = 10
 KS = (5, 10)
+#: Source turns a summary hit stands for in the stricter reading (:func:`passages`).
+PASSAGES = 3
 CATEGORIES = (1, 2, 3, 4)
 CATEGORY_NAMES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop"}
 SUMMARY_LABEL = "META:episodic_summary"
@@ -116,15 +118,10 @@ TABLES = ("memory_nodes", "memory_edges", "episodic_events", "memory_access_log"
           "reranker_models", "consolidation_runs", "consolidation_archive")
 
 
-def _hashing():
-    from deep_sleep.core.embedding import default_embedder
+def _embedder_names() -> list[str]:
+    from deep_sleep.core.embedding import MODELS
 
-    return default_embedder()
-
-
-#: Embedders by name: a factory each.  Add a provider here (any object with ``dim``, ``name`` and
-#: ``embed``, see :mod:`deep_sleep.core.embedding`) to benchmark it with ``--embedder NAME``.
-EMBEDDERS: dict[str, Callable[[], Any]] = {"hashing": _hashing}
+    return sorted(MODELS)
 
 
 def _p(msg: str) -> None:
@@ -376,7 +373,7 @@ def replay(store, con: psycopg.Connection, scope, conv: Conversation, nights: bo
             if nights:
                 run_nights(turn.when)
             t = time.perf_counter()
-            recall(con, scope, turn.content, k=LIVE_K, now=turn.when, embedder=embedder)
+            recall(con, scope, turn.content, k=LIVE_K, now=turn.when, embedder=embedder, config=config)
             rep.times["live_recall"].append((time.perf_counter() - t) * 1000)
             ops = [{"op": "create_event", "content": turn.content,
                     "metadata": {"dia_id": turn.dia_id, "speaker": turn.speaker, "session": s.number, "source": "locomo"}}]
@@ -388,8 +385,10 @@ def replay(store, con: psycopg.Connection, scope, conv: Conversation, nights: bo
             rep.times["record_turn"].append(ms)  # as the caller waits for it: with the quick nap it ran, if any
             rep.times["record_turn_with_nap" if receipt.quick_nap is not None else "record_turn_without_nap"].append(ms)
             rep.rejected += [f"{turn.dia_id} {r.op}: {r.reason}" for r in receipt.rejected]
-            rep.event_dia.update({x.id: turn.dia_id for x in receipt.landed if x.op == "create_event"})
-            rep.event_dia[receipt.summary_event_id] = None
+            own = {x.id: turn.dia_id for x in receipt.landed if x.op == "create_event"}
+            rep.event_dia.update(own)
+            if receipt.summary_event_id not in own:  # a turn-summary event of its own: no turn's text
+                rep.event_dia[receipt.summary_event_id] = None
             if receipt.quick_nap is not None:
                 rep.nap_statuses[receipt.quick_nap.status] += 1
         if nights:
@@ -418,11 +417,11 @@ class Provenance:
     rows: dict[str, tuple[str, tuple[str, ...]]] = field(default_factory=dict)
 
     def of_sources(self, ids: Iterable[Any]) -> tuple[str, ...]:
+        """The dia_ids of a hit's sources: events (a summary's), or nodes (a cluster's members)."""
         out: list[str] = []
         for i in ids or ():
-            d = self.event_dia.get(str(i))
-            if d and d not in out:
-                out.append(d)
+            ds = [self.event_dia.get(str(i))] if str(i) in self.event_dia else list(self.rows.get(str(i), (None, ()))[1])
+            out += [d for d in ds if d and d not in out]
         return tuple(out)
 
     def of_hit(self, hit: Any) -> tuple[str, tuple[str, ...]]:
@@ -486,13 +485,14 @@ def coverage(evidence: list[str], hit_dias: list[tuple[str, ...]], k: int) -> tu
     return bool(found), len(found) / len(evidence)
 
 
-def qa(con: psycopg.Connection, scope, conv: Conversation, prov: Provenance, now: datetime, embedder) -> tuple[list[dict], list[float]]:
+def qa(con: psycopg.Connection, scope, conv: Conversation, prov: Provenance, now: datetime, embedder,
+       config=None) -> tuple[list[dict], list[float]]:
     from deep_sleep.online import recall
 
     rows, times = [], []
     for q in conv.questions:
         t = time.perf_counter()
-        hits = recall(con, scope, q.question, k=QA_K, now=now, embedder=embedder)
+        hits = recall(con, scope, q.question, k=QA_K, now=now, embedder=embedder, config=config)
         times.append((time.perf_counter() - t) * 1000)
         seen = [prov.of_hit(h) for h in hits]
         row = {"conversation": conv.sample_id, "qa_index": q.index, "category": q.category, "evidence": q.evidence,
@@ -501,8 +501,32 @@ def qa(con: psycopg.Connection, scope, conv: Conversation, prov: Provenance, now
         for k in KS:
             covered, share = coverage(q.evidence, [d for _, d in seen], k)
             row[f"covered@{k}"], row[f"share@{k}"] = covered, share
+        row["passage_covered@10"] = coverage(q.evidence, [passages(q.question, h, d, prov) for h, (_, d) in zip(hits, seen)], 10)[0]
         rows.append(row)
     return rows, times
+
+
+_WORD = re.compile(r"[^\W_]+")
+
+
+def passages(question: str, hit: Any, dias: tuple[str, ...], prov: Provenance, n: int = PASSAGES) -> tuple[str, ...]:
+    """The stricter reading of a hit's provenance (``r_at_10_passages``): a summary stands for only the
+    ``n`` source events whose lines of its text share the most words with the question (ties: text
+    order) — the turns a reader of the hit would find — rather than all of its up to 50; any other hit
+    for its whole provenance ``dias``.  A summary's text is its events' contents one per line, in
+    ``source_ids`` order.
+
+    >>> class H: kind, text, source_ids = "summary", "a: dogs\\nb: the cat sat\\nc: cats", ("e1", "e2", "e3")
+    >>> passages("where is the cat", H, (), Provenance({"e1": "D1:1", "e2": "D1:2", "e3": "D1:3"}), n=1)
+    ('D1:2',)
+    """
+    if getattr(hit, "kind", None) != "summary":
+        return dias
+    words = {w.lower() for w in _WORD.findall(question)}
+    ids = tuple(getattr(hit, "source_ids", ()) or ())
+    lines = str(getattr(hit, "text", "") or "").split("\n")[:len(ids)]
+    best = sorted(range(len(lines)), key=lambda i: (-len(words & {w.lower() for w in _WORD.findall(lines[i])}), i))[:n]
+    return prov.of_sources([ids[i] for i in sorted(best)])
 
 
 def summarize(rows: list[dict]) -> dict[str, Any]:
@@ -512,6 +536,7 @@ def summarize(rows: list[dict]) -> dict[str, Any]:
         for k in KS:
             out[f"r_at_{k}"] = round(sum(r[f"covered@{k}"] for r in rs) / len(rs), 4) if rs else None
             out[f"share_at_{k}"] = round(sum(r[f"share@{k}"] for r in rs) / len(rs), 4) if rs else None
+        out["r_at_10_passages"] = round(sum(r.get("passage_covered@10", False) for r in rs) / len(rs), 4) if rs else None
         return out
 
     by_cat = {str(c): {"name": CATEGORY_NAMES[c], **figures([r for r in rows if r["category"] == c])} for c in CATEGORIES}
@@ -689,7 +714,7 @@ def run_mode(store, convs: list[Conversation], nights: bool, config, embedder, t
             prov = provenance(con, scope.path, replays[conv.sample_id].event_dia)
             con.commit()
             t = time.perf_counter()
-            qrows, qtimes = qa(con, scope, conv, prov, qa_now, embedder)
+            qrows, qtimes = qa(con, scope, conv, prov, qa_now, embedder, config)
             seconds["qa"] += time.perf_counter() - t
             times["qa_recall"] += qtimes
             rows += qrows
@@ -748,19 +773,19 @@ def _table(result: dict[str, Any]) -> str:
     modes = [m for m in ("off", "on") if m in result["modes"]]
     lines = ["", f"LoCoMo ({len(result['data']['conversations'])} conversations, "
                  f"{result['data']['questions']} questions; embedder {result['embedder']['name']})", ""]
-    head = f"{'category':<16}" + "".join(f"{'nights ' + m:>30}" for m in modes)
-    lines += [head, f"{'':<16}" + "".join(f"{'R@5   R@10  sh@5  sh@10   n':>30}" for _ in modes)]
+    head = f"{'category':<16}" + "".join(f"{'nights ' + m:>36}" for m in modes)
+    lines += [head, f"{'':<16}" + "".join(f"{'R@5   R@10  sh@5  sh@10  p@10   n':>36}" for _ in modes)]
     cats = [("overall", None)] + [(f"{c} {CATEGORY_NAMES[c]}", str(c)) for c in CATEGORIES]
     for name, key in cats:
         line = f"{name:<16}"
         for m in modes:
             r = result["modes"][m]["recall"]
             f = r["overall"] if key is None else r["by_category"][key]
-            cell = (f"{f['r_at_5']:.3f} {f['r_at_10']:.3f} {f['share_at_5']:.3f} {f['share_at_10']:.3f} {f['questions']:>4}"
-                    if f["questions"] else "-")
-            line += f"{cell:>30}"
+            cell = (f"{f['r_at_5']:.3f} {f['r_at_10']:.3f} {f['share_at_5']:.3f} {f['share_at_10']:.3f} "
+                    f"{f['r_at_10_passages']:.3f} {f['questions']:>4}" if f["questions"] else "-")
+            line += f"{cell:>36}"
         lines.append(line)
-    lines.append("")
+    lines += ["(p@10: R@10 with a summary standing for only its 3 turns that best match the question)", ""]
     for m in modes:
         r = result["modes"][m]
         at = r["rows_at_end"]
@@ -778,7 +803,9 @@ def _table(result: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", help=f"LoCoMo JSON (default {DEFAULT_DATA} from the repository root; public: {PUBLIC_SOURCE})")
-    ap.add_argument("--embedder", default="hashing", choices=sorted(EMBEDDERS))
+    ap.add_argument("--embedder", default=None,
+                    help="the one embedder of the whole run (embedding.model): " + ", ".join(_embedder_names())
+                         + ", or package.module:attribute; default: the configuration's")
     ap.add_argument("--nights", default="both", choices=("on", "off", "both"))
     ap.add_argument("--conversations", type=int, default=None, help="only the first N conversations of the file")
     ap.add_argument("--out", default="bench-results.json", help="results file; the 'locomo' key is replaced, others kept")
@@ -804,8 +831,11 @@ def main(argv: list[str] | None = None) -> int:
 
     data = resolve_data(args.data)
     convs = load_conversations(data, args.conversations)
-    embedder = EMBEDDERS[args.embedder]()
-    config = load_config(args.config)
+    from deep_sleep.core.embedding import embedder_for
+
+    config = load_config(args.config, {"embedding": {"model": args.embedder}} if args.embedder else None)
+    embedder = embedder_for(config)  # one embedder everywhere: the turns, recall, the nights and their gate
+    args.embedder = config.embedding.model
     if args.dsn:
         migrate(args.dsn)
         store = Store(args.dsn)

@@ -24,4 +24,31 @@ One import namespace in layers; a module imports only from its own layer or a lo
 LAYERS: tuple[str, ...] = ("core", "store", "transforms", "validation", "run", "online", "jobs", "flows",
                            "dev", "cli")
 
-__all__ = ["LAYERS"]
+#: The public entry points, importable from ``deep_sleep`` itself (loaded on first use, so that
+#: ``import deep_sleep`` stays cheap):
+#:
+#:     >>> from deep_sleep import connect_store, consolidate, record_turn, recall   # doctest: +SKIP
+#:     >>> store = connect_store(database="agents")          # the embedded server, or a DSN
+#:     >>> state = consolidate(store, ["org/acme", "org/beta"], as_of="2026-11-20T03:00:00Z")
+#:     >>> {path: report.status for path, report in state.reports.items()}
+PUBLIC: dict[str, str] = {
+    "consolidate": "deep_sleep.run.pipeline",        # a night for one scope or a shard: reports back
+    "connect_store": "deep_sleep.store.db",          # a DSN, or a database on the embedded server
+    "Store": "deep_sleep.store.db",
+    "Scope": "deep_sleep.core.scope",
+    "record_turn": "deep_sleep.online.turn",
+    "recall": "deep_sleep.online.recall",
+    "feedback": "deep_sleep.online.recall",
+    "load_config": "deep_sleep.transforms.config",
+    "ConsolidationConfig": "deep_sleep.transforms.config",
+}
+
+__all__ = ["LAYERS", "PUBLIC", *PUBLIC]
+
+
+def __getattr__(name: str):
+    if name in PUBLIC:
+        import importlib
+
+        return getattr(importlib.import_module(PUBLIC[name]), name)
+    raise AttributeError(f"module 'deep_sleep' has no attribute {name!r}")

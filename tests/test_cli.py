@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import polars as pl
+import psycopg
 import pytest
 
 from deep_sleep import cli
@@ -44,8 +45,9 @@ DSN_COMMANDS = [
 @pytest.fixture
 def clean_env(monkeypatch):
     """Commands hand DSNs to flows through DEEP_SLEEP_DSN: restore it after each test."""
-    monkeypatch.setenv("DEEP_SLEEP_DSN", "placeholder")
-    monkeypatch.delenv("DEEP_SLEEP_DSN")
+    for name in ("DEEP_SLEEP_DSN", "DEEP_SLEEP_DATABASE", "DEEP_SLEEP_KEEP_SERVER"):  # set by main(): restored after
+        monkeypatch.setenv(name, "placeholder")
+        monkeypatch.delenv(name)
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
     return monkeypatch
 
@@ -431,3 +433,38 @@ def test_standing_api_url_reads_prefect_settings_only_when_something_may_set_it(
     got = json.loads(done.stdout.strip().splitlines()[-1])
     assert got == {"nowhere": {"url": None, "prefect": False}, "environment": {"url": url, "prefect": False},
                    "profile": {"url": url, "prefect": True}}[where]
+
+
+def test_database_picks_a_database_on_the_server_and_a_bad_name_is_refused(admin_dsn, tmp_path, capsys, clean_env):
+    """``--database`` (issue 30 item 5): the same command on another database of the same server; the
+    environment carries it to every store the command opens.  A name that is not a database name is an
+    input error before anything connects."""
+    from deep_sleep.store.db import create_database, drop_database
+
+    _no_prefect(clean_env)
+    name = f"ds_cli_db_{os.getpid()}"
+    other = create_database(admin_dsn, name)
+    try:
+        clean_env.chdir(tmp_path)
+        assert main(["--dsn", admin_dsn, "--database", name, "demo", "--tenants", "1", "--scopes-per-tenant", "1",
+                     "--nodes", "30"]) == 0
+        assert name in capsys.readouterr().err                    # the store line names the database used
+        with psycopg.connect(other.dsn) as con:
+            assert con.execute("SELECT count(*) FROM consolidation_runs").fetchone()[0] == 2  # the demo's two scopes
+        assert os.environ["DEEP_SLEEP_DATABASE"] == name
+        assert main(["--dsn", admin_dsn, "--database", 'x"; DROP DATABASE postgres; --', "report"]) == 2
+        assert "database name" in capsys.readouterr().err
+    finally:
+        drop_database(admin_dsn, name)
+
+
+def test_reembed_from_the_command_line(store, scope, capsys, clean_env):
+    from deep_sleep.online.turn import record_turn
+
+    record_turn(store, scope, [{"op": "upsert_node", "label": "topic: kites"}], nap=False)
+    assert main(["--dsn", store.dsn, "reembed", "--scope", scope.display(), "--model",
+                 "tests.online.test_recall_everything:MIRRORED"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["model"] == "mirrored-hashing-test" and out["rewritten"]["memory_nodes"] == 1
+    assert main(["--dsn", store.dsn, "reembed", "--model", "no_such_module:thing"]) == 2
+    assert "no_such_module" in capsys.readouterr().err

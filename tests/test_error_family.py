@@ -25,10 +25,20 @@ def _files() -> list[Path]:
     return out
 
 
+def _protocol_raises(tree: ast.Module) -> set[int]:
+    """Lines where Python's protocol asks for a built-in: a module's ``__getattr__`` (PEP 562) must
+    raise AttributeError for a name it does not have, or ``hasattr`` and ``import *`` break."""
+    return {node.lineno for fn in tree.body if isinstance(fn, ast.FunctionDef) and fn.name == "__getattr__"
+            for node in ast.walk(fn) if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call)
+            and isinstance(node.exc.func, ast.Name) and node.exc.func.id == "AttributeError"}
+
+
 def _bare_raises(path: Path) -> list[str]:
     found = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Raise) and node.exc is not None:
+    tree = ast.parse(path.read_text(), str(path))
+    allowed = _protocol_raises(tree)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Raise) and node.exc is not None and node.lineno not in allowed:
             target = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
             if isinstance(target, ast.Name) and target.id in BUILTIN_ERRORS:
                 found.append(f"{path.name}:{node.lineno}: raise {target.id}")
@@ -46,5 +56,6 @@ def test_no_bare_builtin_raise(path):
 
 def test_the_check_sees_a_bare_raise(tmp_path):
     probe = tmp_path / "probe.py"
-    probe.write_text("def f(e):\n    raise ValueError('x')\n\ndef g(e):\n    raise e\n\ndef h():\n    raise KeyError\n")
-    assert _bare_raises(probe) == ["probe.py:2: raise ValueError", "probe.py:8: raise KeyError"]
+    probe.write_text("def f(e):\n    raise ValueError('x')\n\ndef g(e):\n    raise e\n\ndef h():\n    raise KeyError\n"
+                     "\ndef __getattr__(name):\n    raise AttributeError(name)\n\ndef k():\n    raise AttributeError('x')\n")
+    assert _bare_raises(probe) == ["probe.py:2: raise ValueError", "probe.py:8: raise KeyError", "probe.py:14: raise AttributeError"]

@@ -40,7 +40,7 @@ LABEL = "META:episodic_summary"
 IMPORTANCE = 5.0
 # The summary text is capped so one node's properties stay a sane size; the events themselves
 # are kept whole in consolidation_archive by the apply.
-SUMMARY_MAX_CHARS = 8000
+SUMMARY_MAX_CHARS = 32000
 NO_EVENTS = "missing input: no episodic events"
 TRUNCATED_NOTE = "\n… [truncated: the full events are kept in consolidation_archive]"
 

@@ -41,7 +41,7 @@ IMPLICIT = "implicit"
 EXPLICIT = "explicit"
 MIN_WORD = 3
 WORD = r"\p{L}{3,}"  # polars (Rust regex) form
-_WORD_RE = re.compile(r"[^\W\d_]{3,}")  # Python form of the same thing
+WORD_RE = re.compile(r"[^\W\d_]{3,}")  # Python form of the same thing
 STOP_WORDS = frozenset(
     """
     about above after again against all also and any are around because been before being below between
@@ -66,7 +66,7 @@ def query_words(text: str) -> list[str]:
     ['billing', 'api', 'deploy', 'try']
     """
     seen: dict[str, None] = {}
-    for w in _WORD_RE.findall(text.lower()):
+    for w in WORD_RE.findall(text.lower()):
         if w not in STOP_WORDS:
             seen.setdefault(w)
     return list(seen)

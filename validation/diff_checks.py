@@ -71,7 +71,7 @@ def _column_rule(test: Callable[[pl.Expr], pl.Expr], message: str) -> pa.Check:
 def _value_checks(table: str, kind: str) -> dict[str, pa.Column]:
     """Column checks on values a phase writes (null = unchanged in updates)."""
     cols: dict[str, pa.Column] = {"id": pa.Column(str, nullable=False)}
-    present = tables.columns(table)
+    present = tables.diff_columns(table)
     if "importance" in present:
         cols["importance"] = pa.Column(
             float, _column_rule(lambda c: c.is_between(1.0, 10.0) & c.is_finite(), "importance within [1, 10]"),

@@ -6,6 +6,7 @@
     deep-sleep snapshot org/acme --out DIR            extract a snapshot directory
     deep-sleep replay DIR --as-of ISO --out DIFF_DIR  transform + validate a stored snapshot (no database)
     deep-sleep approve RUN_ID [--phase P]             apply a run's held rows (holds, SPEC §9); reject discards them
+    deep-sleep reembed [--model M]                    give every stored vector the configured embedder's
 
 Scopes are written ``kind/id/kind/id`` (or as the raw ``\\x1f``-joined scope_path); a ``/`` inside
 an id is written ``%2F``.  Every argument is checked — scope known to the store, ``--as-of`` within
@@ -16,6 +17,7 @@ touches a store says which one on stderr, and no message ever shows a password.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from deep_sleep.cli.review import (
@@ -24,6 +26,7 @@ from deep_sleep.cli.review import (
     cmd_gc,
     cmd_health,
     cmd_plan,
+    cmd_reembed,
     cmd_reject,
     cmd_replay,
     cmd_replay_range,
@@ -47,6 +50,12 @@ __all__ = ['build_parser', 'main', 'nightly_exit_code']
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="deep-sleep", description="Offline memory consolidation for agent memory stores.")
     p.add_argument("--dsn", default=None, help="PostgreSQL DSN (default: $DEEP_SLEEP_DSN, else the embedded server)")
+    p.add_argument("--database", default=None,
+                   help="the database on that server (default: $DEEP_SLEEP_DATABASE, else the DSN's, or deep_sleep on "
+                        "the embedded server, created there if missing)")
+    p.add_argument("--keep-server", action="store_true",
+                   help="leave the embedded server running when the command exits (default: $DEEP_SLEEP_KEEP_SERVER; "
+                        "otherwise it stops with the last process using it)")
     sub = p.add_subparsers(dest="command", required=True)
 
     d = sub.add_parser("demo", help="seed a small realistic store and consolidate every scope")
@@ -147,6 +156,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--runs-dir", default=None)
     g.set_defaults(func=cmd_gc)
 
+    re_ = sub.add_parser("reembed", help="rewrite every stored vector that the configured embedder (embedding.model) "
+                                         "did not make: nodes, events, skills; needed after changing the model")
+    re_.add_argument("--model", default=None, help="the model to embed with (default: the configuration's embedding.model)")
+    re_.add_argument("--scope", action="append", default=None, help="only this scope (repeatable; default: every scope)")
+    re_.add_argument("--batch-size", type=int, default=1000, help="rows per transaction (default 1000)")
+    re_.add_argument("--config", default=None)
+    re_.set_defaults(func=cmd_reembed)
+
     h = sub.add_parser("health", help="run-health alerts over the ledger and the store (exit 1 when one fires)")
     h.add_argument("--as-of", default=None)
     h.add_argument("--scope", default=None, help="only this scope's alerts")
@@ -207,6 +224,14 @@ def main(argv: list[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     try:
+        # through the environment, so that every store this command opens (and the Prefect flows it starts,
+        # in other processes) is the one asked for
+        if args.database is not None:
+            from deep_sleep.store.db import check_database_name
+
+            os.environ["DEEP_SLEEP_DATABASE"] = check_database_name(args.database)
+        if args.keep_server:
+            os.environ["DEEP_SLEEP_KEEP_SERVER"] = "1"
         return args.func(args)
     except DeepSleepError as exc:  # ours, raised on purpose: the message names the input and the fix
         print(f"deep-sleep {args.command}: error: {exc}", file=sys.stderr)

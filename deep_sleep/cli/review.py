@@ -176,6 +176,20 @@ def cmd_gc(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_reembed(args: argparse.Namespace) -> int:
+    import json
+
+    from deep_sleep.jobs.reembed import reembed
+    from deep_sleep.transforms.config import load_config
+
+    store = _store(args.dsn)
+    config = load_config(args.config, {"embedding": {"model": args.model}} if args.model else None)
+    scopes = [require_scope(store, s) for s in args.scope] if args.scope else None
+    report = reembed(store, config, scopes, batch_size=args.batch_size)
+    print(json.dumps(report.to_dict(), indent=2))
+    return 0
+
+
 def cmd_health(args: argparse.Namespace) -> int:
 
     from deep_sleep.core.scope import Scope

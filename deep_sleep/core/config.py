@@ -109,6 +109,29 @@ class GateConfig(StrictScalars):
     k: int = Field(10, ge=1)
     max_queries: int = Field(50, ge=1)
     max_drop_pp: float = Field(2.0, ge=0)
+    implicit: bool = False  # implicit labels count as "used" too (see deep_sleep.run.gate: off, they mean "asked")
+
+
+class EmbeddingConfig(StrictScalars):
+    """The one embedder (SPEC §5 as amended; :mod:`deep_sleep.core.embedding`): ``model`` is
+    ``hashing``, ``wordllama`` or ``package.module:attribute``.  record_turn, recall, the phases, the
+    gate and the apply all use it; changing it on a store that holds vectors is ``deep-sleep reembed``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    model: str = "hashing"
+
+
+class RecallConfig(StrictScalars):
+    """Live recall (SPEC §5, :func:`deep_sleep.online.recall.recall`): ``lexical`` fuses PostgreSQL
+    full-text matches of the query's words with vector similarity (reciprocal-rank fusion with
+    constant ``fusion_k``); off, a candidate's base score is its similarity alone.  ``events``: episodic
+    events are candidates beside nodes."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    lexical: bool = True
+    events: bool = True
+    fusion_k: float = Field(20.0, gt=0)
+    lexical_weight: float = Field(2.0, ge=0)
 
 
 class BaseConsolidationConfig(BaseSettings, StrictScalars):
@@ -128,6 +151,8 @@ class BaseConsolidationConfig(BaseSettings, StrictScalars):
     quarantine: QuarantineConfig = QuarantineConfig()
     holds: HoldsConfig = HoldsConfig()  # rows that wait for approval (SPEC §9)
     gate: GateConfig = GateConfig()
+    embedding: EmbeddingConfig = EmbeddingConfig()
+    recall: RecallConfig = RecallConfig()
 
     @classmethod
     def settings_customise_sources(

@@ -1,8 +1,21 @@
-"""Text embeddings for the phases that compare texts (phase 12 compares skill names).
+"""Text embeddings: one embedder, named by the configuration, everywhere (SPEC §5 as amended).
+
+``embedding.model`` in the configuration names it (:class:`EmbeddingConfig`); :func:`embedder`
+builds it (once per process and name).  ``record_turn`` and ``recall``, every phase that compares
+texts (12: skill names), the recall-quality gate and the apply (the vectors of the nodes a night
+creates or relabels) all take it from there.  Each stored vector records the model that made it
+(``embedding_model``: the provider's ``name``), and comparing vectors of two models is an error
+(:class:`EmbeddingModelError`), never a silent score.  The models:
+
+- ``hashing`` (:class:`HashingEmbedder`): no model, no network, no state.
+- ``wordllama`` (:class:`WordLlamaEmbedder`): WordLlama's 256-d model bundled in its wheel
+  (``pip install 'deep-sleep[wordllama]'``), loaded from the package directory with downloads off.
+- ``package.module:attribute``: any provider by import path (an object with ``dim``, ``name`` and
+  ``embed``, or a callable returning one).
 
 An :class:`EmbeddingProvider` turns texts into an ``(n, dim)`` float32 matrix with
 L2-normalised rows (an all-zero row for a text with nothing to embed), so a dot product is a
-cosine.  The default, :class:`HashingEmbedder`, needs no model, no network and no state: it
+cosine.  :class:`HashingEmbedder` needs no model, no network and no state: it
 hashes the character trigrams of each word (``<deploy>`` → ``<de``, ``dep``, …, ``oy>``) of
 the casefolded, whitespace-normalised text into ``dim`` signed buckets with BLAKE2b, so the
 same text gives the same vector in every process, on every machine, in every replay (Python's
@@ -19,11 +32,9 @@ Plugging in a real model: write a class with ``dim``, ``name`` and ``embed`` (an
 satisfies :class:`EmbeddingProvider` — no subclassing), whose ``dim`` is
 :data:`deep_sleep.core.tables.EMBEDDING_DIM` (the store's ``vector(256)``; project a bigger model's
 output down, e.g. with a fixed random projection or Matryoshka truncation, then re-normalise),
-and make :func:`default_embedder` return it — it is the one place the runner
-(:mod:`deep_sleep.run.transform`) gets the embedder of the phases that ask for ``embedder``.  Keep it
-deterministic (same text → same vector, no sampling, a pinned model version in ``name``):
-replay and the idempotence guarantee depend on it.  Phases may also be called directly with any
-provider (``procedural_promotion(…, embedder=my_model)``), which is how tests inject one.
+and name it by import path in ``embedding.model``.  Keep it deterministic (same text → same
+vector, no sampling, a pinned model version in ``name``): replay and the idempotence guarantee
+depend on it.  Changing the model of a store that holds vectors is ``deep-sleep reembed``.
 """
 
 from __future__ import annotations
@@ -40,7 +51,8 @@ import polars as pl
 from deep_sleep.core.errors import InputError
 from deep_sleep.core.tables import EMBEDDING_DIM
 
-__all__ = ["EmbeddingProvider", "HashingEmbedder", "default_embedder"]
+__all__ = ["EmbeddingProvider", "HashingEmbedder", "WordLlamaEmbedder", "EmbeddingModelError", "embedder",
+           "embedder_for", "default_embedder", "node_text", "MODELS"]
 
 
 @runtime_checkable
@@ -178,7 +190,126 @@ def _bucket(gram: str, dim: int) -> int:
     return -(bucket + 1) if h >> 63 else bucket + 1
 
 
-@lru_cache(maxsize=1)
+class EmbeddingModelError(InputError):
+    """Vectors of two models met: a stored vector of one model and a query or a night of another."""
+
+
+class WordLlamaEmbedder:
+    """WordLlama's 256-d model (``l2_supercat``), bundled in the ``wordllama`` wheel: loaded from the
+    package directory with downloads disabled (its default loader looks for the tokenizer in the wrong
+    folder and then tries the network), rows L2-normalised, a blank text a zero row (the model gives
+    whitespace a vector; a text with nothing to embed must have none, as with :class:`HashingEmbedder`).
+    Deterministic: a lookup of token vectors and a mean, no sampling."""
+
+    dim = EMBEDDING_DIM
+
+    def __init__(self) -> None:
+        import logging
+        from pathlib import Path
+
+        root = logging.getLogger()
+        level = root.level
+        try:
+            import wordllama
+            from wordllama import WordLlama
+        except ImportError:
+            raise InputError("embedding.model = 'wordllama' needs the wordllama package: "
+                             "pip install 'deep-sleep[wordllama]' (19 MB; its model ships in the wheel)") from None
+        finally:
+            root.setLevel(level)  # importing wordllama sets the root logger to INFO
+        self._model = WordLlama.load(dim=self.dim, cache_dir=Path(wordllama.__file__).parent, disable_download=True)
+        self.name = f"wordllama-{getattr(wordllama, '__version__', '0')}-l2_supercat-{self.dim}"
+
+    def __repr__(self) -> str:
+        return "WordLlamaEmbedder()"
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        n = len(texts)
+        out = np.zeros((n, self.dim), dtype=np.float32)
+        folded = [well_formed(t) if isinstance(t, str) else "" for t in texts]
+        rows = [i for i, t in enumerate(folded) if t.strip()]
+        if not rows:
+            return out
+        vec = np.asarray(self._model.embed([folded[i] for i in rows], norm=False), dtype=np.float32)
+        norms = np.linalg.norm(vec, axis=1, keepdims=True)
+        np.divide(vec, norms, out=vec, where=norms > 0)
+        out[rows] = vec
+        return out
+
+
+#: The models :func:`embedder` knows by name (besides ``package.module:attribute``).
+MODELS = {"hashing": lambda: HashingEmbedder(EMBEDDING_DIM), "wordllama": WordLlamaEmbedder}
+
+
+@lru_cache(maxsize=8)
+def embedder(model: str = "hashing") -> EmbeddingProvider:
+    """The embedder named ``model``: a key of :data:`MODELS`, or ``package.module:attribute`` (a
+    provider, or a callable returning one).  One instance per name and process.  Its ``dim`` must be
+    the store's :data:`~deep_sleep.core.tables.EMBEDDING_DIM`."""
+    if model in MODELS:
+        provider = MODELS[model]()
+    elif ":" in model:
+        import importlib
+
+        module, _, attr = model.partition(":")
+        try:
+            found = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as exc:
+            raise InputError(f"embedding.model {model!r}: cannot import {attr} from {module} ({exc})") from None
+        provider = found
+        if callable(found) and not isinstance(found, EmbeddingProvider):
+            try:
+                provider = found()
+            except TypeError as exc:
+                raise InputError(f"embedding.model {model!r}: {attr} is neither a provider (dim, name, embed) nor "
+                                 f"a callable that builds one without arguments ({exc})") from None
+    else:
+        raise InputError(f"embedding.model {model!r} is not a known model ({', '.join(MODELS)}) nor an import path "
+                         "'package.module:attribute'")
+    if not isinstance(provider, EmbeddingProvider):
+        raise InputError(f"embedding.model {model!r} gave {type(provider).__name__}, which has no dim, name and embed")
+    if provider.dim != EMBEDDING_DIM:
+        raise InputError(f"embedding.model {model!r} gives {provider.dim}-d vectors; the store holds vector({EMBEDDING_DIM})")
+    return provider
+
+
+def embedder_for(config) -> EmbeddingProvider:
+    """The embedder a configuration names (its ``embedding.model``)."""
+    return embedder(config.embedding.model)
+
+
+#: The longest text a live node's vector embeds (its label and property values together).
+NODE_TEXT_CHARS = 2000
+REDACTED = "[REDACTED]"
+
+
+def _strings(value) -> list[str]:
+    if isinstance(value, dict):
+        return [s for k, v in value.items() if not str(k).startswith("_") for s in _strings(v)]
+    if isinstance(value, list):
+        return [s for v in value for s in _strings(v)]
+    return [value] if isinstance(value, str) and value != REDACTED else []
+
+
+def node_text(label: str, properties: dict | None) -> str:
+    """What a node's vector embeds — the live path, the night and ``deep-sleep reembed`` alike: a
+    ``META:`` node's label and its text (``properties.summary``: a summary's turns, a cluster's list);
+    any other node's label and its string property values at any depth (keys starting with ``_``
+    and redacted values skipped), cut at :data:`NODE_TEXT_CHARS`.
+
+    >>> node_text("project: billing", {"owner": "Ada", "_x": "hidden", "tags": ["q4"], "n": 3})
+    'project: billing Ada q4'
+    >>> node_text("META:episodic_summary", {"summary": "Ada: hi", "source_ids": ["e1"]})
+    'META:episodic_summary Ada: hi'
+    """
+    props = properties if isinstance(properties, dict) else {}
+    if label.startswith("META:"):
+        return f"{label} {props.get('summary') or ''}"
+    return " ".join([label, *_strings(props)])[:NODE_TEXT_CHARS]
+
+
 def default_embedder() -> EmbeddingProvider:
-    """The embedder the runner hands to phases that ask for ``embedder`` (one shared instance)."""
-    return HashingEmbedder(EMBEDDING_DIM)
+    """The embedder of the default configuration (``embedding.model``'s default)."""
+    from deep_sleep.core.config import EmbeddingConfig
+
+    return embedder(EmbeddingConfig().model)

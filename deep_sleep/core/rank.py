@@ -41,8 +41,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ARRAY", "DEGREE_LIMIT", "FEATURES", "N_FEATURES", "RECENCY_DAYS", "SCALAR", "SPREAD",
-           "base_score", "features", "model", "order", "similarity", "spread"]
+__all__ = ["ARRAY", "DEGREE_LIMIT", "FAN_OUT", "FEATURES", "N_FEATURES", "RECENCY_DAYS", "SCALAR", "SEED_MIN",
+           "SEED_PER_K", "SPREAD", "base_score", "features", "model", "n_seeds", "order", "similarity", "spread"]
 
 FEATURES = (
     "similarity", "importance", "recency", "access", "degree", "neighbour_hop", "spread", "working",
@@ -51,6 +51,11 @@ FEATURES = (
 N_FEATURES = len(FEATURES)
 SPREAD = 0.5
 RECENCY_DAYS = 30.0
+#: Candidates per order (vector, words; nodes, events): ``max(SEED_PER_K × k, SEED_MIN)``
+#: (:func:`n_seeds`); spreading follows up to ``FAN_OUT`` current edges each way from each of the k nearest.
+SEED_PER_K = 1
+SEED_MIN = 10
+FAN_OUT = 8
 DEGREE_LIMIT = 100
 _LOG_ACCESS = math.log1p(1000)
 _LOG_DEGREE = math.log1p(2 * DEGREE_LIMIT)
@@ -67,6 +72,13 @@ SCALAR = SimpleNamespace(exp=math.exp, log1p=math.log1p, minimum=min, maximum=ma
 ARRAY = SimpleNamespace(exp=np.exp, log1p=np.log1p, minimum=np.minimum, maximum=np.maximum,
                         isfinite=np.isfinite, where=np.where,
                         cast=lambda v: np.asarray(v, dtype=np.float64))
+
+
+def n_seeds(k: int) -> int:
+    """How many candidates each order of a recall of ``k`` hits takes (the live recall and the gate alike).
+    Reciprocal-rank fusion over short orders keeps what is near the top of both: on the LoCoMo dev split
+    longer orders (4k) found no more and cost time (benchmarks/README.md)."""
+    return max(SEED_PER_K * k, SEED_MIN)
 
 
 def similarity(dist: Any, xp: SimpleNamespace = ARRAY) -> Any:

@@ -102,15 +102,27 @@ TABLES: dict[str, tuple[Column, ...]] = {
     ),
 }
 
+# Columns a diff may write that a snapshot does not carry: the vector of a node consolidation creates
+# or relabels (SPEC §5 as amended: computed in the transform, written by the apply) and its model.
+WRITE_ONLY: dict[str, tuple[Column, ...]] = {
+    "memory_nodes": _cols("embedding:vector embedding_model:text"),
+}
+
 # Tables a phase may change (everything but the append-only access log).
 MUTABLE = tuple(t for t in TABLES if t != "memory_access_log")
 
 
 def columns(table: str) -> dict[str, Column]:
+    """The columns of ``table`` a snapshot carries."""
     try:
         return {c.name: c for c in TABLES[table]}
     except KeyError:
         raise InputError(f"unknown table {table!r}; Deep Sleep knows {', '.join(TABLES)}") from None
+
+
+def diff_columns(table: str) -> dict[str, Column]:
+    """The columns a diff of ``table`` may write: the snapshot's, and :data:`WRITE_ONLY`'s."""
+    return {**columns(table), **{c.name: c for c in WRITE_ONLY.get(table, ())}}
 
 
 def schema(table: str) -> pl.Schema:

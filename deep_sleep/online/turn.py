@@ -13,9 +13,12 @@ whose kinds or ids look like something else (:attr:`Scope.lookalikes`: a Cyrilli
 id, a bidi override) is refused with a ScopeError showing the code points, even if the store already
 holds it (its rows stay readable; see :mod:`deep_sleep.core.scope`).
 
-The turn also writes one episodic event summarising it (``metadata.kind = "turn_summary"``,
-counts and labels only: it repeats no event text, so phase 12 does not count an action twice),
-and one ``memory_access_log`` row per node it wrote (``write``) or only read (``read``).
+The turn's episodic record is its own events when it creates some; a turn that creates none writes
+one episodic event summarising it (``metadata.kind = "turn_summary"``, counts and labels only: it
+repeats no event text, so phase 12 does not count an action twice) — never a filler event beside
+real ones.  It writes one ``memory_access_log`` row per node it wrote (``write``) or only read
+(``read``).  Every vector is the configured embedder's (``embedding.model``), and records it
+(``embedding_model``).
 Upserts add 1 to ``access_count``; new nodes start at 1.
 """
 
@@ -23,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -31,7 +34,7 @@ from typing import Any
 import psycopg
 
 from deep_sleep.core.characters import INVISIBLE_RE
-from deep_sleep.core.embedding import EmbeddingProvider, default_embedder
+from deep_sleep.core.embedding import EmbeddingProvider, embedder_for, node_text
 from deep_sleep.core.report import ConsolidationReport
 from deep_sleep.core.scope import Scope
 from deep_sleep.core.snapshot import utc
@@ -46,7 +49,6 @@ from deep_sleep.online.ops import (
     CONTROL,
     MAX_INDEXED_BYTES,
     MAX_OPS_PER_TURN,
-    REDACTED,
     Op,
     check_label,
     check_op,
@@ -102,7 +104,7 @@ class Receipt:
     landed / rejected: every operation, in turn order, in exactly one of the two.
     redacted: paths of what was redacted: credential-looking keys whose values were replaced
         (``ops[2].properties.api_key``) and strings that held secrets of well-known formats (``ops[1].content``, ``summary``).
-    summary_event_id: the turn's episodic summary event.
+    summary_event_id: the turn's episodic record: its summary event, or its first own event.
     quick_nap: the report of the quick nap this turn triggered, if any (``status`` ``applied`` or ``failed``).
     notes: things worth knowing that are not rejections (a skill asked to be ``active`` was filed as draft).
     """
@@ -138,19 +140,21 @@ _EXISTING_SQL = (
 # sync, so all of a turn's writes and its COMMIT travel in one round trip.
 _UPDATE_NODES_SQL = (
     "UPDATE memory_nodes AS n SET properties = v.properties, importance = COALESCE(v.importance, n.importance),"
-    " embedding = v.embedding, updated_at = v.updated_at, access_count = n.access_count + 1"
-    " FROM (VALUES {rows}) AS v(properties, importance, embedding, updated_at, id) WHERE n.id = v.id"
+    " embedding = v.embedding, embedding_model = v.embedding_model, updated_at = v.updated_at,"
+    " access_count = n.access_count + 1"
+    " FROM (VALUES {rows}) AS v(properties, importance, embedding, embedding_model, updated_at, id) WHERE n.id = v.id"
 )
-_UPDATE_NODE_ROW = "(%s::jsonb, %s::float8, %s::vector, %s::timestamptz, %s::uuid)"
+_UPDATE_NODE_ROW = "(%s::jsonb, %s::float8, %s::vector, %s, %s::timestamptz, %s::uuid)"
 _INSERT_NODES_SQL = (
     "INSERT INTO memory_nodes (id, scope_path, tenant_id, layer, label, properties, importance, access_count, embedding,"
-    " created_at, updated_at) VALUES {rows}"
+    " embedding_model, created_at, updated_at) VALUES {rows}"
 )
-_INSERT_NODE_ROW = "(%s::uuid, %s, %s, %s, %s, %s::jsonb, %s, 1, %s::vector, %s, %s)"
+_INSERT_NODE_ROW = "(%s::uuid, %s, %s, %s, %s, %s::jsonb, %s, 1, %s::vector, %s, %s, %s)"
 _INSERT_EVENTS_SQL = (
-    "INSERT INTO episodic_events (id, scope_path, tenant_id, session_id, content, metadata, embedding, created_at) VALUES {rows}"
+    "INSERT INTO episodic_events (id, scope_path, tenant_id, session_id, content, metadata, embedding, embedding_model,"
+    " created_at) VALUES {rows}"
 )
-_INSERT_EVENT_ROW = "(%s::uuid, %s, %s, %s, %s, %s::jsonb, %s::vector, %s)"
+_INSERT_EVENT_ROW = "(%s::uuid, %s, %s, %s, %s, %s::jsonb, %s::vector, %s, %s)"
 _INSERT_TRIGGERS_SQL = (
     "INSERT INTO prospective_triggers (id, scope_path, tenant_id, condition, action, due_at, status, created_at, updated_at)"
     " VALUES {rows}"
@@ -169,26 +173,15 @@ _SKILL_SQL = (
     "WITH found AS (SELECT id FROM procedural_skills WHERE scope_path = %(scope)s AND lower(name) = lower(%(name)s)"
     " ORDER BY created_at, id LIMIT 1),"
     " ins AS (INSERT INTO procedural_skills (id, scope_path, tenant_id, name, description, steps, status, source, embedding,"
-    " created_at, updated_at) SELECT %(id)s::uuid, %(scope)s, %(tenant)s, %(name)s, %(description)s, %(steps)s::jsonb,"
-    " 'draft', 'online', %(embedding)s::vector, %(now)s, %(now)s WHERE NOT EXISTS (SELECT 1 FROM found) RETURNING id)"
+    " embedding_model, created_at, updated_at) SELECT %(id)s::uuid, %(scope)s, %(tenant)s, %(name)s, %(description)s,"
+    " %(steps)s::jsonb, 'draft', 'online', %(embedding)s::vector, %(model)s, %(now)s, %(now)s"
+    " WHERE NOT EXISTS (SELECT 1 FROM found) RETURNING id)"
     " SELECT id::text, true FROM ins UNION ALL SELECT id::text, false FROM found"
 )
 
 
-def _strings(value: Any) -> Iterator[str]:
-    if isinstance(value, dict):
-        for k, v in value.items():
-            if not k.startswith("_"):
-                yield from _strings(v)
-    elif isinstance(value, list):
-        for v in value:
-            yield from _strings(v)
-    elif isinstance(value, str) and value != REDACTED:
-        yield value
-
-
 def _node_text(label: str, properties: dict) -> str:
-    return " ".join([label, *_strings(properties)])[:2000]
+    return node_text(label, properties)
 
 
 def _short(text: str, n: int = 60) -> str:
@@ -229,7 +222,7 @@ def record_turn(
                                   f"scope may have at most {MAX_SCOPE_PATH_BYTES} (PostgreSQL indexes it with a label, "
                                   f"at most {MAX_INDEXED_BYTES} bytes together): use fewer or shorter levels")
     config = config or default_config()
-    embedder = embedder or default_embedder()
+    embedder = embedder or embedder_for(config)
     try:
         now = utc(now or datetime.now(UTC))
     except OverflowError:
@@ -335,31 +328,40 @@ def record_turn(
                     landed.append(Landed(i, name, f.id, "logged"))
                 else:
                     rejected.append(Rejected(i, name, f"node {f.id} does not exist or is not visible from scope {scope}"))
-        summary_text = summary or _turn_summary(turn, node_rows, plan_rows, readable, len(rejected))
-        texts.append(summary_text)
+        # The turn's episodic record: its own events when it has them, else one summary event (counts and
+        # labels only) — never a filler event beside real ones (it doubled the events and half of each
+        # episodic summary's text was "turn 12: 1 node(s) written").  A ``summary`` given is always written.
+        own_events = any(r[1] == "create_event" for r in plan_rows)
+        summary_text = summary or (None if own_events else _turn_summary(turn, node_rows, plan_rows, readable, len(rejected)))
+        if summary_text is not None:
+            texts.append(summary_text)
         vectors = embedder.embed(texts)
+        model = embedder.name
+        vec = lambda t: vector_text(vectors[t])  # noqa: E731
+        with_model = lambda t: model if vec(t) is not None else None  # noqa: E731
 
         # write
         node_updates, node_inserts = [], []
         for (layer, label), row in node_rows.items():
-            props, vec = dumps(row["properties"]), vector_text(vectors[row["text"]])
+            props, t = dumps(row["properties"]), row["text"]
             if row["action"] == "updated":
-                node_updates.append((props, row["slot"]["importance"], vec, now, row["id"]))
+                node_updates.append((props, row["slot"]["importance"], vec(t), with_model(t), now, row["id"]))
             else:
                 imp = row["slot"]["importance"] or NEW_IMPORTANCE
-                node_inserts.append((row["id"], path, tenant, layer, label, props, imp, vec, now, now))
+                node_inserts.append((row["id"], path, tenant, layer, label, props, imp, vec(t), with_model(t), now, now))
         events, triggers = [], []
         writes = {row["id"] for row in node_rows.values()}
         for i, name, f, t in plan_rows:
             if name == "create_event":
                 eid = str(uuid.uuid4())
-                events.append((eid, path, tenant, f.session_id or session_id, f.content, dumps(f.metadata), vector_text(vectors[t]), now))
+                events.append((eid, path, tenant, f.session_id or session_id, f.content, dumps(f.metadata), vec(t),
+                               with_model(t), now))
                 landed.append(Landed(i, name, eid, "inserted"))
             elif name == "thinking":
                 nid = str(uuid.uuid4())
                 props = {"thought": f.text, "ttl_hours": WORKING_TTL_HOURS, "turn": turn}
                 node_inserts.append((nid, path, tenant, "working", "thought: " + _short(f.text, 80), dumps(props),
-                                     NEW_IMPORTANCE, vector_text(vectors[t]), now, now))
+                                     NEW_IMPORTANCE, vec(t), with_model(t), now, now))
                 writes.add(nid)
                 landed.append(Landed(i, name, nid, "inserted"))
             elif name == "set_trigger":
@@ -370,15 +372,18 @@ def record_turn(
             if name == "register_skill":
                 sid, new = cur.execute(_SKILL_SQL, {
                     "scope": path, "tenant": tenant, "name": f.name, "description": f.description,
-                    "steps": dumps(f.steps), "id": str(uuid.uuid4()), "embedding": vector_text(vectors[t]), "now": now,
+                    "steps": dumps(f.steps), "id": str(uuid.uuid4()), "embedding": vec(t), "model": with_model(t), "now": now,
                 }).fetchone()
                 landed.append(Landed(i, name, sid, "inserted" if new else "existing"))
                 if f.status:
                     notes.append(f"ops[{i}] register_skill {f.name!r}: status {f.status!r} ignored; online skills are filed as draft")
-        summary_id = str(uuid.uuid4())
-        counts = _count_ops(landed)
-        metadata = {"kind": "turn_summary", "turn": turn, "landed": counts, "rejected": _count_ops(rejected)}
-        events.append((summary_id, path, tenant, session_id, summary_text, dumps(metadata), vector_text(vectors[-1]), now))
+        if summary_text is not None:
+            summary_id = str(uuid.uuid4())
+            metadata = {"kind": "turn_summary", "turn": turn, "landed": _count_ops(landed), "rejected": _count_ops(rejected)}
+            events.append((summary_id, path, tenant, session_id, summary_text, dumps(metadata), vec(len(texts) - 1),
+                           with_model(len(texts) - 1), now))
+        else:
+            summary_id = next(x.id for x in sorted(landed, key=lambda x: x.index) if x.op == "create_event")
 
         access = [(path, tenant, nid, now, "write") for nid in sorted(writes)]
         access += [(readable[nid], tenant, nid, now, "read") for nid in sorted({r[1] for r in reads} - writes) if nid in readable]

@@ -6,10 +6,14 @@ memories the agent used.
     >>> result.status, result.recall_before, result.recall_after, result.failed         # doctest: +SKIP
     ('measured', 0.9, 0.6, True)
 
-**Which queries.**  A recall row (``recall_events``, labels as the diff leaves them, so this run's
-implicit labels count) is *used* when it has explicit feedback ``used`` (``label_source =
-"explicit"``, ``label = 1``) or an implicit label of at least ``label_recalls.min_label`` (0.5:
-what phase D2 gives a recall the conversation came back to).  Queries are grouped by their text
+**Which queries.**  A recall row (``recalls_events``) is *used* when it has explicit feedback
+``used`` (``label_source = "explicit"``, ``label = 1``): the agent said it relied on the memory.
+With ``gate.implicit`` (off by default) an implicit label of at least ``label_recalls.min_label``
+counts too (labels as the diff leaves them, so this run's count) — off because phase D2's implicit
+label says only that a word of the *query* came back, which nearly every conversation does (on the
+LoCoMo dev split 89–95 % of implicit labels reach 0.5), so "used" meant "asked", the gate compared
+the top k of nearly every query, and its verdicts moved with row ids (identical replays held 0 and
+884 rows).  Queries are grouped by their text
 within the scope; a query is replayed if it has a used row whose node is a node of the snapshot.
 They are taken in this order, up to ``gate.max_queries``: those with explicit ``used`` feedback
 first, then by their highest used label, then the most recent, then the text.  The *used memories*
@@ -18,8 +22,8 @@ the snapshot and are left out: this scope's diff cannot touch them).
 
 **How they are ranked** — exactly as :func:`deep_sleep.online.recall.recall` scores with ``k =
 gate.k``, with :mod:`deep_sleep.core.rank`'s features and order and phase D3's capped adjustment:
-the query is embedded with :func:`~deep_sleep.core.embedding.default_embedder`; the seeds are the
-``max(4k, 20)`` nodes of smallest cosine distance among the scope's nodes with an embedding (exact,
+the query is embedded with the configured embedder (``embedding.model``, the live one); the seeds are the
+``max(k, 10)`` (:func:`~deep_sleep.core.rank.n_seeds`) nodes of smallest cosine distance among the scope's nodes with an embedding (exact,
 where the live path uses the HNSW index; ties by id); the ``k`` nearest of them spread one hop
 along up to 8 current edges each way (highest weight first, then id) to nodes that are not seeds
 (each neighbour keeping its heaviest edge, then the smallest ``via``); each candidate gets its 12
@@ -79,6 +83,7 @@ from deep_sleep.core.config import GateConfig
 from deep_sleep.core.diff import Diff
 from deep_sleep.core.embedding import EmbeddingProvider, default_embedder
 from deep_sleep.core.errors import InputError
+from deep_sleep.core.rank import FAN_OUT, n_seeds
 from deep_sleep.core.scope import SEP
 from deep_sleep.core.shard import Shard
 from deep_sleep.core.snapshot import Snapshot, utc
@@ -86,8 +91,6 @@ from deep_sleep.core.tables import EMBEDDING_DIM
 
 __all__ = ["GateResult", "UNMEASURED", "not_run", "ranked_hits", "recall_gate"]
 
-SEED_MIN = 20  # as the live recall: max(4k, 20) seeds, 8 edges each way from each of the k nearest
-FAN_OUT = 8
 EXPLICIT = "explicit"
 DEFAULT_MIN_LABEL = 0.5
 
@@ -175,7 +178,8 @@ def recall_gate(shard: Shard | Snapshot, diff: Diff, config: Any, embeddings: pl
     vectors = _vectors(nodes_before, embeddings)
     before = shard.with_frames({"memory_nodes": nodes_before.drop("embedding", strict=False)})
     after = diff.fold(before)
-    queries, used = _queries(after.table("recall_events"), before.table("memory_nodes"), gate.max_queries, min_label)
+    queries, used = _queries(after.table("recall_events"), before.table("memory_nodes"), gate.max_queries, min_label,
+                             gate.implicit)
     out = {s: _nothing("no_used_query") for s in scopes}
     if not queries.height:
         return out
@@ -224,7 +228,8 @@ def ranked_hits(snapshot: Snapshot, config: Any, embeddings: pl.DataFrame | None
     nodes = shard.table("memory_nodes")
     vectors = _vectors(nodes, embeddings)
     state = shard.with_frames({"memory_nodes": nodes.drop("embedding", strict=False)})
-    queries, _ = _queries(state.table("recall_events"), state.table("memory_nodes"), gate.max_queries, min_label)
+    queries, _ = _queries(state.table("recall_events"), state.table("memory_nodes"), gate.max_queries, min_label,
+                          gate.implicit)
     cols = ["query", "rank", "node_id"] + (["score"] if with_scores else [])
     empty = pl.DataFrame(schema={"query": pl.String, "rank": pl.Int64, "node_id": pl.String, "score": pl.Float64}).select(cols)
     if vectors is None or not queries.height:
@@ -273,14 +278,17 @@ def _matrix(emb: pl.DataFrame, rows: np.ndarray | None = None) -> np.ndarray:
     return mat
 
 
-def _queries(recalls: pl.DataFrame, nodes: pl.DataFrame, max_queries: int, min_label: float) -> tuple[pl.DataFrame, pl.DataFrame]:
+def _queries(recalls: pl.DataFrame, nodes: pl.DataFrame, max_queries: int, min_label: float,
+             implicit: bool = False) -> tuple[pl.DataFrame, pl.DataFrame]:
     """(queries: q, scope_path, query; used: q, node_id) — the replayed queries in gate order, per
-    scope, and the used memories of each."""
+    scope, and the used memories of each.  Used: explicit "used" feedback; with ``implicit`` also an
+    implicit label of at least ``min_label``."""
     label, source = pl.col("label"), pl.col("label_source")
     explicit = (source == EXPLICIT) & (label == 1.0)
+    guessed = ((source.fill_null("") != EXPLICIT) & (label >= min_label)) if implicit else pl.lit(False)
     used_rows = (
         recalls.filter(label.is_not_null() & pl.col("query").is_not_null() & pl.col("node_id").is_not_null()
-                       & (explicit | ((source.fill_null("") != EXPLICIT) & (label >= min_label))))
+                       & (explicit | guessed))
         .with_columns(explicit.alias("_explicit"))
         .join(nodes.select("scope_path", pl.col("id").alias("node_id")), on=["scope_path", "node_id"], how="semi")
     )
@@ -433,7 +441,7 @@ def _top_k(state: Shard, space: _Space, queries: pl.DataFrame, words: pl.DataFra
     """(q, node_id, score): each query's ``k`` best hits over ``state``, ranked as the live recall ranks."""
     nodes = state.table("memory_nodes")
     edges = state.table("memory_edges")
-    n_seed = max(4 * k, SEED_MIN)
+    n_seed = n_seeds(k)
     # the embedded nodes still there (ids are unique across scopes: a uuid each)
     mask = space.rows.get_column("id").is_in(nodes.get_column("id").implode()).to_numpy()
     seeds = space.seeds(mask, n_seed)

@@ -214,11 +214,33 @@ class Gate:
         if ctx.store is None:
             return _with_reports(state, {s: {"gate": not_run("no store: the nodes' embeddings are in the store")}
                                          for s in state.reports})
-        from deep_sleep.store.vectors import node_embeddings
+        from deep_sleep.core.embedding import embedder_for
+        from deep_sleep.store.vectors import foreign_models, node_embeddings
 
-        embeddings = node_embeddings(ctx.store, list(state.reports)) if ctx.config.gate.enabled else None
-        results = recall_gate(state.transformed.shard, state.transformed.diff, ctx.config, embeddings, now=ctx.as_of)
-        return _with_reports(state, {s: {"gate": results[s].to_report()} for s in state.reports})
+        embedder = embedder_for(ctx.config)
+        # Vectors of another model than the configured one cannot be compared (SPEC §5 as amended): such a
+        # scope's night fails, naming both models and the fix; it changes nothing.
+        if ctx.config.gate.enabled:
+            embeddings = node_embeddings(ctx.store, list(state.reports))
+            foreign = (embeddings.filter(pl.col("embedding_model").is_not_null()
+                                         & (pl.col("embedding_model") != embedder.name))
+                       .group_by("scope_path").agg(pl.col("embedding_model").unique().sort()))
+            wrong = {s: models for s, models in foreign.iter_rows()}
+            if wrong:
+                embeddings = embeddings.filter(~pl.col("scope_path").is_in(pl.Series(sorted(wrong), dtype=pl.String).implode()))
+        else:
+            embeddings, wrong = None, foreign_models(ctx.store, list(state.reports), embedder.name)
+        results = recall_gate(state.transformed.shard, state.transformed.diff, ctx.config, embeddings, now=ctx.as_of,
+                              embedder=embedder)
+        changes = {s: {"gate": results[s].to_report()} for s in state.reports}
+        for s, models in wrong.items():
+            changes[s] = {"status": "failed", "gate": {"status": "model_mismatch", "failed": False, "detail": (
+                f"the store holds vectors of {', '.join(models)}; this night embeds with {embedder.name}")},
+                "errors": [*state.reports[s].errors, f"embedding model: {Scope.parse(s)} holds vectors of model "
+                           f"{', '.join(models)}; this night embeds with {embedder.name} (embedding.model) and vectors of "
+                           "two models cannot be compared: run `deep-sleep reembed`, or set embedding.model to the "
+                           "store's model; nothing of this scope was changed"]}
+        return _with_reports(state, changes)
 
     def describe(self, ctx: Context) -> str:
         return "gate: replay each scope's used recall queries before and after the diff"
@@ -402,7 +424,7 @@ def new_run_id() -> str:
 def consolidate(store: Store, scopes: list[Scope | str] | Scope | str, as_of: datetime | str | None = None,
                 config: ConsolidationConfig | None = None, *, runs_dir: str | Path | None = None, stages: tuple = NIGHT,
                 mode: str = "nightly", phases: tuple[str, ...] | None = None, summarizer: Summarizer | None = None,
-                run_id: str | None = None, started_at: datetime | None = None) -> State:
+                run_id: str | None = None, started_at: datetime | None = None, embedder: str | None = None) -> State:
     """Run a night for one scope or a shard of scopes (``stages``: :data:`NIGHT`; :data:`PLAN` stops
     before the apply) with its files in a run directory of its own under ``runs_dir``
     (:func:`~deep_sleep.run.layout.run_location`; default ``$DEEP_SLEEP_RUNS_DIR`` or
@@ -415,13 +437,21 @@ def consolidate(store: Store, scopes: list[Scope | str] | Scope | str, as_of: da
 
     ``run_id``: the run directory's id, and for a single scope its run id (default: a new UUID).
     ``summarizer``: for phases 4 and 10 (default: the configuration's, :func:`deep_sleep.run.llm.summarizer_for`
-    — None, the deterministic text, unless ``llm.enabled``).
+    — None, the deterministic text, unless ``llm.enabled``).  ``embedder``: the one embedder's name
+    (``hashing``, ``wordllama``, ``package.module:attribute``), in place of ``config.embedding.model``;
+    it must be the model of the store's vectors and of the live path's (the Gate stage refuses a scope
+    holding another model's vectors).  Also ``from deep_sleep import consolidate``.
     """
     import tempfile
 
     from deep_sleep.run.layout import run_location
     from deep_sleep.run.llm import summarizer_for
 
+    if embedder is not None:
+        from deep_sleep.core.config import EmbeddingConfig
+        from deep_sleep.transforms.config import load_config
+
+        config = (config or load_config()).model_copy(update={"embedding": EmbeddingConfig(model=embedder)})
     ctx = Context.of(as_of, config, scopes=scopes, store=store, mode=mode, phases=phases, started_at=started_at)
     ctx = replace(ctx, summarizer=summarizer if summarizer is not None else summarizer_for(ctx.config, store))
     run_id = run_id or str(uuid.uuid4())

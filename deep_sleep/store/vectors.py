@@ -27,16 +27,17 @@ from deep_sleep.core.tables import EMBEDDING_DIM
 from deep_sleep.store.db import Store
 from deep_sleep.store.extract import decode_vectors, pg_array
 
-__all__ = ["NODE_EMBEDDINGS_SQL", "decode_contiguous", "node_embeddings"]
+__all__ = ["NODE_EMBEDDINGS_SQL", "decode_contiguous", "foreign_models", "node_embeddings"]
 
 NODE_EMBEDDINGS_SQL = (
-    "SELECT n.id::text AS id, n.embedding FROM memory_nodes n JOIN unnest($1::text[]) AS _s(_path)"
-    " ON n.scope_path = _s._path WHERE n.embedding IS NOT NULL"
+    "SELECT n.id::text AS id, n.embedding, n.scope_path, n.embedding_model FROM memory_nodes n"
+    " JOIN unnest($1::text[]) AS _s(_path) ON n.scope_path = _s._path WHERE n.embedding IS NOT NULL"
 )
 
 
 def node_embeddings(store: Store, scopes: Iterable[Scope | str]) -> pl.DataFrame:
-    """(id, embedding fixed-size float32 list) of every node with an embedding in exactly these scopes."""
+    """(id, embedding fixed-size float32 list, scope_path, embedding_model) of every node with an
+    embedding in exactly these scopes."""
     paths = sorted({Scope.coerce(s).path for s in scopes}, key=str.encode)
     with store.adbc() as con:
         cur = con.cursor()
@@ -50,7 +51,8 @@ def node_embeddings(store: Store, scopes: Iterable[Scope | str]) -> pl.DataFrame
     vectors = decode_contiguous(column, EMBEDDING_DIM)
     if vectors is None:
         vectors = decode_vectors(column, EMBEDDING_DIM)
-    table = pa.table({"id": arrow.column("id"), "embedding": vectors})
+    table = pa.table({"id": arrow.column("id"), "embedding": vectors, "scope_path": arrow.column("scope_path"),
+                      "embedding_model": arrow.column("embedding_model")})
     return pl.from_arrow(table, rechunk=True)
 
 
@@ -71,3 +73,16 @@ def decode_contiguous(column: pa.ChunkedArray | pa.Array, dim: int = EMBEDDING_D
     raw = np.frombuffer(arr.buffers()[2], dtype=np.uint8)[offsets[0] : offsets[0] + n * width].reshape(n, width)
     values = raw[:, 4:].view(">f4").astype(np.float32)  # one pass: the byte swap into a new contiguous array
     return pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1), type=pa.float32()), dim)
+
+
+def foreign_models(store: Store, scopes: Iterable[Scope | str], model: str) -> dict[str, list[str]]:
+    """Scope path → the other models (sorted) whose vectors its nodes hold, for the scopes that hold any
+    vector ``model`` did not make.  (The Gate stage reads them from :func:`node_embeddings` when the
+    gate runs; this query is for a night without the gate.)"""
+    paths = sorted({Scope.coerce(s).path for s in scopes}, key=str.encode)
+    with store.pg() as con:
+        rows = con.execute(
+            "SELECT scope_path, array_agg(DISTINCT embedding_model ORDER BY embedding_model) FROM memory_nodes"
+            " WHERE scope_path = ANY(%s) AND embedding IS NOT NULL AND embedding_model IS DISTINCT FROM %s"
+            " AND embedding_model IS NOT NULL GROUP BY scope_path", (paths, model)).fetchall()
+    return {path: list(models) for path, models in rows}

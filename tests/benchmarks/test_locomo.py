@@ -68,7 +68,8 @@ def _data() -> list[dict]:
     qa = [
         # 0: found — its evidence turn has an observation that matches the question
         {"question": "What is the name of Ada's golden retriever puppy?", "answer": "Biscuit", "evidence": ["D1:1"], "category": 4},
-        # 1: half found — one evidence turn has an observation, the other (D1:4) has none
+        # 1: found twice — D3:1 by its observation, D1:4 (which has none) by its own event: recall searches
+        # episodic events too
         {"question": "Which city did Bo's sister Clara move to for her job?", "answer": "Lisbon",
          "evidence": ["D3:1; D1:4"], "category": 1},
         # 2: not found — the evidence turn has no observation and shares nothing with the question,
@@ -150,14 +151,15 @@ def test_benchmark_on_a_tiny_conversation(store, tmp_path):
         by_q = {r["qa_index"]: r for r in rows if r["nights"] == mode}
         assert sorted(by_q) == [0, 1, 2]
         got = {i: (r["covered@5"], r["covered@10"], r["share@5"], r["share@10"]) for i, r in by_q.items()}
-        assert got == {0: (True, True, 1.0, 1.0), 1: (True, True, 0.5, 0.5), 2: (False, False, 0.0, 0.0)}, mode
+        assert got == {0: (True, True, 1.0, 1.0), 1: (True, True, 1.0, 1.0), 2: (False, False, 0.0, 0.0)}, mode
+        assert any(h["kind"] == "event" and h["dia_ids"] == ["D1:4"] for h in by_q[1]["hits"]), mode
         assert by_q[1]["evidence"] == ["D3:1", "D1:4"]
         overall = m["recall"]["overall"]
-        assert (overall["questions"], overall["r_at_5"], overall["r_at_10"], overall["share_at_10"]) == (3, 0.6667, 0.6667, 0.5)
+        assert (overall["questions"], overall["r_at_5"], overall["r_at_10"], overall["share_at_10"]) == (3, 0.6667, 0.6667, 0.6667)
         cats = m["recall"]["by_category"]
         assert set(cats) == {"1", "2", "3", "4"} and cats["2"]["questions"] == 0 and cats["4"]["r_at_10"] == 1.0
         assert m["rows_at_end"]["nodes_by_kind"]["observation"] == 16
-        assert m["rows_at_end"]["episodic_events"] == 40  # a turn's event and its turn-summary event: no summary yet
+        assert m["rows_at_end"]["episodic_events"] == 20  # a turn's own event, no filler beside it; no summary yet
         assert m["quick_naps"] == {"applied": 2}
     assert res["modes"]["off"]["nights"] == 0
     assert res["modes"]["on"]["nights"] == 3 and res["modes"]["on"]["ledger"]["nightly"]["runs"] == 3

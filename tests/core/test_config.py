@@ -28,7 +28,7 @@ class BetaConfig(PhaseConfig):
 
 def test_assemble_puts_the_sections_after_the_top_level_knobs():
     Model = assemble({"alpha": AlphaConfig, "beta": BetaConfig})
-    assert list(Model.model_fields) == ["lookback_hours", "quick_nap_interval", "gating", "health", "retention", "llm", "quarantine", "holds", "gate", "alpha", "beta"]
+    assert list(Model.model_fields) == ["lookback_hours", "quick_nap_interval", "gating", "health", "retention", "llm", "quarantine", "holds", "gate", "embedding", "recall", "alpha", "beta"]
     assert Model.phase_sections() == ["alpha", "beta"]
     got = Model()
     assert got.alpha == AlphaConfig() and got.beta.enabled and got.gating == GatingConfig()

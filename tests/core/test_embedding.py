@@ -122,3 +122,55 @@ def test_every_kind_of_space_splits_words_the_same_way_on_both_paths():
     folded = [t.casefold() for t in texts]
     assert np.array_equal(e._embed_small(folded), e._embed_polars(folded))
     assert len(e.embed(texts)) == len(texts)  # over SMALL_CHARS: the polars path
+
+
+# -- one embedder, named by the configuration (issue 30) -------------------------------------------
+
+def test_the_configuration_names_the_embedder_and_a_bad_name_says_what_is_known():
+    from deep_sleep.core.embedding import EmbeddingProvider, MODELS, embedder, embedder_for
+    from deep_sleep.core.errors import InputError
+    from deep_sleep.transforms.config import load_config
+
+    assert embedder("hashing") is embedder_for(load_config()) and embedder("hashing").name == "hashing-char3gram-blake2b-256"
+    assert set(MODELS) == {"hashing", "wordllama"}
+    for bad, words in (("bert", "not a known model"), ("no_such_mod:x", "cannot import"),
+                       ("deep_sleep.core.embedding:fold", "neither a provider"), ("deep_sleep.core.embedding:MODELS", "no dim, name and embed")):
+        with pytest.raises(InputError, match=words):
+            embedder(bad)
+
+    class Small:
+        dim, name = 8, "small"
+
+        def embed(self, texts):
+            return np.zeros((len(texts), 8), dtype=np.float32)
+
+    import sys
+    import types
+
+    sys.modules["_ds_small_model"] = types.SimpleNamespace(MODEL=Small())
+    try:
+        with pytest.raises(InputError, match="8-d vectors; the store holds vector"):
+            embedder("_ds_small_model:MODEL")
+    finally:
+        del sys.modules["_ds_small_model"]
+    assert isinstance(Small(), EmbeddingProvider)
+
+
+def test_wordllama_loads_offline_from_its_wheel_and_is_deterministic(monkeypatch):
+    """The optional model (the ``wordllama`` extra; the dev extra installs it): loaded from the package
+    directory with the network unreachable, unit rows, a blank text a zero row, meaning over spelling."""
+    import socket
+
+    from deep_sleep.core.embedding import WordLlamaEmbedder
+
+    def no_network(*_a, **_k):
+        raise AssertionError("wordllama tried the network")
+
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    model = WordLlamaEmbedder()
+    v = model.embed(["my dog chewed the sneakers", "the puppy bit my shoes", "quarterly tax filing", "   "])
+    assert v.shape == (4, 256) and v.dtype == np.float32
+    assert np.allclose(np.linalg.norm(v[:3], axis=1), 1.0, atol=1e-5) and not v[3].any()
+    assert v[0] @ v[1] > v[0] @ v[2]
+    assert np.array_equal(v, model.embed(["my dog chewed the sneakers", "the puppy bit my shoes", "quarterly tax filing", "   "]))
+    assert model.name.startswith("wordllama-") and model.name.endswith("-l2_supercat-256")

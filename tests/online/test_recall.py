@@ -15,6 +15,7 @@ from deep_sleep.online.errors import OnlineArgumentError
 from deep_sleep.online.recall import feedback, recall
 from deep_sleep.online.turn import record_turn
 from deep_sleep.run.pipeline import consolidate
+from deep_sleep.transforms.config import load_config
 from tests.online.helpers import NOW, rows, sibling
 from tests.storeutil import edge, insert, node, scalar
 
@@ -34,6 +35,10 @@ def test_feedback_keeps_training_an_existing_model(store, scope, runs_dir):
     assert receipt.ids()
 
 
+#: Vector similarity and spreading alone (no word matching, no events): the base is the similarity.
+VECTOR_ONLY = load_config(overrides={"recall": {"lexical": False, "events": False}})
+
+
 def test_recall_spreads_one_hop_within_visible_paths_and_caps_the_reranker(store, scope):
     hub = record_turn(store, scope, [{"op": "upsert_node", "label": "alpha topic one"}], now=NOW, nap=False).ids()[0]
     near = node(scope, "zzz unrelated words", NOW)                   # no embedding: reachable only by the edge
@@ -42,7 +47,7 @@ def test_recall_spreads_one_hop_within_visible_paths_and_caps_the_reranker(store
     insert(store, "memory_nodes", [near, far])
     insert(store, "memory_edges", [edge(scope, hub, near["id"]), edge(sib, hub, far["id"])])
 
-    hits = recall(store, scope, "alpha topic one", k=3, now=NOW)
+    hits = recall(store, scope, "alpha topic one", k=3, now=NOW, config=VECTOR_ONLY)
     by_id = {h.node_id: h for h in hits}
     assert set(by_id) == {hub, near["id"]}                            # the sibling's node never appears
     hop = by_id[near["id"]]
@@ -57,7 +62,7 @@ def test_recall_spreads_one_hop_within_visible_paths_and_caps_the_reranker(store
             con.execute("INSERT INTO reranker_models (id, scope_path, tenant_id, weights, bias) VALUES (%s, %s, %s, %s, %s)",
                         (str(uuid.uuid4()), scope.path, scope.tenant_id, [weight] * 12, weight))
             con.commit()
-        capped = recall(store, scope, "alpha topic one", k=1, now=NOW)
+        capped = recall(store, scope, "alpha topic one", k=1, now=NOW, config=VECTOR_ONLY)
         assert capped[0].score - capped[0].similarity == pytest.approx(bound)
 
     n = scalar(store, "SELECT count(*) FROM recall_events WHERE scope_path = %s", scope.path)
@@ -95,7 +100,7 @@ def test_bad_arguments_are_input_errors_of_ours(store, scope):
 
 def test_recall_logs_a_query_with_a_lone_surrogate_or_nul_as_well_formed_text(store, scope):
     record_turn(store, scope, [{"op": "upsert_node", "label": "surrogate probe", "properties": {"note": "probe"}}])
-    hits = recall(store, scope, "surrogate\ud800 pro\x00be", k=3)
+    hits = [h for h in recall(store, scope, "surrogate\ud800 pro\x00be", k=3) if h.kind == "node"]
     assert hits and hits[0].label == "surrogate probe"
     logged = scalar(store, "SELECT query FROM recall_events WHERE id = %s", hits[0].recall_id)
     assert logged == "surrogate\ufffd probe"

@@ -11,15 +11,18 @@ import pytest
 from deep_sleep.transforms.train_reranker import CAP, N_FEATURES
 
 from deep_sleep.core.scope import Scope
-from deep_sleep.online.reranker import FEATURES, candidate, model, rank
+from deep_sleep.online.reranker import FEATURES, candidate, model, own_bases, rank
 from tests.online.helpers import NOW
 
 SCOPE = Scope.root("org", "acme").child("brand", "b1")
 
 
-def _row(nid, label, dist, *, via=None, weight=None, spath=None, layer="semantic", importance=5.0, access=0, degree=0, age_days=0.0):
+def _row(nid, label, dist, *, via=None, weight=None, spath=None, layer="semantic", importance=5.0, access=0, degree=0,
+         age_days=0.0, lex=0.0, kind="node"):
+    """A candidate row in the recall query's layout (:func:`deep_sleep.online.recall.candidates_sql`)."""
     spath = SCOPE.path if spath is None else spath
-    return (nid, spath, layer, label, importance, access, NOW - timedelta(days=age_days), dist, via, weight, degree)
+    return (kind, nid, spath, layer, label, importance, access, NOW - timedelta(days=age_days), dist, lex, via, weight,
+            degree, "hashing-char3gram-blake2b-256", "{}")
 
 
 def test_the_features_of_a_seed_and_of_a_neighbour():
@@ -57,3 +60,27 @@ def test_an_unreadable_model_is_no_model():
         assert not weights.any() and bias == 0.0
     weights, bias = model(([0.5] * N_FEATURES, None))
     assert np.array_equal(weights, np.full(N_FEATURES, 0.5)) and bias == 0.0
+
+
+def test_own_bases_fuse_the_vector_and_word_ranks():
+    """Reciprocal-rank fusion, golden: ``(1/(k + vector rank) + w/(k + word rank)) × (k + 1)/(1 + w)``; a
+    candidate missing from one order gets nothing from it; neighbours reached by spreading have none."""
+    rows = [_row("a", "x", 0.1, lex=0.0), _row("b", "x", 0.2, lex=3.0), _row("c", "x", None, lex=1.0),
+            _row("d", "x", 0.3, via="a", weight=1.0)]
+    got = own_bases(rows, 20.0, 2.0)
+    scale = 21.0 / 3.0
+    assert got == pytest.approx({"a": scale * (1 / 21), "b": scale * (1 / 22 + 2 / 21), "c": scale * (2 / 22)})
+    assert own_bases(rows[:2], 20.0, 2.0)["b"] < 1.0 and max(own_bases([_row("e", "x", 0.1, lex=1.0)], 20.0, 2.0).values()) == pytest.approx(1.0)
+    # without fusion: the similarity
+    assert own_bases(rows, None) == pytest.approx({"a": 0.9, "b": 0.8, "c": 0.0})
+    # ties in an order go by id: the same input in any order gives the same bases
+    assert own_bases(list(reversed(rows)), 20.0, 2.0) == got
+
+
+def test_an_event_candidate_has_no_importance_access_or_degree():
+    ev = _row("e", "Ada: my dog Biscuit chewed my sneakers", 0.3, importance=None, kind="event", lex=2.0)
+    base, sim, *_, x, via = candidate(ev, {"e": 0.7}, SCOPE, NOW, {"biscuit", "sneakers"})
+    named = dict(zip(FEATURES, x))
+    assert base == 0.7 and sim == pytest.approx(0.7) and via is None
+    assert named["importance"] == 0.5 and named["access"] == 0.0 and named["degree"] == 0.0 and named["meta"] == 0.0
+    assert named["query_overlap"] == 1.0

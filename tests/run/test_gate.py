@@ -169,12 +169,16 @@ def test_golden_ranks_of_a_hand_built_scope():
         got = ranked_hits(snap, GateConfig(k=k), emb, now=AS_OF, embedder=embedder)
         assert got.get_column("node_id").to_list() == [_id(n) for n in expected], k
         assert got.get_column("rank").to_list() == list(range(1, len(expected) + 1))
-    # used: B (explicit) and D (implicit 0.9 ≥ min_label); C's 0.2 is not used
+    # used, by default: B (explicit feedback) only — an implicit label says the query's words came back, not
+    # that the agent used the memory
     gate = recall_gate(snap, Diff.empty(), GateConfig(k=2), emb, embedder=embedder)
+    assert (gate.queries, gate.recall_before, gate.recall_after, gate.drop_pp) == (1, 1.0, 1.0, 0.0)
+    # with implicit labels: B and D (implicit 0.9 ≥ min_label); C's 0.2 is not used
+    gate = recall_gate(snap, Diff.empty(), GateConfig(k=2, implicit=True), emb, embedder=embedder)
     assert (gate.queries, gate.recall_before, gate.recall_after, gate.drop_pp) == (1, 0.5, 0.5, 0.0)
     # without A, D is reached from no top hit: recall@3 goes from 2/2 to 1/2
     diff = Diff.of("memory_nodes", "prune_orphans", deletes=pl.DataFrame({"id": [_id(1)], "version": [1]}), reason="test")
-    gate = recall_gate(snap, diff, GateConfig(k=3), emb, embedder=embedder)
+    gate = recall_gate(snap, diff, GateConfig(k=3, implicit=True), emb, embedder=embedder)
     assert (gate.recall_before, gate.recall_after, gate.drop_pp, gate.failed) == (1.0, 0.5, 50.0, True)
 
 
@@ -191,9 +195,9 @@ def test_new_importance_moves_ranks_through_the_model():
                    updates=pl.DataFrame({"id": [_id(2)], "version": [1], "importance": [1.0]}))
     after = ranked_hits(diff.fold(snap), GateConfig(k=2), emb, embedder=embedder)
     assert after.get_column("node_id").to_list() == [_id(1), _id(4)]
-    gate = recall_gate(snap, diff, GateConfig(k=2), emb, embedder=embedder)
+    gate = recall_gate(snap, diff, GateConfig(k=2, implicit=True), emb, embedder=embedder)
     assert (gate.recall_before, gate.recall_after) == (0.5, 0.5)  # B lost, D gained
-    assert recall_gate(snap, diff, GateConfig(k=1), emb, embedder=embedder).drop_pp == 0.0  # A stays first
+    assert recall_gate(snap, diff, GateConfig(k=1, implicit=True), emb, embedder=embedder).drop_pp == 0.0  # A stays first
 
 
 def test_a_gate_that_cannot_measure_says_why_and_never_reads_as_passed():
@@ -208,7 +212,7 @@ def test_a_gate_that_cannot_measure_says_why_and_never_reads_as_passed():
         "no_used_query": recall_gate(unused, Diff.empty(), GateConfig(), emb, embedder=embedder),
         "no_vectors": recall_gate(snap, Diff.empty(), GateConfig(), None, embedder=embedder),
         "disabled": recall_gate(snap, Diff.empty(), GateConfig(enabled=False), emb, embedder=embedder),
-        "zero_before": recall_gate(far, Diff.empty(), GateConfig(k=1), emb, embedder=embedder),
+        "zero_before": recall_gate(far, Diff.empty(), GateConfig(k=1, implicit=True), emb, embedder=embedder),
     }
     for status, result in cases.items():
         assert result.status == status and not result.measured and not result.failed, status
@@ -218,7 +222,7 @@ def test_a_gate_that_cannot_measure_says_why_and_never_reads_as_passed():
     assert (cases["zero_before"].queries, cases["zero_before"].recall_before) == (1, 0.0)  # the figures are kept
     # a diff that would take the used memory away cannot fail a gate that saw nothing before
     drop = Diff.of("memory_nodes", "prune_orphans", deletes=pl.DataFrame({"id": [_id(3)], "version": [1]}), reason="t")
-    assert recall_gate(far, drop, GateConfig(k=1), emb, embedder=embedder).status == "zero_before"
+    assert recall_gate(far, drop, GateConfig(k=1, implicit=True), emb, embedder=embedder).status == "zero_before"
 
 
 def _fleet_snapshots(seed: int, scopes: int = 3) -> list[Snapshot]:
@@ -276,11 +280,14 @@ def test_plan_scope_gate_ranks_as_live_recall_and_report_and_ledger_keep_the_fig
         for a, b in zip(ids, ids[1:]):
             con.execute("INSERT INTO memory_edges (id, scope_path, tenant_id, source_id, target_id, relation, weight)"
                         " VALUES (%s, %s, %s, %s, %s, 'RELATED_TO', 1.0)", (str(uuid.uuid4()), scope.path, scope.tenant_id, a, b))
-    hits = recall(store, scope, "billing invoice retry", k=10, now=now)
+    # the gate replays the vector part of live recall (nodes, similarity, spreading, the model), not its
+    # word matching or its events: the live recall compared is that part alone
+    vector_only = ConsolidationConfig(recall={"lexical": False, "events": False})
+    hits = recall(store, scope, "billing invoice retry", k=10, now=now, config=vector_only)
     weak = next(h for h in hits if h.label.startswith("billing"))
     assert feedback(store, weak.recall_id, used=True)
 
-    # the gate's replay ranks exactly as the live recall did
+    # the gate's replay ranks exactly as the live (vector) recall did
     snap = extract(store, scope)
     replayed = ranked_hits(snap, GateConfig(k=10), node_embeddings(store, [scope]), now=now)
     # (up to float32 cosine rounding: pgvector sums in its own order, so labels whose similarities agree to

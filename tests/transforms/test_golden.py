@@ -52,7 +52,9 @@ def test_golden(path: Path):
         previous_run_as_of=utc(case["previous_run_as_of"]) if case.get("previous_run_as_of") else None,
         frames={t: _frame(t, rows) for t, rows in case["input"].items()},
     )
-    result = transform(snap, load_config(overrides=case.get("config")), utc(case["as_of"]), phases=[phase])
+    # embed=False: the vectors a night adds to the nodes it writes are tests/run/test_embedded.py's; the
+    # cases here hold the phase's rows
+    result = transform(snap, load_config(overrides=case.get("config")), utc(case["as_of"]), phases=[phase], embed=False)
     diff = result.scope_diff()  # the single-scope form: no scope_path on updates and deletes
     got = {t: {k: _rows(f) for k, f in td.frames().items() if f.height} for t, td in diff.tables.items()}
     assert got == case["expected"], case["title"]
