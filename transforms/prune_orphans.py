@@ -20,8 +20,10 @@ class PruneOrphansConfig(PhaseConfig):
     importance_factor: float = Field(0.4, ge=0, le=1)  # prune below factor × 10
     min_age_days: float = Field(7, ge=0)
     max_degree: int = Field(1, ge=0)
-    # Labels never pruned as orphans: an episodic summary is the only remaining copy of its events.
-    keep_labels: tuple[str, ...] = ("META:episodic_summary",)
+    # Labels never pruned as orphans (e.g. "META:episodic_summary": a summary is the only live copy of
+    # its events).  Empty by default, as SPEC §3 has it: on the LoCoMo dev split, once summaries are
+    # recalled, no night pruned one (benchmarks/README.md, 2026-12-04 issue 30).
+    keep_labels: tuple[str, ...] = ()
 
 
 #: The counters this phase reports (SPEC §3).
@@ -38,10 +40,9 @@ def prune_orphans(snapshot: Snapshot | Shard, config: PruneOrphansConfig, as_of:
     (a) have a numeric ``properties.ttl_hours`` with ``updated_at + ttl_hours ≤ as_of`` — whatever their
     importance or degree — or (b) are orphans: importance < ``importance_factor`` × 10, ``updated_at``
     strictly older than ``min_age_days`` before as_of (a node exactly that old stays), and at most
-    ``max_degree`` distinct neighbours — except a node labelled one of ``keep_labels`` (default
-    ``META:episodic_summary``: phase 10 deleted its events, so pruning it would forget those turns for
-    good; on the LoCoMo dev split a night pruned 25 of 103 summaries and with them every holder of 164
-    questions' evidence).  Neighbours are the other ends of every edge in the snapshot
+    ``max_degree`` distinct neighbours — except a node labelled one of ``keep_labels`` (none by
+    default; ``META:episodic_summary`` keeps summaries, whose events phase 10 deleted, from being
+    forgotten by a store nobody recalls them from).  Neighbours are the other ends of every edge in the snapshot
     (any relation, either direction, superseded edges included, edges created earlier in the run
     included; self-loops do not count).  Degree is measured on the graph that survives this run: a
     neighbour deleted here does not count, so a chain of weak nodes hanging off the graph goes in one

@@ -55,7 +55,7 @@ def test_every_default_of_spec_3_is_kept():
         "pending_edges": {"enabled": True},
         "supersession": {"enabled": True, "functional_relations": ("is", "lives_in", "works_at", "prefers", "role")},
         "prune_orphans": {"enabled": True, "importance_factor": 0.4, "min_age_days": 7, "max_degree": 1,
-                          "keep_labels": ("META:episodic_summary",)},
+                          "keep_labels": ()},
         "meta_nodes": {"enabled": True, "min_group": 3, "max_members": 10},
         "soul_corrections": {"enabled": True, "canonical_keys": ("name", "role", "personality", "language")},
         "working_ttl": {"enabled": True},
@@ -133,7 +133,7 @@ def test_the_documented_configuration_table_lists_every_section_knob_and_default
             found = re.search(rf"`{knob}` ([^,`(]+(?:, [a-z_]+)*)", rows[section])
             assert found, f"docs/configuration.md's table does not list {section}.{knob}"
             shown = found.group(1).strip()
-            expected = (", ".join(value) if isinstance(value, tuple) else str(value).lower()
+            expected = ((", ".join(value) or "none") if isinstance(value, tuple) else str(value).lower()
                         if isinstance(value, bool) or value is None else value.isoformat()
                         if isinstance(value, datetime) else value)
             assert (shown == expected) if isinstance(expected, str) else (float(shown) == expected), (section, knob, shown)
