@@ -189,13 +189,18 @@ def _node_tables_first(names: Iterable[str]) -> list[str]:
     return sorted(names, key=lambda t: (t != "memory_nodes", t))
 
 
+def _edge_tables_first(names: Iterable[str]) -> list[str]:
+    return sorted(names, key=lambda t: (t != "memory_edges", t))
+
+
 def undo_steps(run_id: str, scope_path: str, undo_run_id: str, staged: dict[str, Staged],
                archived: Iterable[str]) -> tuple[UndoStep, ...]:
     """The statements that undo run ``run_id``, in order: 1. remove the rows it inserted, 2. restore
     the values it changed, 3. re-insert the rows it deleted (``archived``: the tables it archived
-    rows of); within each, nodes before edges.  A pure function of its arguments."""
+    rows of).  Removals take edges before nodes, re-inserts nodes before edges, so the graph is whole
+    after every statement.  A pure function of its arguments."""
     steps = []
-    for table in _node_tables_first(t for t, st in staged.items() if st.inserts is not None and st.inserts.height):
+    for table in _edge_tables_first(t for t, st in staged.items() if st.inserts is not None and st.inserts.height):
         reason = f"inserted by run {run_id}, removed by its undo"
         steps.append(UndoStep(table, "inserts", remove_inserts_sql(table, staged[table].inserts.columns),
                               (scope_path, undo_run_id, reason), not_restored_sql(table, "inserts"), (scope_path,)))

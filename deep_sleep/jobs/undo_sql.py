@@ -21,6 +21,16 @@ NOT_WRITTEN_INSERT = "not written by this run (the id was already taken when the
 NO_BEFORE_IMAGE = "no before-image in the run's snapshot"
 ID_EXISTS = "a row with this id exists again"
 KEY_EXISTS = "a row with the same natural key exists"
+ENDPOINT_GONE = "its source or target node is not in the store (deleted since the run): the edge would dangle"
+HAS_EDGES = "an edge of the store still touches it (added or changed since the run): removing it would leave the edge dangling"
+
+# The graph stays whole through an undo (issue 31): a node the run inserted goes only when no edge
+# touches it any more (the run's own inserted edges are removed first), and an edge the run deleted
+# comes back only when both of its nodes are in the store (nodes are re-inserted first).
+_NODE_FREE = ("NOT EXISTS (SELECT 1 FROM memory_edges e WHERE e.scope_path = t.scope_path AND e.source_id = t.id)"
+              " AND NOT EXISTS (SELECT 1 FROM memory_edges e WHERE e.scope_path = t.scope_path AND e.target_id = t.id)")
+_ENDPOINTS = ("EXISTS (SELECT 1 FROM memory_nodes n WHERE n.id = {r}.source_id AND n.scope_path = {r}.scope_path)"
+              " AND EXISTS (SELECT 1 FROM memory_nodes n WHERE n.id = {r}.target_id AND n.scope_path = {r}.scope_path)")
 
 
 def stage_name(table: str, kind: str) -> str:
@@ -43,7 +53,8 @@ def _mark(table: str, kind: str, ids: str) -> str:
 def remove_inserts_sql(table: str, present: list[str]) -> str:
     """Delete the rows the run inserted that are unchanged (version 1, the inserted values) and archive
     them under the undo's run id.  Parameters: $1 scope_path, $2 undo run id, $3 archive reason."""
-    guards = " AND ".join(["t.version = 1", *(_same(table, c, c) for c in present if c not in ("id", "version"))])
+    guards = " AND ".join(["t.version = 1", *(_same(table, c, c) for c in present if c not in ("id", "version")),
+                           *([_NODE_FREE] if table == "memory_nodes" else [])])
     return (
         f"WITH gone AS (DELETE FROM {table} t USING {stage_name(table, 'inserts')} s"
         f" WHERE t.id = s.id::uuid AND t.scope_path = $1 AND {guards} RETURNING t.*),"
@@ -76,7 +87,9 @@ def reinsert_deletes_sql(table: str) -> str:
         f" AND a.table_name = '{table}' AND a.op = 'delete' AND a.row->>'scope_path' = $1),"
         f" ins AS (INSERT INTO {table} OVERRIDING SYSTEM VALUE SELECT r.* FROM src,"
         f" LATERAL jsonb_populate_record(NULL::{table}, src.row) r"
-        f" WHERE NOT EXISTS (SELECT 1 FROM {table} x WHERE x.id = r.id) ON CONFLICT DO NOTHING RETURNING id),"
+        f" WHERE NOT EXISTS (SELECT 1 FROM {table} x WHERE x.id = r.id)"
+        + (" AND " + _ENDPOINTS.format(r="r") if table == "memory_edges" else "")
+        + " ON CONFLICT DO NOTHING RETURNING id),"
         + _mark(table, "deletes", "id::text FROM ins")
     )
 
@@ -85,8 +98,13 @@ def not_restored_sql(table: str, kind: str) -> str:
     """The changes of ``kind`` in ``table`` left as they are, with the reason.  $1 scope_path[, $2 run id]."""
     skipped = f"NOT EXISTS (SELECT 1 FROM {DONE} d WHERE d.table_name = '{table}' AND d.kind = '{kind}' AND d.id = {{id}})"
     if kind == "deletes":
+        endpoint = ""
+        if table == "memory_edges":
+            gone = _ENDPOINTS.replace("{r}.source_id", "(a.row->>'source_id')::uuid").replace(
+                "{r}.target_id", "(a.row->>'target_id')::uuid").replace("{r}.scope_path", "(a.row->>'scope_path')")
+            endpoint = f" WHEN x.id IS NULL AND NOT ({gone}) THEN {_lit(ENDPOINT_GONE)}"
         return (
-            f"SELECT a.row_id AS id, CASE WHEN x.id IS NOT NULL THEN {_lit(ID_EXISTS)} ELSE {_lit(KEY_EXISTS)} END AS reason,"
+            f"SELECT a.row_id AS id, CASE WHEN x.id IS NOT NULL THEN {_lit(ID_EXISTS)}{endpoint} ELSE {_lit(KEY_EXISTS)} END AS reason,"
             f" x.version AS live_version FROM consolidation_archive a LEFT JOIN {table} x ON x.id = (a.row->>'id')::uuid"
             f" WHERE a.run_id = $2::uuid AND a.table_name = '{table}' AND a.op = 'delete' AND a.row->>'scope_path' = $1"
             f" AND {skipped.format(id='a.row_id')} ORDER BY a.row_id"
@@ -94,8 +112,9 @@ def not_restored_sql(table: str, kind: str) -> str:
     expected = "s.expected_version + 1" if kind == "updates" else "1"
     not_written = NOT_WRITTEN_UPDATE if kind == "updates" else NOT_WRITTEN_INSERT
     gone = GONE if kind == "updates" else NOT_THERE
+    edges = f" WHEN NOT ({_NODE_FREE}) THEN {_lit(HAS_EDGES)}" if kind == "inserts" and table == "memory_nodes" else ""
     return (
-        f"SELECT s.id, CASE WHEN t.id IS NULL THEN {_lit(gone)} WHEN t.version <> {expected} THEN {_lit(CHANGED)}"
+        f"SELECT s.id, CASE WHEN t.id IS NULL THEN {_lit(gone)} WHEN t.version <> {expected} THEN {_lit(CHANGED)}{edges}"
         f" ELSE {_lit(not_written)} END AS reason, t.version AS live_version"
         f" FROM {stage_name(table, kind)} s LEFT JOIN {table} t ON t.id = s.id::uuid AND t.scope_path = $1"
         f" WHERE {skipped.format(id='s.id')} ORDER BY s.id"

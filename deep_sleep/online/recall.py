@@ -362,16 +362,34 @@ def feedback(store_or_conn: Store | psycopg.Connection, recall_id: str, used: bo
     """Label a recall explicitly: 1.0 if the conversation used the hit, 0.0 if it ignored it
     (``label_source = "explicit"``; phase D2 never overwrites it, phase D3 weighs it double).
     Clears ``trained_at`` so the next training step learns from the new label.  Returns whether
-    the recall exists."""
+    the recall exists.
+
+    A node that lives in an ancestor of the reader's scope (recalled from ``org/q/x``, stored in
+    ``org/q``) is used by *its own* scope too: the label is also recorded there, in a row of its own
+    (id derived from the recall's, so a second verdict replaces the first), so that scope's holds
+    (``used_deletes``) and recall-quality gate see the use and its reranker learns from it.  Nothing
+    crosses a tenant: a reader only ever recalls its own tenant's nodes."""
     if not isinstance(used, bool):
         raise OnlineArgumentTypeError(f"feedback: used must be True or False, got {used!r}")
     try:
         rid = str(uuid.UUID(str(recall_id)))
     except ValueError:
         raise OnlineArgumentError(f"feedback: recall_id must be a UUID, got {str(recall_id)[:40]!r}") from None
+    label = 1.0 if used else 0.0
     with connection(store_or_conn) as conn, conn.transaction():
-        row = conn.execute(
-            "UPDATE recall_events SET label = %s, label_source = 'explicit', trained_at = NULL WHERE id = %s::uuid RETURNING 1",
-            (1.0 if used else 0.0, rid),
-        ).fetchone()
+        row = conn.execute(_FEEDBACK_SQL, {"id": rid, "label": label, "mirror": str(uuid.uuid5(_MIRROR, rid))}).fetchone()
     return row is not None
+
+
+_MIRROR = uuid.UUID("4f0d3c1e-9a51-4d7e-8a55-1b0f5e2c6d31")  # namespace of the node's-own-scope copies of a label
+_FEEDBACK_SQL = (
+    "WITH lab AS (UPDATE recall_events SET label = %(label)s, label_source = 'explicit', trained_at = NULL"
+    " WHERE id = %(id)s::uuid RETURNING *),"
+    " own AS (INSERT INTO recall_events (id, scope_path, tenant_id, query, node_id, item_kind, similarity, features, score,"
+    " label, label_source, created_at)"
+    " SELECT %(mirror)s::uuid, n.scope_path, n.tenant_id, lab.query, lab.node_id, lab.item_kind, lab.similarity,"
+    " lab.features, lab.score, %(label)s, 'explicit', lab.created_at FROM lab JOIN memory_nodes n ON n.id = lab.node_id"
+    " WHERE lab.item_kind = 'node' AND n.tenant_id = lab.tenant_id AND n.scope_path IS DISTINCT FROM lab.scope_path"
+    " ON CONFLICT (id) DO UPDATE SET label = EXCLUDED.label, label_source = 'explicit', trained_at = NULL RETURNING 1)"
+    " SELECT 1 FROM lab"
+)

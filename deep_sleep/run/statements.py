@@ -13,8 +13,10 @@ it (:func:`explain`); the golden files under ``tests/run/golden_sql/`` pin it.  
 3. Staging, when the rows are not inline (below): every (table, kind) into a temporary table; then
    :data:`PLANNER_SQL` (index probes, never a hash of a whole store table).
 4. Deletes, guarded by ``version = expected_version`` and matched on id AND scope_path; before-images
-   go to ``consolidation_archive`` under each scope's run id in the same statement.  Edges listed for
-   deletion with a node whose own delete was skipped (a conflict) stay.  Node deletes run first.
+   go to ``consolidation_archive`` under each scope's run id in the same statement.  Edge deletes run
+   first (those listed with a node a live write changed stay with it); a node is deleted only when no
+   edge of the store touches it any more: no sequence of writes leaves an edge without its node
+   (:func:`delete_sql`).
 5. Updates, one write per row (all phases' changes folded), guarded the same way; only the changed
    columns are set, ``updated_at`` is left alone.
 6. Inserts with ``ON CONFLICT DO NOTHING``, one per column signature (the columns a scope's rows give
@@ -195,24 +197,29 @@ def delete_sql(table: str, source: str, node_source: str | None = None) -> str:
     id, expected_version, reason, scope_path and its scope's run id), matched on id AND scope_path,
     with each before-image archived under its own scope's run id.  Returns ``(scope_path, n)`` rows.
 
-    ``node_source`` (edges, when nodes are deleted too): where the node deletes are read from.  Node
-    deletes ran first, so a listed node this run did not archive was skipped as a conflict: the
-    edges listed with it are kept (read from the run's own archive rows, not by probing memory_nodes:
-    bounded by the diff)."""
-    kept, keep_incident = "", ""
+    The graph stays whole whatever happened since the snapshot (issue 31): edge deletes run before
+    node deletes, and
+
+    - ``node_source`` (edges, when nodes are deleted too): an edge listed with a node that a live
+      write changed since the snapshot (so the node's own delete will be skipped as a conflict) stays
+      with it — one primary-key probe per listed node;
+    - a node is deleted only when no edge of the store touches it any more (two index probes): not
+      one a writer added since the snapshot, not one whose own delete was skipped as a conflict.  Such
+      a node stays, counted as a conflict, and the next night sees it again."""
+    kept, keep_incident, no_edges = "", "", ""
     if table == "memory_edges" and node_source is not None:
-        # OFFSET 0 keeps the NOT EXISTS a subplan probing the archive's (run_id, table_name, row_id)
-        # index once per staged node: as an anti-join (hash joins off) the planner may read every
-        # archived node of the batch once per staged node — it does on a first night, when the
-        # archive's statistics say it is nearly empty (quadratic in the batch's node deletes).
         kept = (f"kept AS (SELECT nd.id::uuid AS id, nd.scope_path FROM {node_source} nd"
-                f" WHERE NOT EXISTS (SELECT 1 FROM consolidation_archive a WHERE a.run_id = nd.{RUN_ID_COLUMN}::uuid"
-                f" AND a.table_name = 'memory_nodes' AND a.op = 'delete' AND a.row_id = nd.id::uuid::text OFFSET 0)), ")
+                f" JOIN memory_nodes n ON n.id = nd.id::uuid AND n.scope_path = nd.scope_path"
+                f" WHERE nd.expected_version IS NOT NULL AND n.version <> nd.expected_version), ")
         keep_incident = (" AND NOT EXISTS (SELECT 1 FROM kept k WHERE k.id = t.source_id AND k.scope_path = t.scope_path)"
                          " AND NOT EXISTS (SELECT 1 FROM kept k WHERE k.id = t.target_id AND k.scope_path = t.scope_path)")
+    if table == "memory_nodes":
+        # Two index probes per node: (scope_path, source_id, …) of the natural key, (scope_path, target_id).
+        no_edges = (" AND NOT EXISTS (SELECT 1 FROM memory_edges e WHERE e.scope_path = t.scope_path AND e.source_id = t.id)"
+                    " AND NOT EXISTS (SELECT 1 FROM memory_edges e WHERE e.scope_path = t.scope_path AND e.target_id = t.id)")
     return (
         f"WITH {kept}done AS (DELETE FROM {table} t USING {source} s"
-        f" WHERE t.id = s.id::uuid AND t.scope_path = s.scope_path AND {VERSION_GUARD}{keep_incident}"
+        f" WHERE t.id = s.id::uuid AND t.scope_path = s.scope_path AND {VERSION_GUARD}{keep_incident}{no_edges}"
         f" RETURNING t.*, s.reason AS _ds_reason, s.{RUN_ID_COLUMN} AS {RUN_ID_COLUMN}),"
         f" archived AS (INSERT INTO consolidation_archive (run_id, table_name, row_id, op, reason, row)"
         f" SELECT done.{RUN_ID_COLUMN}::uuid, '{table}', done.id::text, 'delete', done._ds_reason,"
@@ -422,7 +429,10 @@ def statements(
         out += [stage_statement(stage_name(t, k), body, small_rows, t, k) for (t, k), body in fed_bodies.items()]
         if fed_bodies:
             out += [Statement("planner", sql) for sql in PLANNER_SQL]
-    order = sorted(fed_bodies, key=lambda tk: (("deletes", "updates", "inserts").index(tk[1]), tk[0] != "memory_nodes", tk[0]))
+    # edge deletes before node deletes (a node goes only once no edge touches it); then the rest
+    order = sorted(fed_bodies, key=lambda tk: (("deletes", "updates", "inserts").index(tk[1]),
+                                               ("memory_edges", "memory_nodes").index(tk[0]) if tk[0] in ("memory_edges", "memory_nodes") else 2,
+                                               tk[0]))
     node_deletes = fed_bodies.get(("memory_nodes", "deletes"))
     fed = []
     for table, kind in order:

@@ -16,7 +16,8 @@ RUN, UNDO, SCOPE = "11111111-1111-1111-1111-111111111111", "22222222-2222-2222-2
 EDGE_COLUMNS = ["id", "source_id", "target_id", "relation", "weight", "version"]
 
 
-def test_steps_remove_inserts_then_restore_updates_then_reinsert_deletes_nodes_before_edges():
+def test_steps_remove_inserts_then_restore_updates_then_reinsert_deletes_graph_whole_after_each():
+    """Removals take edges before nodes, re-inserts nodes before edges (issue 31)."""
     staged = {
         "memory_edges": Staged(inserts=pl.DataFrame({c: ["x"] for c in EDGE_COLUMNS})),
         "memory_nodes": Staged(inserts=pl.DataFrame({"id": ["n1"], "label": ["a"], "version": [1]}),
@@ -26,10 +27,10 @@ def test_steps_remove_inserts_then_restore_updates_then_reinsert_deletes_nodes_b
     }
     steps = undo_steps(RUN, SCOPE, UNDO, staged, archived=["memory_edges", "episodic_events", "memory_nodes"])
     assert [(s.table, s.kind) for s in steps] == [
-        ("memory_nodes", "inserts"), ("memory_edges", "inserts"), ("memory_nodes", "updates"),
+        ("memory_edges", "inserts"), ("memory_nodes", "inserts"), ("memory_nodes", "updates"),
         ("memory_nodes", "deletes"), ("episodic_events", "deletes"), ("memory_edges", "deletes"),
     ]
-    removed, _, restored, reinserted = steps[0], steps[1], steps[2], steps[3]
+    _, removed, restored, reinserted = steps[0], steps[1], steps[2], steps[3]
     assert removed.sql == remove_inserts_sql("memory_nodes", ["id", "label", "version"])
     assert removed.params == (SCOPE, UNDO, f"inserted by run {RUN}, removed by its undo")
     assert (removed.not_restored_sql, removed.not_restored_params) == (not_restored_sql("memory_nodes", "inserts"), (SCOPE,))

@@ -104,3 +104,27 @@ def test_recall_logs_a_query_with_a_lone_surrogate_or_nul_as_well_formed_text(st
     assert hits and hits[0].label == "surrogate probe"
     logged = scalar(store, "SELECT query FROM recall_events WHERE id = %s", hits[0].recall_id)
     assert logged == "surrogate\ufffd probe"
+
+
+def test_a_use_from_a_child_scope_counts_for_the_nodes_own_scope(store, scope, runs_dir):
+    """Issue 31 (7): a parent's node used through recall from a child scope is "used" for the parent's
+    holds too: the label is also recorded under the node's scope (one row, replaced by a later verdict),
+    and the parent's night holds the node's prune for approval instead of archiving it silently."""
+    from deep_sleep.run import pipeline
+
+    parent = Scope.from_path(scope.levels[:1])
+    child = scope.child("conversation", "c1")
+    old = node(parent, "fact: the vault code is in the red binder", NOW - timedelta(days=40), importance=1.0)
+    insert(store, "memory_nodes", [old])
+    hit = next(h for h in recall(store, child, "vault code red binder", k=3, now=NOW) if h.node_id == old["id"])
+    assert hit.scope_path == parent.path
+    assert feedback(store, hit.recall_id, used=True)
+    own = rows(store, "SELECT scope_path, label, label_source FROM recall_events WHERE node_id = %s ORDER BY scope_path", old["id"])
+    assert own == [(parent.path, 1.0, "explicit"), (child.path, 1.0, "explicit")]
+    assert feedback(store, hit.recall_id, used=False) and feedback(store, hit.recall_id, used=True)
+    assert scalar(store, "SELECT count(*) FROM recall_events WHERE node_id = %s AND scope_path = %s", old["id"], parent.path) == 1
+
+    ctx = pipeline.Context.of(NOW + timedelta(hours=1), load_config(), scopes=parent, store=store,
+                              base=runs_dir / "p", phases=("prune_orphans",))
+    planned = pipeline.run(pipeline.PLAN, ctx).report()
+    assert planned.held["reasons"] == {"used_node": 1}

@@ -14,6 +14,7 @@ import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
+import polars as pl
 import psycopg
 import pytest
 from deep_sleep.transforms.config import ConsolidationConfig
@@ -189,8 +190,14 @@ def test_live_writers_during_a_large_apply_lose_nothing(store, scope, tmp_path):
     early = {nid for w in writers for nid, t in w.first.items() if t < apply_began and nid in w.last}
     assert early and [nid for nid in early if rows[nid][3] is not None] == []
     written = {nid for w in writers for nid in w.first} | {g for w in writers for g in w.gone}
-    untouched = (decays & rows.keys()) - written
+    planned = set(pl.read_parquet(diff_dir / "memory_nodes.updates.parquet").get_column("id").to_list())
+    untouched = (decays & planned & rows.keys()) - written
     assert untouched and [nid for nid in untouched if rows[nid][3] != NOW] == []
+    # a node planned for deletion whose neighbour a writer changed stays with the edge between them
+    # (issue 31): the store never holds an edge without its node
+    assert scalar(store, "SELECT count(*) FROM memory_edges e WHERE e.scope_path = %s AND NOT (EXISTS (SELECT 1 FROM"
+                         " memory_nodes n WHERE n.id = e.source_id) AND EXISTS (SELECT 1 FROM memory_nodes n WHERE"
+                         " n.id = e.target_id))", scope.path) == 0
     assert all(i in rows for w in writers for i in w.inserted)
     # a write that found no row hit a node the run had deleted before it: that node is archived by the run
     gone = sorted({g for w in writers for g in w.gone})

@@ -182,11 +182,12 @@ def test_data_sources_follow_the_row_counts():
         (s.step, s.table, s.kind, "staged_table", s.rows) for s in small if s.is_write]
 
 
-def test_writes_run_deletes_then_updates_then_inserts_nodes_first_and_fold_updates():
+def test_writes_run_deletes_then_updates_then_inserts_edges_before_nodes_and_fold_updates():
+    """Edge deletes before node deletes: a node goes only once no edge touches it (issue 31)."""
     stmts = statements(small_diff(), SCOPE, RUN_ID)
     writes = [(s.step, s.table) for s in stmts if s.is_write]
     assert writes == [
-        ("delete", "memory_nodes"), ("delete", "memory_edges"), ("delete", "pending_connections"),
+        ("delete", "memory_edges"), ("delete", "memory_nodes"), ("delete", "pending_connections"),
         ("update", "memory_nodes"), ("update", "episodic_events"), ("update", "pending_connections"),
         ("update", "soul_profiles"), ("insert", "memory_edges"), ("insert", "soul_profiles")]
     node_updates = next(s for s in stmts if s.step == "update" and s.table == "memory_nodes")
