@@ -25,6 +25,7 @@ from deep_sleep.cli.review import (
     cmd_compare,
     cmd_gc,
     cmd_health,
+    cmd_held,
     cmd_plan,
     cmd_reembed,
     cmd_reject,
@@ -131,13 +132,31 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("run_id")
     u.set_defaults(func=cmd_undo)
 
+    def selection_flags(a: argparse.ArgumentParser) -> None:
+        a.add_argument("--reason", default=None, help="runs holding rows for this reason (used_node, soul_change, "
+                                                       "delete_share, delete_count, gate_failed, ...)")
+        a.add_argument("--scope", default=None, help="a scope and every scope below it")
+        a.add_argument("--older-than", type=float, default=None, metavar="DAYS", help="runs at least this many days old")
+
     for name, func, what in (("approve", cmd_approve, "apply a run's held rows through the version guard"),
                              ("reject", cmd_reject, "discard a run's held rows (recorded in the ledger)")):
-        a = sub.add_parser(name, help=what + " (see `deep-sleep plan` and the report's held rows)")
-        a.add_argument("run_id", help="the run's id or an unambiguous prefix (`deep-sleep report`)")
+        a = sub.add_parser(name, help=what + "; or of every run a selection names (see `deep-sleep held`)")
+        a.add_argument("run_id", nargs="?", default=None,
+                       help="the run's id or an unambiguous prefix (`deep-sleep report`); or give a selection instead")
         a.add_argument("--phase", default=None, help="only this phase's held rows (default: every pending phase)")
+        selection_flags(a)
+        a.add_argument("--include-superseded", action="store_true",
+                       help="with a selection: also runs a newer run of the same scope and phase superseded")
         a.add_argument("--by", default=None, help="who decides (recorded in consolidation_decisions.decided_by)")
         a.set_defaults(func=func)
+
+    hq = sub.add_parser("held", help="the held queue across runs and scopes: counts by reason, phase and scope")
+    hq.add_argument("--phase", default=None)
+    selection_flags(hq)
+    hq.add_argument("--runs", action="store_true", help="also one line per run (oldest first)")
+    hq.add_argument("--limit", type=int, default=50, help="scopes and runs shown (default 50)")
+    hq.add_argument("--json", action="store_true", help="the grouped counts and the runs as JSON")
+    hq.set_defaults(func=cmd_held)
 
     pl_ = sub.add_parser("plan", help="what tonight's run of SCOPE would change, record by record (applies nothing)")
     pl_.add_argument("scope")

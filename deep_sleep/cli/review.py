@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import sys
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
 from deep_sleep.cli.common import _as_of, _out_dir, _store, require_scope
+from deep_sleep.core.errors import InputError
+from deep_sleep.core.scope import Scope
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -127,17 +131,76 @@ def cmd_undo(args: argparse.Namespace) -> int:
     return 0 if result.complete else 1
 
 
-def cmd_approve(args: argparse.Namespace) -> int:
-    from deep_sleep.jobs.approve import approve, decision_text
+def _selection(args: argparse.Namespace):
+    """The queue selection of ``held`` / bulk ``approve`` / ``reject`` (None when no flag names one)."""
+    from datetime import timedelta
 
-    print(decision_text(approve(_store(args.dsn), args.run_id, args.phase, decided_by=args.by)))
-    return 0
+    from deep_sleep.jobs.queue import Selection
+
+    if args.older_than is not None and args.older_than < 0:
+        raise InputError(f"--older-than must be a number of days >= 0, got {args.older_than}")
+    if not any((args.reason, args.phase, args.scope, args.older_than is not None)):
+        return None
+    return Selection(reason=args.reason, phase=args.phase, scope=args.scope,
+                     older_than=timedelta(days=args.older_than) if args.older_than is not None else None,
+                     now=datetime.now(UTC))
+
+
+def _decide(args: argparse.Namespace, verb: str) -> int:
+    from deep_sleep.jobs import approve as approvals
+    from deep_sleep.jobs.queue import decide
+
+    store = _store(args.dsn)
+    if args.run_id is not None:
+        if any((args.reason, args.scope, args.older_than is not None, args.include_superseded)):
+            raise InputError(f"{verb}: give a RUN_ID or a selection (--reason, --scope, --older-than), not both")
+        act = approvals.approve if verb == "approve" else approvals.reject
+        print(approvals.decision_text(act(store, args.run_id, args.phase, decided_by=args.by)))
+        return 0
+    selection = _selection(args)
+    if selection is None:
+        raise InputError(f"{verb}: give a RUN_ID, or a selection (--reason, --phase, --scope, --older-than); "
+                         "`deep-sleep held` lists what is pending")
+    if selection.scope is not None:  # a prefix: it may hold no rows of its own
+        selection = replace(selection, scope=Scope.coerce(selection.scope))
+    out = decide(store, verb, selection, decided_by=args.by, include_superseded=args.include_superseded,
+                 progress=lambda m: print(m, file=sys.stderr))
+    rows = sum(sum(n for kinds in d.held_rows.values() for n in kinds.values()) for d in out.decided)
+    print(f"{verb}d {len(out.decided)} phase decision(s) in {len({d.run_id for d in out.decided})} run(s) "
+          f"({rows} held row(s)); selection: {selection.describe()}"
+          + (f"; {out.skipped_superseded} superseded run(s) left (--include-superseded)" if out.skipped_superseded else ""))
+    if verb == "approve":
+        print(f"applied {sum(sum(k.values()) for d in out.decided for k in d.applied.values())} row(s), "
+              f"{sum(d.conflicts for d in out.decided)} conflict(s)")
+    for run_id, why in out.refused:
+        print(f"refused {run_id[:8]}: {why}", file=sys.stderr)
+    return 0 if out.ok else 1
+
+
+def cmd_approve(args: argparse.Namespace) -> int:
+    return _decide(args, "approve")
 
 
 def cmd_reject(args: argparse.Namespace) -> int:
-    from deep_sleep.jobs.approve import decision_text, reject
+    return _decide(args, "reject")
 
-    print(decision_text(reject(_store(args.dsn), args.run_id, args.phase, decided_by=args.by)))
+
+def cmd_held(args: argparse.Namespace) -> int:
+    import json
+
+    from deep_sleep.jobs.queue import Selection, grouped, pending, queue_markdown
+
+    store = _store(args.dsn)
+    selection = _selection(args) or Selection()
+    if selection.scope is not None:
+        selection = replace(selection, scope=Scope.coerce(selection.scope))
+    queue = pending(store, selection)
+    if args.json:
+        g = grouped(queue)
+        print(json.dumps({k: v.to_dicts() for k, v in g.items()} | {"runs": queue.head(args.limit).to_dicts()},
+                         default=str, indent=2))
+    else:
+        print(queue_markdown(queue, selection, runs=args.runs, limit=args.limit))
     return 0
 
 

@@ -124,9 +124,9 @@ def cmd_nightly(args: argparse.Namespace) -> int:
     print(f"\n{summary['scopes']} scopes: {summary['due']} due, {summary['applied']} applied, {summary['failed']} failed, "
           f"{summary['skipped']} skipped" + (f"; data quality {'passed' if dq['success'] else 'FAILED'} ({dq['data_docs_path']})" if dq else ""))
     if summary.get("gate"):
-        g = summary["gate"]
-        print(f"recall-quality gate: {g['scopes']} scope(s) measured, {g['failed']} failed; recall@k before "
-              f"{g['recall_before']}, after {g['recall_after']}, drop (pp) {g['drop_pp']}")
+        from deep_sleep.jobs.night import gate_line
+
+        print(gate_line(summary["gate"]))
     if summary.get("held_rows"):
         print(f"held for approval: {summary['held_rows']} row(s) (deep-sleep plan / approve / reject RUN_ID)")
     if summary.get("health"):

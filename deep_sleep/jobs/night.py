@@ -114,13 +114,19 @@ def status_counts(rows: list[dict[str, Any]]) -> dict[str, int]:
 
 
 def gate_distribution(results: list[dict]) -> dict[str, Any] | None:
-    """The night's recall-quality gate across the fleet: how many scopes it measured and failed, and
-    the distribution (min, median, p90, max) of recall@k before and after and of the drop (pp)."""
+    """The night's recall-quality gate across the fleet: how many scopes it ran for by status
+    (``measured``, or why not: ``no_used_query``, ``no_vectors``, ``zero_before``, ``disabled``, …),
+    how many it measured and failed, and over the measured ones the distribution (min, median, p90,
+    max) of recall@k before and after and of the drop (pp).  A gate that could not measure never
+    counts as measured (SPEC §9 as amended)."""
     import statistics
+    from collections import Counter
 
-    measured = [r["gate"] for r in results if r.get("gate") and r["gate"].get("queries")]
-    if not measured:
+    gates = [r["gate"] for r in results if r.get("gate")]
+    if not gates:
         return None
+    by_status = Counter(str(g.get("status") or "unknown") for g in gates)
+    measured = [g for g in gates if g.get("status") == "measured"]
 
     def spread(key: str) -> dict[str, float]:
         values = sorted(float(g[key]) for g in measured if g.get(key) is not None)
@@ -130,8 +136,23 @@ def gate_distribution(results: list[dict]) -> dict[str, Any] | None:
         return {"min": round(values[0], 4), "median": round(statistics.median(values), 4), "p90": round(p90, 4),
                 "max": round(values[-1], 4)}
 
-    return {"scopes": len(measured), "failed": sum(bool(g.get("failed")) for g in measured),
+    return {"gated": len(gates), "by_status": dict(sorted(by_status.items())), "scopes": len(measured),
+            "failed": sum(bool(g.get("failed")) for g in measured),
             "recall_before": spread("recall_before"), "recall_after": spread("recall_after"), "drop_pp": spread("drop_pp")}
+
+
+def gate_line(g: dict[str, Any]) -> str:
+    """The night summary's gate sentence: what could not be measured comes first when it is most of
+    the fleet, so "0 failed" never reads as a pass nobody measured."""
+    unmeasured = {k: v for k, v in g.get("by_status", {}).items() if k != "measured"}
+    why = ", ".join(f"{k} {v}" for k, v in sorted(unmeasured.items(), key=lambda kv: -kv[1]))
+    measured = (f"{g['scopes']} scope(s) measured, {g['failed']} failed" +
+                (f"; recall@k before {g['recall_before']}, after {g['recall_after']}, drop (pp) {g['drop_pp']}"
+                 if g["scopes"] else ""))
+    gated = g.get("gated", g["scopes"])
+    if unmeasured and 2 * sum(unmeasured.values()) >= gated:
+        return f"recall-quality gate: could NOT measure {sum(unmeasured.values())} of {gated} scope(s) ({why}); {measured}"
+    return f"recall-quality gate: {measured}" + (f"; not measured: {why}" if why else "")
 
 
 def health_alerts(dsn: str, as_of: datetime, config, scopes: list[str]) -> list[dict[str, str]]:
