@@ -28,6 +28,7 @@ from deep_sleep.run import pipeline
 from deep_sleep.run.console import report_markdown
 from deep_sleep.run.layout import run_dir
 from deep_sleep.run.llm import summarizer_for
+from deep_sleep.run.slots import ApplyInSlot
 from deep_sleep.store.db import connect_store
 
 
@@ -41,6 +42,7 @@ class DeepSleepParameters(BaseModel):
     dsn: str | None = Field(None, description="PostgreSQL DSN; default DEEP_SLEEP_DSN or the embedded server")
     runs_dir: str | None = Field(None, description="where snapshots and diffs are kept; default .deep_sleep/runs")
     phases: list[str] | None = Field(None, description="run only these phases (default: the whole roster)")
+    apply_concurrency: int = Field(2, ge=1, description="applies at once across runs (the store's apply slots)")
 
 
 @task(cache_policy=NO_CACHE, retries=0)
@@ -67,9 +69,9 @@ def deep_sleep(params: DeepSleepParameters) -> dict[str, Any]:
     run_id = pipeline.new_run_id()
     ctx = replace(ctx.with_base(run_dir(params.runs_dir, scope, ctx.as_of, run_id)), run_ids={scope.path: run_id})
     state = pipeline.State()
-    for stage in pipeline.NIGHT:
-        tags = ["deep-sleep-apply"] if stage.name == "apply" else []
-        state = stage_task.with_options(name=stage.name, tags=tags)(stage, ctx, state)
+    for stage in pipeline.NIGHT:  # the apply holds one of the store's apply slots, as a nightly's does
+        stage = ApplyInSlot(params.apply_concurrency) if isinstance(stage, pipeline.Apply) else stage
+        state = stage_task.with_options(name=stage.name)(stage, ctx, state)
     report = pipeline.finish(ctx, state).report(scope.path)
     report_task(report)
     if report.status == "failed":

@@ -74,6 +74,7 @@ from deep_sleep.jobs.night import (  # noqa: F401 - NightlyParameters and gate_d
     status_counts,
 )
 from deep_sleep.run import pipeline
+from deep_sleep.run.slots import APPLY_SLOT_CLASS, ApplyInSlot, apply_slot, slot_holders  # noqa: F401 - re-exported
 from deep_sleep.run.layout import runs_location
 from deep_sleep.run.preview import Preview, PreviewDigest, night_plan_markdown
 from deep_sleep.store.db import Store, connect_store
@@ -106,24 +107,6 @@ def _row(report: ConsolidationReport, worker_pid: int) -> dict:
     }
 
 
-@dataclass(frozen=True)
-class ApplyInSlot:
-    """The apply stage, holding one of the night's ``slots`` apply slots (:func:`apply_slot`) while it
-    runs: the nightly's stage list puts this value where :data:`~deep_sleep.run.pipeline.NIGHT` has
-    :class:`~deep_sleep.run.pipeline.Apply`.  A night that waits for a slot says so on stderr."""
-
-    slots: int
-    name: ClassVar[str] = "apply"
-    writes_reports: ClassVar[bool] = True
-
-    def run(self, ctx: pipeline.Context, state: pipeline.State) -> pipeline.State:
-        with apply_slot(ctx.store.dsn, self.slots):
-            return pipeline.Apply().run(ctx, state)
-
-    def describe(self, ctx: pipeline.Context) -> str:
-        return f"{pipeline.Apply().describe(ctx)}, holding one of {self.slots} apply slot(s)"
-
-
 def night_stages(apply_concurrency: int) -> tuple:
     """The nightly's stages: :data:`~deep_sleep.run.pipeline.NIGHT` with the apply in a slot."""
     return tuple(ApplyInSlot(apply_concurrency) if isinstance(s, pipeline.Apply) else s for s in pipeline.NIGHT)
@@ -134,7 +117,7 @@ def _run_shard(dsn: str, scopes: list[str], as_of: datetime, config: Consolidati
     return pipeline.consolidate(Store(dsn), scopes, as_of, config, runs_dir=runs_dir, stages=stages, started_at=started_at)
 
 
-@task(name="consolidate-shard", tags=[APPLY_TAG], retries=2, retry_delay_seconds=2,
+@task(name="consolidate-shard", retries=2, retry_delay_seconds=2,
       retry_condition_fn=_retry_transient, cache_policy=NO_CACHE)
 def shard_task(dsn: str, scopes: list[str], as_of: datetime, config: ConsolidationConfig, runs_dir: str | None,
                started_at: datetime, apply_concurrency: int) -> list[dict]:
@@ -191,7 +174,6 @@ def data_quality_task(dsn: str, out_dir: str, night_id: str) -> dict:
             "failed_checks": sorted({r["expectation"] for r in result.results if not r["success"]})}
 
 
-APPLY_SLOT_CLASS = 0x0D5EE9 + 1  # pg advisory lock class of the apply slots
 
 
 def ensure_apply_limit(limit: int) -> None:
@@ -200,29 +182,6 @@ def ensure_apply_limit(limit: int) -> None:
 
     with get_client(sync_client=True) as client:
         client.create_concurrency_limit(tag=APPLY_TAG, concurrency_limit=limit)
-
-
-@contextlib.contextmanager
-def apply_slot(dsn: str, slots: int, poll_seconds: float = 0.05):
-    """Hold one of ``slots`` apply slots: session advisory locks (class, 0…slots−1) in the store.
-
-    The cap holds across threads, processes and Dask workers, because the store itself keeps it;
-    a crashed holder's slot is freed with its connection.  The Prefect tag concurrency limit
-    ``deep-sleep-apply`` caps the same tasks on the orchestrator's side; the store-side slots make
-    the cap hold even for applies that do not go through Prefect (or a server that lost a lease).
-    """
-    import psycopg
-
-    with psycopg.connect(dsn, autocommit=True) as con:
-        while True:
-            for slot in range(slots):
-                if con.execute("SELECT pg_try_advisory_lock(%s, %s)", (APPLY_SLOT_CLASS, slot)).fetchone()[0]:
-                    try:
-                        yield slot
-                    finally:
-                        con.execute("SELECT pg_advisory_unlock(%s, %s)", (APPLY_SLOT_CLASS, slot))
-                    return
-            time.sleep(poll_seconds)
 
 
 def _progress_line(shards_done: int, shards: int, scopes_done: int, due: int, results: dict, clock: float) -> None:
@@ -346,7 +305,8 @@ def deep_sleep_nightly(params: NightlyParameters) -> dict[str, Any]:
             futures = [runner.submit(plan_shard_task, parameters={**common, "scopes": scopes, "plan_scopes": params.plan_scopes,
                                                                   "plan_per_phase": params.plan_per_phase}) for scopes in shards]
         else:
-            futures = [runner.submit(shard_task, parameters={**common, "scopes": scopes,
+            shard = shard_task.with_options(tags=[APPLY_TAG]) if params.prefect_apply_limit else shard_task
+            futures = [runner.submit(shard, parameters={**common, "scopes": scopes,
                                                              "apply_concurrency": params.apply_concurrency})
                        for scopes in shards]
         index = {fut.task_run_id: i for i, fut in enumerate(futures)}

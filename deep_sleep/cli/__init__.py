@@ -209,8 +209,9 @@ def build_parser() -> argparse.ArgumentParser:
     ni.add_argument("--per-phase", type=int, default=5, help="with --plan: records shown per phase of each scope")
     ni.add_argument("--apply-concurrency", type=int, default=2)
     ni.add_argument("--no-data-quality", action="store_true")
-    ni.add_argument("--no-prefect-apply-limit", action="store_true",
-                    help="cap applies only with the store's apply slots, not also with the Prefect tag limit")
+    ni.add_argument("--prefect-apply-limit", action=argparse.BooleanOptionalAction, default=False,
+                    help="also cap shard tasks with the Prefect tag limit 'deep-sleep-apply' (default: off; the store's "
+                         "apply slots always cap applies, and a killed run's slot is freed with its connection)")
     ni.add_argument("--task-runner", choices=["auto", "threads", "processes", "dask"], default="auto",
                     help="auto (default: processes for a night of >= 2M due rows in 2+ shards with --max-workers "
                          ">= 2, else threads), threads (one process), processes (--max-workers worker processes: "

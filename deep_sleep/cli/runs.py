@@ -100,7 +100,7 @@ def cmd_nightly(args: argparse.Namespace) -> int:
     summary = run_night(NightlyParameters(
         as_of=as_of, config_file=args.config, dsn=None, runs_dir=args.runs_dir,
         max_workers=args.max_workers, apply_concurrency=args.apply_concurrency, data_quality=not args.no_data_quality,
-        task_runner=args.task_runner, dask_address=args.dask_address, prefect_apply_limit=not args.no_prefect_apply_limit,
+        task_runner=args.task_runner, dask_address=args.dask_address, prefect_apply_limit=args.prefect_apply_limit,
         progress=True, shard_rows=args.shard_rows, shard_scopes=args.shard_scopes, plan=args.plan,
         plan_scopes=args.plan_scopes, plan_per_phase=args.per_phase,
     ), config, store)

@@ -53,8 +53,9 @@ class NightlyParameters(BaseModel):
                              "night's plan shows; every record is in each diff directory's preview.parquet")
     plan_per_phase: int = Field(5, ge=1, description="with plan: records shown per phase of each scope shown")
     apply_concurrency: int = Field(2, ge=1, description="applies at once (apply slots held in the store)")
-    prefect_apply_limit: bool = Field(True, description="also cap applies with the Prefect tag concurrency limit "
-                                      "'deep-sleep-apply' (visible in the UI; costs slot-polling time per apply)")
+    prefect_apply_limit: bool = Field(False, description="also cap shard tasks with the Prefect tag concurrency limit "
+                                      "'deep-sleep-apply' (visible in the UI; a killed run keeps its Prefect slot "
+                                      "until Prefect reaps the lease — use with a standing server)")
     data_quality: bool = Field(True, description="run the great-expectations suite over the store after a night "
                                "that applied at least one scope")
     task_runner: Literal["auto", "threads", "processes", "dask"] = Field(

@@ -68,3 +68,27 @@ def test_a_health_alert_fails_the_night_and_keeps_its_summary(prefect_harness, s
     broken(a, 30, 75)
     state = deep_sleep_nightly(night(75, config={"health": {"fail_nightly": False}}), return_state=True)
     assert state.is_completed() and [x["check"] for x in state.result()["health"]] == ["quarantine_jump"]
+
+
+def test_a_stuck_prefect_tag_limit_does_not_stop_a_night(prefect_harness, store, tmp_path):
+    """Issue 31: a kill -9 left Prefect's ``deep-sleep-apply`` slots taken and every later night hung.
+    The store's apply slots are the cap (freed with a dead holder's connection); the Prefect tag limit
+    is opt-in, so a limit whose every slot a dead run holds does not touch a default night."""
+    from prefect.client.orchestration import get_client
+
+    from deep_sleep.flows.nightly import APPLY_TAG, NightlyParameters, run_nightly
+
+    scope = Scope.root("org", f"stuck{uuid.uuid4().hex[:8]}")
+    small_graph(store, scope, NOW)
+    with get_client(sync_client=True) as client:  # what two killed runs leave: both slots leased
+        client.create_concurrency_limit(tag=APPLY_TAG, concurrency_limit=2)
+        lease = client.increment_concurrency_slots_with_lease(names=[f"tag:{APPLY_TAG}"], slots=2, mode="concurrency",
+                                                              lease_duration=600)
+        assert lease.status_code == 200, lease.text
+    try:
+        summary = run_nightly(NightlyParameters(as_of=NOW, dsn=store.dsn, runs_dir=str(tmp_path / "runs"),
+                                                scopes=[scope.display()], data_quality=False))
+    finally:
+        with get_client(sync_client=True) as client:
+            client.delete_concurrency_limit_by_tag(tag=APPLY_TAG)
+    assert summary["applied"] == 1, summary["rows"]
