@@ -75,7 +75,7 @@ def copy_baseline(store, scope_path: str | None = None) -> dict:
     return {"copy_out": round(out_s, 3), "copy_in": round(in_s, 3), "copy_total": round(out_s + in_s, 3), "rows": rows}
 
 
-def bench_scale(admin_dsn: str, scale: int, work: Path) -> dict:
+def bench_scale(admin_dsn: str, scale: int, work: Path, now: datetime | None = None) -> dict:
     from deep_sleep.transforms import phase_names
     from deep_sleep.transforms.config import ConsolidationConfig
 
@@ -84,7 +84,7 @@ def bench_scale(admin_dsn: str, scale: int, work: Path) -> dict:
     from deep_sleep.run import pipeline
 
     store = _fresh_store(admin_dsn, "deep_sleep_bench")
-    now = datetime.now(UTC).replace(microsecond=0)
+    now = now or datetime.now(UTC).replace(microsecond=0)  # the seed is relative to it; --now fixes the diff hash
     spec = SeedSpec(tenants=1, scopes_per_tenant=0, nodes_per_scope=scale, seed=11, now=now)
     _p(f"scale {scale:,}: generating")
     t = time.perf_counter()
@@ -168,6 +168,9 @@ def bench_scale(admin_dsn: str, scale: int, work: Path) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scale", type=int, action="append", help="nodes in the scope (repeatable); default 100000")
+    ap.add_argument("--now", type=datetime.fromisoformat, default=None,
+                    help="the seed's and the run's clock (ISO 8601 with offset); default: now. Two commits' diff hashes "
+                         "compare only at the same --now")
     ap.add_argument("--out", default="bench-results.json")
     ap.add_argument("--work", default="bench-data", help="where snapshots and diffs of the bench runs go")
     args = ap.parse_args(argv)
@@ -182,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     doc["machine"] = {"cpus": os.cpu_count(), "python": sys.version.split()[0], "platform": platform.platform()}
     runs = {r["scale"]: r for r in doc.get("runs", [])}
     for scale in scales:
-        result = bench_scale(admin, scale, Path(args.work))
+        result = bench_scale(admin, scale, Path(args.work), args.now)
         result["measured_at"] = datetime.now(UTC).isoformat(timespec="seconds")
         runs[scale] = result
         doc["runs"] = [runs[k] for k in sorted(runs)]
