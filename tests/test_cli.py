@@ -204,6 +204,11 @@ def test_nightly_exits_1_when_data_quality_fails():
     assert cli.nightly_exit_code({**ok, "data_quality": {"success": False}}) == 1
     assert cli.nightly_exit_code({**ok, "failed": 2}) == 1
     assert cli.nightly_exit_code({"failed": 0, "data_quality": None}) == 0
+    alert = {"scope_path": "org\x1fa", "check": "gated_too_long", "message": "…"}
+    assert cli.nightly_exit_code({**ok, "health": []}) == 0  # a healthy night
+    assert cli.nightly_exit_code({**ok, "health": [alert]}) == 1
+    assert cli.nightly_exit_code({**ok, "health": [alert]}, fail_on_alerts=False) == 0  # health.fail_nightly off
+    assert cli.nightly_exit_code({**ok, "failed": 1, "health": [alert]}, fail_on_alerts=False) == 1
 
 
 def test_report_fits_a_terminal_and_undo_takes_its_short_run_ids(store, scope, tmp_path, capsys, clean_env):

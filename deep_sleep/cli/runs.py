@@ -137,14 +137,16 @@ def cmd_nightly(args: argparse.Namespace) -> int:
         r = summary["retention"]
         print(f"retention: removed {r['directories']} run directories ({r['bytes'] / 1e6:.1f} MB), "
               f"{r['archive_rows']} archive rows")
-    return nightly_exit_code(summary)
+    return nightly_exit_code(summary, fail_on_alerts=config.health.fail_nightly)
 
 
-def nightly_exit_code(summary: dict) -> int:
+def nightly_exit_code(summary: dict, fail_on_alerts: bool = True) -> int:
     """1 when the night found a problem — a failed scope, a data-quality suite that failed, a
-    run-health alert — else 0."""
+    run-health alert (unless ``health.fail_nightly`` is off: then the alerts are printed and the
+    night, like its flow run, still succeeds) — else 0."""
     dq = summary.get("data_quality")
-    return 1 if summary.get("failed") or (dq and not dq.get("success")) or summary.get("health") else 0
+    alerts = fail_on_alerts and summary.get("health")
+    return 1 if summary.get("failed") or (dq and not dq.get("success")) or alerts else 0
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -7,7 +7,13 @@ fleet) and raises an alert per scope for each of:
 * ``idle_with_activity`` — the scope had activity (new episodic sessions or access-log rows) before
   each of its last ``idle_nights`` applied nightly runs, yet none of them changed a row;
 * ``skipped_with_input`` — the last nightly run skipped a phase for "missing input" although the
-  input existed in the store at that run's ``as_of`` (rows created before it);
+  store held input that phase should have processed: rows of that input (:data:`MISSING_INPUT`)
+  created (nodes: updated) at or before the run's ``as_of``, less the rows the run itself set aside
+  before the phase looked — the rows it quarantined, and the rows an earlier phase of the same run
+  took away (:data:`CONSUMED_EARLIER`: working memory working_ttl expired before drift, events
+  episodic_summary summarised before synthetic_links).  Those rows are still in the store after the
+  run whenever its deletes are held (a failed recall-quality gate holds them all), and a phase that
+  finds nothing left of them has done its job, not skipped it;
 * ``conflict_rate`` — the last nightly run lost more than ``max_conflict_rate`` of its writes to
   live-write conflicts (conflicts / (rows changed + conflicts));
 * ``quarantine_jump`` — the last run quarantined at least ``quarantine_jump_min`` rows and more
@@ -32,12 +38,38 @@ from deep_sleep.core.scope import Scope
 from deep_sleep.core.snapshot import utc
 from deep_sleep.store.db import Store
 
-#: "missing input" skip reasons → the store rows that are that input (table, extra condition).
+#: "missing input" skip reasons → the store rows that are that input (table, extra condition on ``x``).
 MISSING_INPUT = {
     "missing input: no episodic events": ("episodic_events", "true"),
     "missing input: no recall events": ("recall_events", "true"),
     "missing input: no pending connections": ("pending_connections", "consumed_by_run IS NULL"),
     "missing input: no working memory": ("memory_nodes", "layer = 'working'"),
+}
+
+#: Input that an earlier phase of the same run takes away before the skipping phase looks, so that
+#: its absence there is the roster working, not a phase failing: (skipping phase, reason) → (the
+#: earlier phase, the condition on ``x`` true for the rows that phase takes, ``w.at`` being the run's
+#: ``as_of``).  Applies only when the earlier phase ran in that run (``phases_run``).
+#:
+#: * drift (D4) reads working memory after working_ttl (phase 8) expired it: a working note whose
+#:   ``updated_at + ttl_hours`` is at or before ``as_of`` is gone by then (working_ttl's own rule; a
+#:   note without a numeric, finite ``ttl_hours`` never expires).
+#: * synthetic_links (11) reads the events episodic_summary (phase 10) left: an event a summary node
+#:   of its scope names in ``source_ids`` was summarised (and deleted) before it.
+#:
+#: The earlier phase's deletes may be held (a failed recall-quality gate holds every delete), so the
+#: rows are still in the store after the run although the run's own diff removed them: the store
+#: alone cannot tell these rows from input that was missed.
+CONSUMED_EARLIER = {
+    ("drift", "missing input: no working memory"): (
+        "working_ttl",
+        "CASE WHEN (x.properties->>'ttl_hours') ~ '^[-+]?([0-9]+[.]?[0-9]*|[.][0-9]+)([eE][-+]?[0-9]{1,3})?$' "
+        "THEN extract(epoch FROM w.at - x.updated_at) * 1000000 "
+        ">= trunc((x.properties->>'ttl_hours')::numeric * 3600000000) ELSE false END"),
+    ("synthetic_links", "missing input: no episodic events"): (
+        "episodic_summary",
+        "EXISTS (SELECT 1 FROM memory_nodes s WHERE s.scope_path = x.scope_path "
+        "AND s.label = 'META:episodic_summary' AND s.properties->'source_ids' ? x.id::text)"),
 }
 
 
@@ -52,12 +84,13 @@ class Alert:
         return str(Scope.parse(self.scope_path))
 
 
-def alerts_from_rows(runs: Iterable[dict], active_windows: set[tuple[str, datetime]], inputs: set[tuple[str, str]],
+def alerts_from_rows(runs: Iterable[dict], active_windows: set[tuple[str, datetime]], inputs: set[tuple[str, str, str]],
                      first_rows: dict[str, datetime], as_of: datetime, min_interval_hours: float,
                      config: HealthConfig) -> list[Alert]:
     """The alerts, from each scope's applied nightly runs (newest first: ``scope_path``, ``as_of``,
     ``changed``, ``conflicts``, ``quarantined``, ``phases_skipped``), the (scope, run as_of) pairs with
-    activity before that run, the (scope, skip reason) pairs whose input existed, and each scope's
+    activity before that run, the (scope, phase, skip reason) triples whose phase skipped input it should
+    have processed, and each scope's
     oldest row time (pure)."""
     by_scope: dict[str, list[dict]] = {}
     for r in runs:
@@ -75,7 +108,7 @@ def alerts_from_rows(runs: Iterable[dict], active_windows: set[tuple[str, dateti
                                  f"{config.idle_nights} nightly runs in a row changed nothing although the scope had "
                                  "new sessions or accesses before each"))
             for phase, reason in sorted((last["phases_skipped"] or {}).items()):
-                if (scope_path, reason) in inputs:
+                if (scope_path, phase, reason) in inputs:
                     out.append(Alert(scope_path, "skipped_with_input",
                                      f"{phase} was skipped ({reason}) although the store had that input"))
             writes = last["changed"] + last["conflicts"]
@@ -102,8 +135,8 @@ def alerts_from_rows(runs: Iterable[dict], active_windows: set[tuple[str, dateti
 HISTORY = 10
 
 _RUNS_SQL = """
-SELECT scope_path, as_of, conflicts, phases_skipped, changed, quarantined, previous_as_of FROM (
-    SELECT scope_path, as_of, conflicts, phases_skipped,
+SELECT run_id, scope_path, as_of, conflicts, phases_run, phases_skipped, changed, quarantined, previous_as_of FROM (
+    SELECT run_id, scope_path, as_of, conflicts, phases_run, phases_skipped,
            coalesce((SELECT sum((k.value)::bigint) FROM jsonb_each(rows_changed) t, jsonb_each_text(t.value) k), 0)::bigint AS changed,
            coalesce((SELECT sum((k.value)::bigint) FROM jsonb_each(quarantined) t, jsonb_each_text(t.value) k), 0)::bigint AS quarantined,
            lead(as_of) OVER w AS previous_as_of, row_number() OVER w AS n
@@ -112,9 +145,15 @@ SELECT scope_path, as_of, conflicts, phases_skipped, changed, quarantined, previ
 ) r WHERE n <= %(history)s
 """
 
+# Input rows of the skipping run's scope at its as_of that the run neither quarantined nor (when the
+# earlier phase ran: ``w.taken``) had an earlier phase take away.
 _INPUT_SQL = """
-SELECT w.scope_path FROM unnest(%(paths)s::text[], %(at)s::timestamptz[]) AS w(scope_path, at)
-WHERE EXISTS (SELECT 1 FROM {table} x WHERE x.scope_path = w.scope_path AND {cond} AND x.{stamp} <= w.at)
+SELECT w.scope_path FROM unnest(%(paths)s::text[], %(at)s::timestamptz[], %(runs)s::uuid[], %(taken)s::boolean[])
+    AS w(scope_path, at, run_id, taken)
+WHERE EXISTS (SELECT 1 FROM {table} x WHERE x.scope_path = w.scope_path AND {cond} AND x.{stamp} <= w.at
+                AND NOT (w.taken AND {consumed})
+                AND NOT EXISTS (SELECT 1 FROM consolidation_quarantine q WHERE q.run_id = w.run_id
+                                  AND q.table_name = '{table}' AND q.row_id = x.id::text))
 """
 
 _ACTIVE_SQL = """
@@ -148,13 +187,20 @@ def health(store: Store, as_of: datetime, config: HealthConfig | None = None,
                                              "froms": [r["previous_as_of"] for r in windows]}).fetchall()
             active = {(r["scope_path"], r["hi"]) for r in rows}
         inputs = set()
-        for reason, (table, cond) in MISSING_INPUT.items():  # one query per kind of input, for the whole fleet
-            asked = [(s, rs[0]["as_of"]) for s, rs in recent.items() if reason in (rs[0]["phases_skipped"] or {}).values()]
-            if asked:
-                stamp = "updated_at" if table == "memory_nodes" else "created_at"
-                sql = _INPUT_SQL.format(table=table, cond=cond, stamp=stamp)
-                found = cur.execute(sql, {"paths": [s for s, _ in asked], "at": [a for _, a in asked]}).fetchall()
-                inputs |= {(r["scope_path"], reason) for r in found}
+        asked: dict[tuple[str, str], list[dict]] = {}  # (phase, reason) → the last runs that skipped it so
+        for rs in recent.values():
+            for phase, reason in (rs[0]["phases_skipped"] or {}).items():
+                if reason in MISSING_INPUT:
+                    asked.setdefault((phase, reason), []).append(rs[0])
+        for (phase, reason), last in sorted(asked.items()):  # one query per (phase, input), for the whole fleet
+            table, cond = MISSING_INPUT[reason]
+            earlier, consumed = CONSUMED_EARLIER.get((phase, reason), (None, "false"))
+            sql = _INPUT_SQL.format(table=table, cond=cond, consumed=consumed,
+                                    stamp="updated_at" if table == "memory_nodes" else "created_at")
+            found = cur.execute(sql, {"paths": [r["scope_path"] for r in last], "at": [r["as_of"] for r in last],
+                                      "runs": [r["run_id"] for r in last],
+                                      "taken": [earlier in (r["phases_run"] or []) for r in last]}).fetchall()
+            inputs |= {(r["scope_path"], phase, reason) for r in found}
         first = {r["scope_path"]: r["min"] for r in cur.execute(_FIRST_ROWS_SQL).fetchall()}
     return alerts_from_rows(runs, active, inputs, first, as_of, min_interval_hours, config)
 
@@ -167,4 +213,4 @@ def health_markdown(alerts: list[Alert]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["Alert", "HealthConfig", "MISSING_INPUT", "alerts_from_rows", "health", "health_markdown"]
+__all__ = ["Alert", "CONSUMED_EARLIER", "HealthConfig", "MISSING_INPUT", "alerts_from_rows", "health", "health_markdown"]
