@@ -11,6 +11,7 @@ from __future__ import annotations
 from deep_sleep.core import tables
 
 AFTER = "__after"  # suffix of the staged columns holding what the run wrote
+CLEAR = "_ds_clear"  # staged flag: the run wrote a vector on this row (cleared by the restore)
 DONE = "_ds_undo_done"  # temp table: (table_name, kind, id) of every reverted row
 
 GONE = "deleted since the run's snapshot"
@@ -64,12 +65,14 @@ def remove_inserts_sql(table: str, present: list[str]) -> str:
     )
 
 
-def restore_updates_sql(table: str, changed: list[str], unchanged: list[str]) -> str:
+def restore_updates_sql(table: str, changed: list[str], unchanged: list[str], cleared: list[str] = ()) -> str:
     """Put the snapshot's values of ``changed`` back on rows the run updated and nobody touched since:
     version = snapshot + 1, ``changed`` hold what the run wrote, ``unchanged`` hold the snapshot's
-    values.  Parameters: $1 scope_path."""
+    values.  ``cleared``: columns a snapshot does not carry (a node's vector) that the run wrote on the
+    rows staged with :data:`CLEAR`: set to null there (their before-image is unknown).  Parameters: $1 scope_path."""
     cols = tables.columns(table)
-    sets = ", ".join(f"{c} = {cols[c].cast_sql('s.' + c)}" for c in changed)
+    sets = ", ".join([*(f"{c} = {cols[c].cast_sql('s.' + c)}" for c in changed),
+                      *(f"{c} = CASE WHEN s.{CLEAR} THEN NULL ELSE t.{c} END" for c in cleared)])
     guards = " AND ".join(["t.version = s.expected_version + 1", *(_same(table, c, c + AFTER) for c in changed),
                            *(_same(table, c, c) for c in unchanged)])
     return (
