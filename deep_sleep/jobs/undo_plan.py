@@ -204,11 +204,12 @@ def _edge_tables_first(names: Iterable[str]) -> list[str]:
 
 
 def undo_steps(run_id: str, scope_path: str, undo_run_id: str, staged: dict[str, Staged],
-               archived: Iterable[str]) -> tuple[UndoStep, ...]:
+               archived: Iterable[str], cluster_cap: int | None = None) -> tuple[UndoStep, ...]:
     """The statements that undo run ``run_id``, in order: 1. remove the rows it inserted, 2. restore
     the values it changed, 3. re-insert the rows it deleted (``archived``: the tables it archived
     rows of).  Removals take edges before nodes, re-inserts nodes before edges, so the graph is whole
-    after every statement.  A pure function of its arguments."""
+    after every statement; ``cluster_cap``: no META node gets more CLUSTERS edges back than this
+    (:func:`~deep_sleep.jobs.undo_sql.reinsert_deletes_sql`).  A pure function of its arguments."""
     steps = []
     for table in _edge_tables_first(t for t, st in staged.items() if st.inserts is not None and st.inserts.height):
         reason = f"inserted by run {run_id}, removed by its undo"
@@ -220,6 +221,6 @@ def undo_steps(run_id: str, scope_path: str, undo_run_id: str, staged: dict[str,
                                                                       list(st.cleared)),
                               (scope_path,), not_restored_sql(table, "updates"), (scope_path,)))
     for table in _node_tables_first(archived):
-        steps.append(UndoStep(table, "deletes", reinsert_deletes_sql(table), (scope_path, run_id),
-                              not_restored_sql(table, "deletes"), (scope_path, run_id)))
+        steps.append(UndoStep(table, "deletes", reinsert_deletes_sql(table, cluster_cap), (scope_path, run_id),
+                              not_restored_sql(table, "deletes", cluster_cap), (scope_path, run_id)))
     return tuple(steps)

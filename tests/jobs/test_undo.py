@@ -250,3 +250,33 @@ def test_undo_of_a_night_that_refreshed_a_meta_summary_restores_it_and_clears_th
     assert scalar(store, "SELECT count(*) FROM memory_nodes WHERE scope_path = %s AND embedding IS NULL", scope.path) == 1
     reembed(store, config, [scope])
     assert scalar(store, "SELECT count(*) FROM memory_nodes WHERE scope_path = %s AND embedding IS NULL", scope.path) == 0
+
+
+def test_undo_gives_a_meta_node_no_more_clusters_edges_than_its_cap(store, scope, runs_dir):
+    """Issue 31 item 5 (caps hold after undo, SPEC §9): a night swaps a META node's weakest member for a
+    lifted one (one CLUSTERS edge deleted, one inserted); a live writer then changes the inserted edge,
+    so its undo cannot remove it — and re-inserting the deleted edge would give the META node 4 members
+    over its cap of 3.  The undo leaves that edge out, by name and reason, and restores the rest."""
+    from deep_sleep.jobs.undo_sql import CLUSTER_FULL
+
+    cap = 3
+    config = ConsolidationConfig(meta_nodes={"min_group": 2, "max_members": cap})
+    members = [node(scope, f"project: part {i}", NOW - timedelta(hours=3), importance=8.0 - i * 0.5) for i in range(5)]
+    insert(store, "memory_nodes", members)
+    pipeline.consolidate(store, scope, NOW, config, runs_dir=runs_dir, phases=("meta_nodes",))
+    with store.pg() as con:
+        con.execute("UPDATE memory_nodes SET importance = 9.5 WHERE id = %s", (members[4]["id"],))
+        con.commit()
+    night = consolidate(store, scope, NOW + timedelta(hours=3), config, runs_dir=runs_dir, phases=("meta_nodes",)).report()
+    assert night.rows_changed["memory_edges"] == {"deletes": 1, "inserts": 1}
+    dropped = Diff.read(night.diff_uri).table("memory_edges").deletes["id"][0]
+    with store.pg() as con:
+        con.execute("UPDATE memory_edges SET weight = 2 WHERE target_id = %s AND relation = 'CLUSTERS'", (members[4]["id"],))
+        con.commit()
+    result = undo(store, night.run_id, config)
+    clusters = "SELECT count(*) FROM memory_edges WHERE scope_path = %s AND relation = 'CLUSTERS'"
+    assert scalar(store, clusters, scope.path) == cap
+    left = {(r["table"], r["kind"], r["id"], r["reason"]) for r in result.not_restored.iter_rows(named=True)}
+    assert ("memory_edges", "deletes", dropped, CLUSTER_FULL) in left
+    assert scalar(store, "SELECT count(*) FROM memory_edges WHERE id = %s", dropped) == 0
+    assert result.reverted["memory_nodes"] == {"updates": 1}  # the META node's summary is put back
