@@ -164,3 +164,42 @@ def test_rejecting_the_held_cluster_change_keeps_the_old_members(store, scope, r
     assert second.held["reasons"] == {"gate_failed": 2, "cluster_cap": 1}, second.held
     reject(store, second.run_id)
     assert _clusters(store, "META:project", scope) == top
+
+
+def test_an_approval_after_a_later_night_changed_the_members_keeps_the_meta_node_within_its_cap(store, scope, runs_dir):
+    """Night 2's gate fails and holds its member swap (part 2 out, part 4 in).  Night 3 — the gate off —
+    makes that swap; part 4 then falls and part 3 rises, and night 4 swaps them.  Approving night 2 now
+    would add part 4 back beside three members (its stale delete is already gone): that insert must be
+    a conflict, so the META node keeps its cap."""
+    cap = 3
+    config = ConsolidationConfig(meta_nodes={"min_group": 2, "max_members": cap}, holds={"used_deletes": False})
+    no_gate = config.model_copy(update={"gate": config.gate.model_copy(update={"enabled": False})})
+    members = [node(scope, f"project: part {i}", NOW - timedelta(hours=3), importance=8.0 - i * 0.5) for i in range(5)]
+    insert(store, "memory_nodes", members)
+    phases = ("working_ttl", "meta_nodes")
+    pipeline.consolidate(store, scope, NOW, config, runs_dir=runs_dir, phases=phases)
+
+    def lift(i: int, importance: float) -> None:
+        with store.pg() as con:
+            con.execute("UPDATE memory_nodes SET importance = %s WHERE id = %s", (importance, members[i]["id"]))
+            con.commit()
+
+    lift(4, 9.5)
+    scratch = node(scope, "note: scratch billing retry", NOW + timedelta(hours=1), layer="working", properties={"ttl_hours": 1})
+    insert(store, "memory_nodes", [scratch])
+    embed_labels(store, scope)
+    insert(store, "recall_events", [used(scope, scratch["id"], "scratch billing retry", NOW + timedelta(hours=2))])
+    held = pipeline.consolidate(store, scope, NOW + timedelta(hours=3), config, runs_dir=runs_dir, phases=phases).report()
+    assert held.held["reasons"] == {"gate_failed": 2, "cluster_cap": 1}, held.held
+    third = pipeline.consolidate(store, scope, NOW + timedelta(hours=4), no_gate, runs_dir=runs_dir, phases=("meta_nodes",)).report()
+    assert third.rows_changed["memory_edges"] == {"deletes": 1, "inserts": 1}
+    lift(4, 1.0)
+    lift(3, 9.7)
+    fourth = pipeline.consolidate(store, scope, NOW + timedelta(hours=5), no_gate, runs_dir=runs_dir, phases=("meta_nodes",)).report()
+    assert fourth.rows_changed["memory_edges"] == {"deletes": 1, "inserts": 1}
+    now_top = {members[3]["id"], members[0]["id"], members[1]["id"]}
+    assert _clusters(store, "META:project", scope) == now_top
+
+    d = approve(store, held.run_id, config=config)
+    assert d.applied["memory_edges"] == {"deletes": 0, "inserts": 0} and d.conflicts >= 2
+    assert _clusters(store, "META:project", scope) == now_top
