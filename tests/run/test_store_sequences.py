@@ -11,10 +11,13 @@ so that delete-share, delete-count, used-node and gate-failed holds all happen. 
 sequence of steps:
 
 - ``night``: :func:`pipeline.consolidate` over the fleet (or one scope of it) at a later ``as_of``;
-  sometimes a *racing* night — the plan, then a live write, then the apply (a live write between
-  snapshot and apply);
+  or a *racing* night — the plan, a write between snapshot and apply (a live write as below, or a
+  change to a row the night deletes), then the apply; or a racing *swap* — a node lifted into the
+  top of its label group first (so phase 4 swaps a META node's members), the plan, a change to every
+  edge the night deletes, then the apply;
 - ``live write``: by SQL (a new edge between existing nodes of a scope, a new node with an edge to
-  an existing one, a node's properties or an edge's weight bumped) or through the online API
+  an existing one, a node's properties or importance changed, a node lifted into the top of its
+  label group, an edge's weight bumped — often a CLUSTERS edge) or through the online API
   (:func:`record_turn` upserting an existing label, which bumps the node's version);
 - ``approve`` (a random pending run, all its phases or one), ``reject`` (likewise), ``undo`` (a random
   run of the fleet's ledger: a night, an approval, or — refused — an undo);
@@ -37,8 +40,12 @@ run's ``rows_changed`` deletes equal its archived before-images; and no row arch
 a run that is still applied is in the live table (the live writes here never re-use an id, and
 re-inserting a deleted row is undo's, which marks that run undone).
 
-Size (``settings`` below): :data:`SEQUENCES` sequences of up to :data:`STEPS` steps each,
-derandomized (conftest's profile); shrinking is bounded (:data:`SHRINK_SECONDS`).
+Size: :data:`SEQUENCES` = 24 sequences, each a first night and then 6–11 drawn steps (7–12 steps, at
+most :data:`STEPS`), derandomized (conftest's profile); a failure shrinks for at most
+:data:`SHRINK_SECONDS` s and :data:`MAX_SHRINKS` shrinks.  Run on the code before the fixes that came
+with it, these sequences fail on a racing swap night that leaves a META node over its CLUSTERS cap (and
+an earlier version of them on an undo that crashed on a META node's refreshed vector); both bugs are
+pinned by miniature tests (test_graph_integrity.py, test_holds_store.py, jobs/test_undo.py).
 """
 
 from __future__ import annotations
@@ -72,7 +79,7 @@ from deep_sleep.run import pipeline
 from deep_sleep.transforms.config import ConsolidationConfig
 from tests.storeutil import access, edge, insert, node
 
-SEQUENCES = 16
+SEQUENCES = 24
 STEPS = 12
 REAL_KILLS = 2  # real SIGKILLs per test run (each starts an interpreter); the other kills are in-process
 SHRINK_SECONDS = 20
@@ -351,20 +358,40 @@ def _check_reports(state) -> None:
 
 
 def step_night(store, fleet: Fleet, data) -> str:
+    """A plain night; a racing one (a write between its snapshot and its apply: a live write, or a change
+    to a row it deletes); or a racing swap (a member lifted first, so phase 4 swaps a META node's
+    members, then every edge the night deletes changed before its apply)."""
     scopes = _night_scopes(fleet, data)
     fleet.as_of += timedelta(hours=data.draw(st.integers(1, 30), label="hours"))
-    if not data.draw(st.booleans(), label="racing"):
+    mode = data.draw(st.sampled_from(["plain", "racing", "swap"]), label="night")
+    if mode == "plain":
         _night(store, fleet, scopes)
         return f"night({len(scopes)})"
+    lifted = step_live(store, fleet, data, kind="lift") + ", " if mode == "swap" else ""
     ctx = pipeline.Context.of(fleet.as_of, fleet.config, scopes=scopes, store=store,
                               base=fleet.runs_dir / f"racing-{uuid.uuid4().hex[:8]}")
     planned = pipeline.run(pipeline.PLAN, ctx)
-    what = step_live(store, fleet, data)
+    doomed = sorted((t, i) for t in ("memory_nodes", "memory_edges")
+                    for i in planned.tonight.table(t).deletes.get_column("id").cast(str).to_list())
+    if mode == "swap":
+        rows = [(t, i) for t, i in doomed if t == "memory_edges"]
+    elif doomed and data.draw(st.booleans(), label="touch a row it deletes"):
+        rows = [data.draw(st.sampled_from(doomed), label="doomed row")]
+    else:
+        rows = None
+    if rows is None:
+        what = step_live(store, fleet, data)
+    else:
+        with store.pg() as con:
+            for table, rid in rows:
+                con.execute(f"UPDATE {table} SET properties = properties || '{{\"touched\": 1}}' WHERE id = %s", (rid,))
+            con.commit()
+        what = f"touched {len(rows)} row(s) it deletes"
     _check_reports(pipeline.run((pipeline.Apply(),), ctx, planned))
-    return f"racing night({len(scopes)}, {what})"
+    return f"{mode} night({len(scopes)}, {lifted}{what})"
 
 
-def step_live(store, fleet: Fleet, data) -> str:
+def step_live(store, fleet: Fleet, data, kind: str | None = None) -> str:
     scope = data.draw(st.sampled_from(fleet.scopes), label="live scope")
     at = fleet.as_of
     with store.pg() as con:
@@ -374,11 +401,15 @@ def step_live(store, fleet: Fleet, data) -> str:
                                            " target_id", (scope.path,))]
         clusters = [r[0] for r in con.execute("SELECT id::text FROM memory_edges WHERE scope_path = %s AND relation = 'CLUSTERS'"
                                               " ORDER BY source_id, target_id", (scope.path,))]
-        members = [r[0] for r in con.execute("SELECT id::text FROM memory_nodes WHERE scope_path = %s AND layer = 'semantic'"
-                                             " AND label NOT LIKE 'META:%%' ORDER BY label, id", (scope.path,))]
+        # lifted into the top of its group, a node its META node does not cluster yet makes phase 4 swap members
+        members = [r[0] for r in con.execute(
+            "SELECT n.id::text FROM memory_nodes n WHERE n.scope_path = %s AND n.layer = 'semantic' AND n.label NOT LIKE 'META:%%'"
+            " AND NOT EXISTS (SELECT 1 FROM memory_edges e WHERE e.scope_path = n.scope_path AND e.target_id = n.id"
+            " AND e.relation = 'CLUSTERS') ORDER BY EXISTS (SELECT 1 FROM memory_nodes m WHERE m.scope_path = n.scope_path"
+            " AND m.label = 'META:' || split_part(n.label, ':', 1)) DESC, n.label, n.id", (scope.path,))]
     kinds = (["new node"] + (["new edge", "node bump", "turn"] if nodes else []) + (["lift"] if members else [])
              + (["edge bump"] if edges else []))
-    kind = data.draw(st.sampled_from(kinds), label="live write")
+    kind = kind if kind in kinds else data.draw(st.sampled_from(kinds), label="live write")
     with store.pg() as con:
         if kind == "new edge":
             a, b = (data.draw(st.sampled_from(nodes), label=f"end {i}") for i in range(2))
@@ -402,9 +433,11 @@ def step_live(store, fleet: Fleet, data) -> str:
             con.execute("UPDATE memory_nodes SET properties = properties || '{\"touched\": 1}',"
                         " importance = coalesce(%s, importance) WHERE id = %s",
                         (importance, data.draw(st.sampled_from(nodes), label="node")))
-        elif kind == "lift":  # a member rises to the top of its group: phase 4 swaps it into its META node's members
+        elif kind == "lift":  # a node rises to the top of its group: phase 4 swaps it into its META node's members
+            lifted = members[0] if data.draw(st.booleans(), label="of a clustered group") else data.draw(
+                st.sampled_from(members), label="lifted")  # members: nodes of groups with a META node first
             con.execute("UPDATE memory_nodes SET importance = %s WHERE id = %s",
-                        (data.draw(st.sampled_from([9.5, 9.7]), label="importance"), data.draw(st.sampled_from(members), label="lifted")))
+                        (data.draw(st.sampled_from([9.5, 9.7]), label="importance"), lifted))
         elif kind == "edge bump":  # often a CLUSTERS edge: the one a night may be about to drop
             pool = clusters if clusters and data.draw(st.booleans(), label="a CLUSTERS edge") else edges
             con.execute("UPDATE memory_edges SET weight = weight + 0.5 WHERE id = %s", (data.draw(st.sampled_from(pool), label="edge"),))
@@ -459,7 +492,7 @@ def step_undo(store, fleet: Fleet, data) -> str:
     return f"undo({mode}: {result.reverted}, {result.not_restored.height} not restored)"
 
 
-STEP_KINDS = ("night", "night", "live", "live", "approve", "approve", "reject", "undo", "kill")
+STEP_KINDS = ("night", "night", "night", "live", "live", "approve", "approve", "reject", "undo", "kill")
 
 
 @pytest.fixture
