@@ -25,9 +25,10 @@ sequence of steps:
   kills are in-process: ``deep_sleep.run.apply._write`` raises a ``BaseException`` (which, like a
   dying process, no ``except Exception`` in the product catches) after the k-th statement, so the
   apply's transaction is rolled back by the connection's context manager — cheap (no interpreter
-  start, no imports).  The first :data:`REAL_KILLS` kill steps of the test are a real ``SIGKILL`` of
-  a child process paused inside the open transaction (test_apply.py's pattern): Postgres rolls the
-  dead backend's transaction back.  Both must leave the store as before the night.
+  start, no imports).  The first kill steps of the test, until :data:`REAL_KILLS` nights have been
+  killed so (at most twice as many tries), are a real ``SIGKILL`` of a child process paused inside
+  the open transaction at its first write (test_apply.py's pattern): Postgres rolls the dead
+  backend's transaction back.  Both must leave the store (graph, ledger, archive) as before the night.
 
 A refusal (``HoldError``, ``UndoError``) is a legitimate outcome of a step; any other exception,
 and any night reported ``failed``, fails the test.  After every step, over every scope of the fleet:
@@ -87,6 +88,7 @@ MAX_SHRINKS = 25
 NOW = datetime(2026, 11, 20, 3, 0, tzinfo=UTC)
 EMBEDDER = default_embedder()
 _real_kills_left = [REAL_KILLS]
+_real_attempts_left = [2 * REAL_KILLS]  # a night with fewer writes than k runs through: tried again, this often at most
 
 
 # -- the fleet ---------------------------------------------------------------------------------------
@@ -292,9 +294,18 @@ def step_kill(store, fleet: Fleet, data) -> str:
     scopes = _night_scopes(fleet, data)
     before, runs_before = _store_rows(store, fleet), _ledger_count(store, fleet)
     fleet.as_of += timedelta(hours=data.draw(st.integers(1, 30), label="hours"))
-    if _real_kills_left[0] > 0:
-        _real_kills_left[0] -= 1
+    if _real_kills_left[0] > 0 and _real_attempts_left[0] > 0:
+        _real_attempts_left[0] -= 1
+        k = 1  # killed at its first write; two fresh reads of a node make sure the night writes (strengthen's
+        scope = Scope.parse(scopes[0])  # update, which no hold or gate keeps back)
+        with store.pg() as con:
+            hub = con.execute("SELECT id::text FROM memory_nodes WHERE scope_path = %s AND layer = 'semantic' ORDER BY label, id"
+                              " LIMIT 1", (scope.path,)).fetchone()
+        if hub:
+            insert(store, "memory_access_log", [access(scope, hub[0], fleet.as_of - timedelta(minutes=m)) for m in (5, 30)])
+        before, runs_before = _store_rows(store, fleet), _ledger_count(store, fleet)
         done = _sigkill_night(store, fleet, scopes, k)
+        _real_kills_left[0] -= not done
         how = "SIGKILL"
     else:
         with dying_after(k):
