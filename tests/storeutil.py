@@ -89,3 +89,26 @@ def scalar(store: Store, sql: str, *params):
     with store.pg() as con:
         return con.execute(sql, params).fetchone()[0]
 
+
+
+def embed_labels(store: Store, scope: Scope) -> None:
+    """Give every node of the scope the live embedder's vector of its label (as record_turn writes it),
+    so the recall-quality gate can rank them."""
+    from deep_sleep.core.embedding import default_embedder
+
+    embedder = default_embedder()
+    with store.pg() as con:
+        rows = con.execute("SELECT id::text, label FROM memory_nodes WHERE scope_path = %s ORDER BY id", (scope.path,)).fetchall()
+        if rows:
+            vectors = embedder.embed([label for _, label in rows])
+            con.cursor().executemany(
+                "UPDATE memory_nodes SET embedding = %s::vector, embedding_model = %s WHERE id = %s::uuid",
+                [("[" + ",".join(f"{x:.7f}" for x in v) + "]", embedder.name, i) for (i, _), v in zip(rows, vectors, strict=True)])
+        con.commit()
+
+
+def used(scope: Scope, node_id: str, query: str, at: datetime) -> dict:
+    """A recall_events row: the agent used ``node_id`` for ``query`` (explicit positive feedback)."""
+    return {"id": str(uuid.uuid4()), "scope_path": scope.path, "tenant_id": scope.tenant_id, "query": query,
+            "node_id": node_id, "similarity": 0.9, "score": 0.8, "features": [0.0] * 12, "label": 1.0,
+            "label_source": "explicit", "created_at": at}

@@ -68,11 +68,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
             print(f"  failed: {Scope.parse(s)}: {'; '.join(state.reports[s].errors)[:300]}")
         print(f"\nshard diff written to {out} (reports.parquet: one row per scope)")
     if args.explain:
-        _explain(state)
+        _explain(state, config.meta_nodes.max_members)
     return 1 if failed else 0
 
 
-def _explain(state) -> None:
+def _explain(state, cluster_cap: int | None = None) -> None:
     """Print the statements an apply of what the replay would apply tonight would run (no database)."""
     from deep_sleep.run.apply import batch_statements
     from deep_sleep.run.statements import explain
@@ -82,7 +82,7 @@ def _explain(state) -> None:
         print("\n-- validation failed: an apply would only record the run as failed; no statements run")
         return
     q = state.transformed.quarantined
-    todo = batch_statements(state.tonight, ok, q if q.height else None).statements
+    todo = batch_statements(state.tonight, ok, q if q.height else None, cluster_cap).statements
     print(f"\n-- the apply would run {len(todo)} statement(s) in one transaction:\n")
     print(explain(todo), end="")
 

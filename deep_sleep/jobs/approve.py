@@ -242,7 +242,8 @@ def approve(store: Store, run_id: str, phase: str | None = None, decided_by: str
     h = read_holds(store, run_id)
     snapshot = _snapshot(h)
     chosen, phases, notes = _selection(h, _to_decide(h, phase, "approve"), snapshot)
-    _validate(h, chosen, snapshot, config or load_config())
+    config = config or load_config()
+    _validate(h, chosen, snapshot, config)
     approval_id = str(uuid.uuid4())
     location = _approval_dir(h.run, approval_id)
     remote = files.is_remote(location)  # the run's files are on an object store: stage here, publish there
@@ -262,7 +263,7 @@ def approve(store: Store, run_id: str, phase: str | None = None, decided_by: str
         report.write(out)
         if remote:  # before the apply: its ledger row names these files
             files.publish_dir(base, location)
-        planned = batch_statements(chosen, {h.run.scope_path: report})
+        planned = batch_statements(chosen, {h.run.scope_path: report}, cluster_cap=config.meta_nodes.max_members)
         decide = _decision_statements(h, phases, "approved", approval_id, decided_by, approval_id)
         at = next(i for i, s in enumerate(planned.statements) if s.step == "lock") + 1
         planned = replace(planned, statements=(*planned.statements[:at], *decide, *planned.statements[at:]))

@@ -121,11 +121,12 @@ def _frame(cur, sql: str, params: tuple) -> pl.DataFrame:
     return pl.from_arrow(cur.fetch_arrow_table())  # type: ignore[return-value]
 
 
-def undo(store: Store, run_id: str) -> UndoResult:
+def undo(store: Store, run_id: str, config=None) -> UndoResult:
     """Revert run ``run_id`` where its rows are as it left them; report the rest.  See the module docstring.
 
-    Raises :class:`UndoError` (nothing written) for an unknown, failed, undone or undo run, or when
-    the run's files holding before-images are gone.
+    ``config`` (default: :func:`~deep_sleep.transforms.config.load_config`): its ``meta_nodes.max_members``
+    caps the CLUSTERS edges a META node gets back.  Raises :class:`UndoError` (nothing written) for an
+    unknown, failed, undone or undo run, or when the run's files holding before-images are gone.
     """
     try:
         run = get_run(store, run_id)
@@ -133,6 +134,9 @@ def undo(store: Store, run_id: str) -> UndoResult:
         raise UndoError(str(exc)) from None
     refuse(run)
     staged = prepare(run)
+    from deep_sleep.transforms.config import load_config
+
+    cluster_cap = (config or load_config()).meta_nodes.max_members  # a META node's CLUSTERS edges (SPEC §3)
     scope = run.scope_path
     undo_id = str(uuid.uuid4())
     started = datetime.now(UTC)
@@ -157,7 +161,7 @@ def undo(store: Store, run_id: str) -> UndoResult:
             for kind, frame in (("inserts", st.inserts), ("updates", st.updates)):
                 if frame is not None and frame.height:
                     cur.adbc_ingest(stage_name(table, kind), frame.to_arrow(), mode="create", temporary=True)
-        for step in undo_steps(run.run_id, scope, undo_id, staged, archived):
+        for step in undo_steps(run.run_id, scope, undo_id, staged, archived, cluster_cap):
             n = _scalar(cur, step.sql, step.params)
             if n:
                 reverted.setdefault(step.table, {})[step.kind] = n

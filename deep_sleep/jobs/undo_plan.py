@@ -22,6 +22,7 @@ from deep_sleep.jobs.ledger import RunRecord
 from deep_sleep.jobs.undo_sql import (
     AFTER,
     not_restored_sql,
+    CLEAR,
     reinsert_deletes_sql,
     remove_inserts_sql,
     restore_updates_sql,
@@ -39,6 +40,7 @@ class Staged:
     changed: tuple[str, ...] = ()
     unchanged: tuple[str, ...] = ()
     missing: tuple[str, ...] = ()  # updated ids the snapshot has no row for
+    cleared: tuple[str, ...] = ()  # write-only columns (vectors) the run wrote: set to null where it did (CLEAR)
 
 
 def _snapshot_rows(snapshot_dir: Path, table: str, ids: pl.Series, scope_path: str) -> pl.DataFrame:
@@ -60,8 +62,15 @@ def _snapshot_rows(snapshot_dir: Path, table: str, ids: pl.Series, scope_path: s
 
 
 def _stage_updates(table: str, updates: pl.DataFrame, snapshot_dir: Path, scope_path: str) -> Staged:
-    changed = [c for c in updates.columns if c not in KEYS]
-    keys = updates.group_by("id", maintain_order=True).agg(pl.col("expected_version").first())
+    own = tables.columns(table)
+    changed = [c for c in updates.columns if c not in KEYS and c in own]
+    # A vector the run wrote with a node's new text (tables.WRITE_ONLY: a META node's refreshed summary) has
+    # no before-image — snapshots carry no vectors — so it cannot be put back: it is cleared on the rows the
+    # run wrote one for, with the text it embeds, and `deep-sleep reembed` computes the restored text's vector.
+    cleared = [c for c in updates.columns if c not in KEYS and c not in own]
+    keys = updates.group_by("id", maintain_order=True).agg(
+        pl.col("expected_version").first(),
+        pl.any_horizontal([pl.col(c).is_not_null().any() for c in cleared] or [pl.lit(False)]).alias(CLEAR))
     before = _snapshot_rows(snapshot_dir, table, keys.get_column("id"), scope_path)
     missing = keys.join(before, on="id", how="anti").get_column("id").to_list()
     # What the apply wrote: the snapshot row with every phase's changes folded in (as the apply folds them).
@@ -72,7 +81,8 @@ def _stage_updates(table: str, updates: pl.DataFrame, snapshot_dir: Path, scope_
         keys.join(before.drop("version"), on="id", how="inner")
         .join(after.select("id", *[pl.col(c).alias(c + AFTER) for c in changed]), on="id", how="left")
     )
-    return Staged(updates=staged, changed=tuple(changed), unchanged=tuple(unchanged), missing=tuple(missing))
+    return Staged(updates=staged, changed=tuple(changed), unchanged=tuple(unchanged), missing=tuple(missing),
+                  cleared=tuple(cleared))
 
 
 def without_rows(diff: Diff, held: Diff) -> Diff:
@@ -143,7 +153,7 @@ def prepare(run: RunRecord) -> dict[str, Staged]:
                 )
             up = _stage_updates(table, td.updates, snap, run.scope_path)
             staged = Staged(inserts=staged.inserts, updates=up.updates, changed=up.changed,
-                             unchanged=up.unchanged, missing=up.missing)
+                             unchanged=up.unchanged, missing=up.missing, cleared=up.cleared)
         out[table] = staged
     return out
 
@@ -194,11 +204,12 @@ def _edge_tables_first(names: Iterable[str]) -> list[str]:
 
 
 def undo_steps(run_id: str, scope_path: str, undo_run_id: str, staged: dict[str, Staged],
-               archived: Iterable[str]) -> tuple[UndoStep, ...]:
+               archived: Iterable[str], cluster_cap: int | None = None) -> tuple[UndoStep, ...]:
     """The statements that undo run ``run_id``, in order: 1. remove the rows it inserted, 2. restore
     the values it changed, 3. re-insert the rows it deleted (``archived``: the tables it archived
     rows of).  Removals take edges before nodes, re-inserts nodes before edges, so the graph is whole
-    after every statement.  A pure function of its arguments."""
+    after every statement; ``cluster_cap``: no META node gets more CLUSTERS edges back than this
+    (:func:`~deep_sleep.jobs.undo_sql.reinsert_deletes_sql`).  A pure function of its arguments."""
     steps = []
     for table in _edge_tables_first(t for t, st in staged.items() if st.inserts is not None and st.inserts.height):
         reason = f"inserted by run {run_id}, removed by its undo"
@@ -206,9 +217,10 @@ def undo_steps(run_id: str, scope_path: str, undo_run_id: str, staged: dict[str,
                               (scope_path, undo_run_id, reason), not_restored_sql(table, "inserts"), (scope_path,)))
     for table in _node_tables_first(t for t, st in staged.items() if st.updates is not None and st.updates.height):
         st = staged[table]
-        steps.append(UndoStep(table, "updates", restore_updates_sql(table, list(st.changed), list(st.unchanged)),
+        steps.append(UndoStep(table, "updates", restore_updates_sql(table, list(st.changed), list(st.unchanged),
+                                                                      list(st.cleared)),
                               (scope_path,), not_restored_sql(table, "updates"), (scope_path,)))
     for table in _node_tables_first(archived):
-        steps.append(UndoStep(table, "deletes", reinsert_deletes_sql(table), (scope_path, run_id),
-                              not_restored_sql(table, "deletes"), (scope_path, run_id)))
+        steps.append(UndoStep(table, "deletes", reinsert_deletes_sql(table, cluster_cap), (scope_path, run_id),
+                              not_restored_sql(table, "deletes", cluster_cap), (scope_path, run_id)))
     return tuple(steps)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from deep_sleep.core import tables
 
 AFTER = "__after"  # suffix of the staged columns holding what the run wrote
+CLEAR = "_ds_clear"  # staged flag: the run wrote a vector on this row (cleared by the restore)
 DONE = "_ds_undo_done"  # temp table: (table_name, kind, id) of every reverted row
 
 GONE = "deleted since the run's snapshot"
@@ -22,6 +23,8 @@ NO_BEFORE_IMAGE = "no before-image in the run's snapshot"
 ID_EXISTS = "a row with this id exists again"
 KEY_EXISTS = "a row with the same natural key exists"
 ENDPOINT_GONE = "its source or target node is not in the store (deleted since the run): the edge would dangle"
+CLUSTER_FULL = ("its META node has its cap of CLUSTERS edges (meta_nodes.max_members) without it: members added since"
+                " the run, or by it and changed since, took its place")
 HAS_EDGES = "an edge of the store still touches it (added or changed since the run): removing it would leave the edge dangling"
 
 # The graph stays whole through an undo (issue 31): a node the run inserted goes only when no edge
@@ -64,12 +67,14 @@ def remove_inserts_sql(table: str, present: list[str]) -> str:
     )
 
 
-def restore_updates_sql(table: str, changed: list[str], unchanged: list[str]) -> str:
+def restore_updates_sql(table: str, changed: list[str], unchanged: list[str], cleared: list[str] = ()) -> str:
     """Put the snapshot's values of ``changed`` back on rows the run updated and nobody touched since:
     version = snapshot + 1, ``changed`` hold what the run wrote, ``unchanged`` hold the snapshot's
-    values.  Parameters: $1 scope_path."""
+    values.  ``cleared``: columns a snapshot does not carry (a node's vector) that the run wrote on the
+    rows staged with :data:`CLEAR`: set to null there (their before-image is unknown).  Parameters: $1 scope_path."""
     cols = tables.columns(table)
-    sets = ", ".join(f"{c} = {cols[c].cast_sql('s.' + c)}" for c in changed)
+    sets = ", ".join([*(f"{c} = {cols[c].cast_sql('s.' + c)}" for c in changed),
+                      *(f"{c} = CASE WHEN s.{CLEAR} THEN NULL ELSE t.{c} END" for c in cleared)])
     guards = " AND ".join(["t.version = s.expected_version + 1", *(_same(table, c, c + AFTER) for c in changed),
                            *(_same(table, c, c) for c in unchanged)])
     return (
@@ -79,13 +84,33 @@ def restore_updates_sql(table: str, changed: list[str], unchanged: list[str]) ->
     )
 
 
-def reinsert_deletes_sql(table: str) -> str:
-    """Re-insert the run's archived rows of ``table`` whose id and natural keys are free.
+def _clusters(scope: str, source: str) -> str:
+    """The store's CLUSTERS edges of a META node, counted (SQL)."""
+    return (f"(SELECT count(*) FROM memory_edges e WHERE e.scope_path = {scope} AND e.source_id = {source}"
+            " AND e.relation = 'CLUSTERS')")
+
+
+def reinsert_deletes_sql(table: str, cluster_cap: int | None = None) -> str:
+    """Re-insert the run's archived rows of ``table`` whose id and natural keys are free (an edge: and
+    both of its nodes are in the store).  ``cluster_cap`` (edges): a META node's ``CLUSTERS`` edges come
+    back only while it keeps at most this many (``meta_nodes.max_members``) — the run deleted them to
+    make room for members it added, and one of those may still be there, or a later run's.
     Parameters: $1 scope_path, $2 the undone run id."""
+    src = (f"WITH src AS (SELECT a.row FROM consolidation_archive a WHERE a.run_id = $2::uuid"
+           f" AND a.table_name = '{table}' AND a.op = 'delete' AND a.row->>'scope_path' = $1),")
+    if table == "memory_edges" and cluster_cap is not None:
+        return (
+            src + f" cand AS (SELECT r FROM src, LATERAL jsonb_populate_record(NULL::{table}, src.row) r"
+            f" WHERE NOT EXISTS (SELECT 1 FROM {table} x WHERE x.id = r.id) AND {_ENDPOINTS.format(r='r')}),"
+            " ranked AS (SELECT c.r, CASE WHEN (c.r).relation = 'CLUSTERS' THEN row_number() OVER"
+            " (PARTITION BY (c.r).relation, (c.r).source_id ORDER BY (c.r).id) END AS k FROM cand c),"
+            f" ins AS (INSERT INTO {table} OVERRIDING SYSTEM VALUE SELECT (q.r).* FROM ranked q WHERE q.k IS NULL"
+            f" OR q.k + {_clusters('(q.r).scope_path', '(q.r).source_id')} <= {int(cluster_cap)}"
+            " ON CONFLICT DO NOTHING RETURNING id),"
+            + _mark(table, "deletes", "id::text FROM ins")
+        )
     return (
-        f"WITH src AS (SELECT a.row FROM consolidation_archive a WHERE a.run_id = $2::uuid"
-        f" AND a.table_name = '{table}' AND a.op = 'delete' AND a.row->>'scope_path' = $1),"
-        f" ins AS (INSERT INTO {table} OVERRIDING SYSTEM VALUE SELECT r.* FROM src,"
+        src + f" ins AS (INSERT INTO {table} OVERRIDING SYSTEM VALUE SELECT r.* FROM src,"
         f" LATERAL jsonb_populate_record(NULL::{table}, src.row) r"
         f" WHERE NOT EXISTS (SELECT 1 FROM {table} x WHERE x.id = r.id)"
         + (" AND " + _ENDPOINTS.format(r="r") if table == "memory_edges" else "")
@@ -94,7 +119,7 @@ def reinsert_deletes_sql(table: str) -> str:
     )
 
 
-def not_restored_sql(table: str, kind: str) -> str:
+def not_restored_sql(table: str, kind: str, cluster_cap: int | None = None) -> str:
     """The changes of ``kind`` in ``table`` left as they are, with the reason.  $1 scope_path[, $2 run id]."""
     skipped = f"NOT EXISTS (SELECT 1 FROM {DONE} d WHERE d.table_name = '{table}' AND d.kind = '{kind}' AND d.id = {{id}})"
     if kind == "deletes":
@@ -103,6 +128,10 @@ def not_restored_sql(table: str, kind: str) -> str:
             gone = _ENDPOINTS.replace("{r}.source_id", "(a.row->>'source_id')::uuid").replace(
                 "{r}.target_id", "(a.row->>'target_id')::uuid").replace("{r}.scope_path", "(a.row->>'scope_path')")
             endpoint = f" WHEN x.id IS NULL AND NOT ({gone}) THEN {_lit(ENDPOINT_GONE)}"
+            if cluster_cap is not None:
+                full = _clusters("(a.row->>'scope_path')", "(a.row->>'source_id')::uuid")
+                endpoint += (f" WHEN x.id IS NULL AND a.row->>'relation' = 'CLUSTERS' AND {full} >= {int(cluster_cap)}"
+                             f" THEN {_lit(CLUSTER_FULL)}")
         return (
             f"SELECT a.row_id AS id, CASE WHEN x.id IS NOT NULL THEN {_lit(ID_EXISTS)}{endpoint} ELSE {_lit(KEY_EXISTS)} END AS reason,"
             f" x.version AS live_version FROM consolidation_archive a LEFT JOIN {table} x ON x.id = (a.row->>'id')::uuid"

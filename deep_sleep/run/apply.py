@@ -121,13 +121,13 @@ def record_run(store: Store, report: ConsolidationReport, mode: str, started_at:
 
 
 def batch_statements(diff: Diff, reports: Mapping[str, ConsolidationReport],
-                       quarantined: pl.DataFrame | None = None) -> Statements:
+                       quarantined: pl.DataFrame | None = None, cluster_cap: int | None = None) -> Statements:
     """The statements :func:`apply` runs for one batch (``replay --explain`` prints them).  The
     thresholds are read at call time (tests set them on this module); the environment here, not by
-    the pure builder."""
+    the pure builder.  ``cluster_cap``: ``meta_nodes.max_members`` (see :func:`~deep_sleep.run.statements.statements`)."""
     return statements(diff, {s: r.run_id or "" for s, r in reports.items()}, quarantined=quarantined,
                       small_rows=SMALL_STAGE_ROWS, big_rows=BIG_DIFF_ROWS,
-                      work_mem=os.environ.get("DEEP_SLEEP_APPLY_WORK_MEM"))
+                      work_mem=os.environ.get("DEEP_SLEEP_APPLY_WORK_MEM"), cluster_cap=cluster_cap)
 
 
 def _check_run_ids(reports: Mapping[str, ConsolidationReport]) -> None:
@@ -262,13 +262,13 @@ def apply_batch(store: Store, planned: Statements, reports: Mapping[str, Consoli
 
 def _alone(store: Store, diff: Diff, report: ConsolidationReport, mode: str, started_at: datetime,
            quarantined: pl.DataFrame | None, guarded: set[str],
-           step_seconds: dict[str, float] | None) -> tuple[str, dict, int, str | None]:
+           step_seconds: dict[str, float] | None, cluster_cap: int | None = None) -> tuple[str, dict, int, str | None]:
     """One scope in its own transaction, a transient error tried again up to :data:`TRANSIENT_ATTEMPTS`
     times; any other error (or the last) is recorded as the scope's failed run."""
     s = report.scope_path
     for attempt in range(1, TRANSIENT_ATTEMPTS + 1):
         try:
-            planned = batch_statements(diff, {s: report}, quarantined)
+            planned = batch_statements(diff, {s: report}, quarantined, cluster_cap)
             applied, conflicts = apply_batch(store, planned, {s: report}, mode, started_at, step_seconds, guarded)[s]
             return "applied", applied, conflicts, None
         except InputError:
@@ -306,6 +306,7 @@ def apply(
     batch_scopes: int = 500,
     step_seconds: dict[str, float] | None = None,
     fast_inserts: bool = True,
+    cluster_cap: int | None = None,
 ) -> dict[str, ScopeApplied]:
     """Apply a shard's ``diff`` (every frame with a ``scope_path`` column) for the scopes of ``reports``
     (scope_path → report with its own ``run_id``), each scope atomically, and record one run per scope.
@@ -332,6 +333,10 @@ def apply(
     row collides on a unique index as the guarded ``INSERT … ON CONFLICT DO NOTHING`` (see
     :func:`_write`); False runs every insert guarded (the plain version the fast path is tested
     against).  The rows and counts are the same either way.
+
+    ``cluster_cap`` (``meta_nodes.max_members``): a new ``CLUSTERS`` edge lands only while its META node
+    has room for it in the store after the batch's deletes (a stale member's edge whose delete lost to a
+    live write keeps its place; the new member's edge is then a conflict).  None: unchecked.
     """
     if batch_scopes < 1:
         raise InputError(f"apply: batch_scopes must be >= 1, got {batch_scopes}")
@@ -347,7 +352,7 @@ def apply(
         mine = {s: reports[s] for s in scopes[start:start + batch_scopes]}
         part, q = diffs.get(b, Diff.empty()), held.get(b)
         clock = time.perf_counter()
-        planned = batch_statements(part, mine, q)  # pure: a bug here is raised, not retried
+        planned = batch_statements(part, mine, q, cluster_cap)  # pure: a bug here is raised, not retried
         if step_seconds is not None:
             step_seconds["plan"] = step_seconds.get("plan", 0.0) + time.perf_counter() - clock
         try:
@@ -359,7 +364,7 @@ def apply(
                     if q is not None and q.height else {})
             results = {s: ("failed", {}, 0, _record_failed(store, r, mode, started_at, _marked_error(r))) if s in marked
                        else _alone(store, _with_scope(alone.get(s, Diff.empty()), s), r, mode, started_at, q_by.get(s),
-                                   guarded, step_seconds)
+                                   guarded, step_seconds, cluster_cap)
                        for s, r in mine.items()}
             seconds = round(time.perf_counter() - clock, 6)
             for s, (status, applied, conflicts, error) in results.items():

@@ -342,7 +342,8 @@ class Apply:
         ok = state.ok  # a failed scope's rows are not applied (nor, when validation failed them all, a stray row's)
         q = _only(state.transformed.quarantined, ok)
         results = apply(ctx.store, _only_scopes(state.tonight, ok), dict(state.reports), mode=ctx.mode,
-                        started_at=ctx.started_at, quarantined=q if q.height else None, step_seconds=steps)
+                        started_at=ctx.started_at, quarantined=q if q.height else None, step_seconds=steps,
+                        cluster_cap=ctx.config.meta_nodes.max_members)
         timings = {f"apply.{k}": round(v, 6) for k, v in steps.items()}
         changes = {}
         for s, r in state.reports.items():

@@ -60,6 +60,7 @@ SMALL_STAGE_ROWS = 2_000  # up to this many rows a batch travels inline, or a st
 BIG_DIFF_ROWS = 10_000  # below this the default work_mem does (and a quick nap saves the round trip)
 DEFAULT_WORK_MEM = "256MB"
 RUN_ID_COLUMN = "_ds_run_id"  # each staged delete / quarantined row's own scope's run id
+CLUSTER_RANK = "_ds_k"  # a new CLUSTERS edge's place among its META node's new ones (see _cluster_room)
 SIGNATURE_COLUMN = "_ds_sig"  # which columns an inserted row's scope gives values for (see bodies)
 
 #: How a statement's rows reach Postgres (``{staged}``: the temporary table).
@@ -251,23 +252,43 @@ def update_sql(table: str, changed: list[str], source: str) -> str:
     )
 
 
-def insert_sql(table: str, present: list[str], signature: int, source: str) -> str:
+def insert_sql(table: str, present: list[str], signature: int, source: str, cluster_cap: int | None = None) -> str:
     """Insert the rows of one column signature (the scopes whose rows give values for exactly
-    ``present``), skipping any that collide with a live write.  Returns ``(scope_path, n)`` rows."""
-    return _insert(table, present, signature, source, " ON CONFLICT DO NOTHING") + _per_scope_counts("scope_path")
+    ``present``), skipping any that collide with a live write.  Returns ``(scope_path, n)`` rows.
+    ``cluster_cap`` (edges): see :func:`_cluster_room`."""
+    return (_insert(table, present, signature, source, " ON CONFLICT DO NOTHING", cluster_cap)
+            + _per_scope_counts("scope_path"))
 
 
-def _insert(table: str, present: list[str], signature: int, source: str, guard: str) -> str:
+def _cluster_room(table: str, present: list[str], cluster_cap: int | None) -> str:
+    """The condition that keeps a META node within its cap (SPEC §3, ``meta_nodes.max_members``): a
+    ``CLUSTERS`` edge is inserted only while its META node has room for it in the store as it is now —
+    after this apply's deletes, so a stale member's edge whose delete lost to a live write, or that a
+    later run already replaced (an approval), keeps its place and the new member waits (a conflict;
+    the next night plans the group again).  Empty for other tables or without a cap."""
+    if table != "memory_edges" or cluster_cap is None or not {"relation", "source_id"} <= set(present):
+        return ""
+    cols = tables.diff_columns(table)
+    source = cols["source_id"].cast_sql("s.source_id")
+    return (f" AND (s.relation IS DISTINCT FROM 'CLUSTERS' OR s.{CLUSTER_RANK} + (SELECT count(*) FROM memory_edges e"
+            f" WHERE e.scope_path = s.scope_path AND e.source_id = {source} AND e.relation = 'CLUSTERS') <= {int(cluster_cap)})")
+
+
+def _insert(table: str, present: list[str], signature: int, source: str, guard: str, cluster_cap: int | None = None) -> str:
     cols = tables.diff_columns(table)
     names = ", ".join(present)
     values = ", ".join(cols[c].cast_sql("s." + c) for c in present)
+    room = _cluster_room(table, present, cluster_cap)
+    if room:  # each new CLUSTERS edge of a META node counted with those before it in this statement
+        source = (f"(SELECT r.*, row_number() OVER (PARTITION BY r.scope_path, r.source_id, r.relation ORDER BY r.id)"
+                  f" AS {CLUSTER_RANK} FROM {source} r)")
     return (
         f"WITH done AS (INSERT INTO {table} ({names}) SELECT {values} FROM {source} s"
-        f" WHERE s.{SIGNATURE_COLUMN} = {int(signature)}{guard} RETURNING scope_path)"
+        f" WHERE s.{SIGNATURE_COLUMN} = {int(signature)}{room}{guard} RETURNING scope_path)"
     )
 
 
-def fast_insert_sql(table: str, present: list[str], signature: int) -> str:
+def fast_insert_sql(table: str, present: list[str], signature: int, cluster_cap: int | None = None) -> str:
     """The fast path of :func:`insert_sql` over a staged table: one ``DO`` block that runs the same
     INSERT without ``ON CONFLICT DO NOTHING`` and, only if that raises a unique violation, the
     guarded insert.
@@ -289,9 +310,9 @@ def fast_insert_sql(table: str, present: list[str], signature: int) -> str:
     return (
         f"DO $ds$ BEGIN"
         f" CREATE TEMP TABLE IF NOT EXISTS {LANDED} (scope_path text, n bigint, guarded boolean);"
-        f" BEGIN {_insert(table, present, signature, source, '')}{counts.format('false')}"
+        f" BEGIN {_insert(table, present, signature, source, '', cluster_cap)}{counts.format('false')}"
         f" EXCEPTION WHEN unique_violation THEN"
-        f" {_insert(table, present, signature, source, ' ON CONFLICT DO NOTHING')}{counts.format('true')}"
+        f" {_insert(table, present, signature, source, ' ON CONFLICT DO NOTHING', cluster_cap)}{counts.format('true')}"
         f" INSERT INTO {LANDED} (scope_path, n, guarded) VALUES (NULL, 0, true);"  # even when no row landed
         f" END; END $ds$"
     )
@@ -390,6 +411,7 @@ def statements(
     small_rows: int = SMALL_STAGE_ROWS,
     big_rows: int = BIG_DIFF_ROWS,
     work_mem: str | None = None,
+    cluster_cap: int | None = None,
 ) -> Statements:
     """Every statement that applies a batch of a shard's diff (every frame with ``scope_path``) for the
     scopes of ``run_ids`` (scope_path → run id) in one transaction, in order — pure: same arguments,
@@ -399,7 +421,9 @@ def statements(
     recorded with their scope's run.  ``small_rows`` / ``big_rows``: the thresholds of the inline and
     ``work_mem`` choices.  ``work_mem``: the ``DEEP_SLEEP_APPLY_WORK_MEM`` value; checked only when a
     batch is big enough to use it (:class:`~deep_sleep.core.errors.ConfigError` if malformed).  Rows
-    of a scope not in ``run_ids`` raise :class:`~deep_sleep.core.errors.InputError`.
+    of a scope not in ``run_ids`` raise :class:`~deep_sleep.core.errors.InputError`.  ``cluster_cap``:
+    ``meta_nodes.max_members``, which no META node's CLUSTERS edges exceed after the inserts
+    (:func:`_cluster_room`); None: unchecked.
     """
     scopes = tuple(sorted(run_ids, key=str.encode))
     ids = pl.DataFrame({"scope_path": list(scopes), RUN_ID_COLUMN: [run_ids[s] for s in scopes]},
@@ -439,7 +463,7 @@ def statements(
         body = fed_bodies[(table, kind)]
         fed.append(body.group_by("scope_path", maintain_order=True).len("rows")
                    .with_columns(pl.lit(table).alias("table"), pl.lit(kind).alias("kind")))
-        out += _writes(table, kind, body, inline, node_deletes, signatures.get((table, kind)))
+        out += _writes(table, kind, body, inline, node_deletes, signatures.get((table, kind)), cluster_cap)
     if q is not None:
         if q.height <= small_rows:
             out.append(Statement("quarantine", QUARANTINE_SQL.format(source=json_source(q.schema, 1)), (Rows(q),),
@@ -457,7 +481,7 @@ def statements(
 
 
 def _writes(table: str, kind: str, body: pl.DataFrame, inline: bool, node_deletes: pl.DataFrame | None,
-            signatures: dict[int, list[str]] | None) -> list[Statement]:
+            signatures: dict[int, list[str]] | None, cluster_cap: int | None = None) -> list[Statement]:
     """The guarded write(s) of one (table, kind), reading its rows inline or from its staged table."""
     staged = None if inline else stage_name(table, kind)
     source_kind = "inline_json" if inline else "staged_table"
@@ -481,12 +505,12 @@ def _writes(table: str, kind: str, body: pl.DataFrame, inline: bool, node_delete
             continue
         if inline:  # one statement per signature, each fed only its own rows
             mine = body.filter(pl.col(SIGNATURE_COLUMN) == sig)
-            out.append(Statement("insert", insert_sql(table, present, sig, json_source(mine.schema, 1)), (Rows(mine),),
+            out.append(Statement("insert", insert_sql(table, present, sig, json_source(mine.schema, 1), cluster_cap), (Rows(mine),),
                                  table=table, kind=kind, source=source_kind, rows=counts[sig]))
         else:
-            out.append(Statement("insert", insert_sql(table, present, sig, staged), table=table, kind=kind,
+            out.append(Statement("insert", insert_sql(table, present, sig, staged, cluster_cap), table=table, kind=kind,
                                  source=source_kind, staged=staged, rows=counts[sig],
-                                 fast_sql=fast_insert_sql(table, present, sig)))
+                                 fast_sql=fast_insert_sql(table, present, sig, cluster_cap)))
     return out
 
 

@@ -207,3 +207,76 @@ def test_undo_of_a_run_that_held_rows_undoes_what_it_applied_and_leaves_the_held
     result = undo(store, run.run_id)
     assert result.complete, undo_markdown(result)
     assert rows(store, scope, without_version=True) == before
+
+
+def test_undo_of_a_night_that_refreshed_a_meta_summary_restores_it_and_clears_the_vector_it_wrote(store, scope, runs_dir):
+    """Found probing undo with the CLUSTERS cap (issue 31 item 6): a night that refreshes a
+    META node's summary also writes its vector (a column snapshots do not carry), and undoing that night
+    failed with polars' ColumnNotFoundError "embedding".  The summary and the CLUSTERS edges are put back;
+    the vector the night wrote for the new summary is cleared (its before-image is not in the snapshot)
+    — only on the META node, not on the nodes the same night strengthened — and ``reembed`` computes it."""
+    from deep_sleep.jobs.reembed import reembed
+    from tests.storeutil import access, embed_labels
+
+    config = ConsolidationConfig(meta_nodes={"min_group": 2, "max_members": 3})
+    members = [node(scope, f"project: part {i}", NOW - timedelta(hours=3), importance=8.0 - i * 0.5) for i in range(5)]
+    insert(store, "memory_nodes", members)
+    embed_labels(store, scope)
+    phases = ("strengthen", "meta_nodes")
+    pipeline.consolidate(store, scope, NOW, config, runs_dir=runs_dir, phases=phases)
+    meta = scalar(store, "SELECT id::text FROM memory_nodes WHERE scope_path = %s AND label = 'META:project'", scope.path)
+
+    def text_rows() -> dict[str, dict[str, str]]:  # every row but its version and vector
+        with store.pg() as con:
+            return {t: dict(con.execute(f"SELECT id::text, (to_jsonb(t) - 'version' - 'embedding' - 'embedding_model')::text"
+                                        f" FROM {t} t WHERE scope_path = %s", (scope.path,)).fetchall()) for t in TABLES}
+
+    before = text_rows()
+    with store.pg() as con:  # a live turn lifts the weakest member into the top 3 and reads another one twice
+        con.execute("UPDATE memory_nodes SET importance = 9.5 WHERE id = %s", (members[4]["id"],))
+        con.commit()
+    insert(store, "memory_access_log", [access(scope, members[1]["id"], NOW + timedelta(hours=2, minutes=m)) for m in (5, 30)])
+    lifted = text_rows()
+    night = consolidate(store, scope, NOW + timedelta(hours=3), config, runs_dir=runs_dir, phases=phases).report()
+    assert night.rows_changed == {"memory_edges": {"deletes": 1, "inserts": 1}, "memory_nodes": {"updates": 2}}, night.rows_changed
+    assert scalar(store, "SELECT embedding IS NOT NULL FROM memory_nodes WHERE id = %s", meta) is True
+
+    result = undo(store, night.run_id)
+    assert result.complete, undo_markdown(result)
+    after = text_rows()
+    assert after["memory_nodes"][meta] == before["memory_nodes"][meta]  # night 1's summary and members
+    assert after == lifted
+    assert scalar(store, "SELECT embedding IS NULL AND embedding_model IS NULL FROM memory_nodes WHERE id = %s", meta) is True
+    assert scalar(store, "SELECT count(*) FROM memory_nodes WHERE scope_path = %s AND embedding IS NULL", scope.path) == 1
+    reembed(store, config, [scope])
+    assert scalar(store, "SELECT count(*) FROM memory_nodes WHERE scope_path = %s AND embedding IS NULL", scope.path) == 0
+
+
+def test_undo_gives_a_meta_node_no_more_clusters_edges_than_its_cap(store, scope, runs_dir):
+    """Issue 31 item 5 (caps hold after undo, SPEC §9): a night swaps a META node's weakest member for a
+    lifted one (one CLUSTERS edge deleted, one inserted); a live writer then changes the inserted edge,
+    so its undo cannot remove it — and re-inserting the deleted edge would give the META node 4 members
+    over its cap of 3.  The undo leaves that edge out, by name and reason, and restores the rest."""
+    from deep_sleep.jobs.undo_sql import CLUSTER_FULL
+
+    cap = 3
+    config = ConsolidationConfig(meta_nodes={"min_group": 2, "max_members": cap})
+    members = [node(scope, f"project: part {i}", NOW - timedelta(hours=3), importance=8.0 - i * 0.5) for i in range(5)]
+    insert(store, "memory_nodes", members)
+    pipeline.consolidate(store, scope, NOW, config, runs_dir=runs_dir, phases=("meta_nodes",))
+    with store.pg() as con:
+        con.execute("UPDATE memory_nodes SET importance = 9.5 WHERE id = %s", (members[4]["id"],))
+        con.commit()
+    night = consolidate(store, scope, NOW + timedelta(hours=3), config, runs_dir=runs_dir, phases=("meta_nodes",)).report()
+    assert night.rows_changed["memory_edges"] == {"deletes": 1, "inserts": 1}
+    dropped = Diff.read(night.diff_uri).table("memory_edges").deletes["id"][0]
+    with store.pg() as con:
+        con.execute("UPDATE memory_edges SET weight = 2 WHERE target_id = %s AND relation = 'CLUSTERS'", (members[4]["id"],))
+        con.commit()
+    result = undo(store, night.run_id, config)
+    clusters = "SELECT count(*) FROM memory_edges WHERE scope_path = %s AND relation = 'CLUSTERS'"
+    assert scalar(store, clusters, scope.path) == cap
+    left = {(r["table"], r["kind"], r["id"], r["reason"]) for r in result.not_restored.iter_rows(named=True)}
+    assert ("memory_edges", "deletes", dropped, CLUSTER_FULL) in left
+    assert scalar(store, "SELECT count(*) FROM memory_edges WHERE id = %s", dropped) == 0
+    assert result.reverted["memory_nodes"] == {"updates": 1}  # the META node's summary is put back

@@ -141,3 +141,46 @@ def test_undo_does_not_bring_back_an_edge_whose_other_node_a_later_run_deleted(s
     refused = result.not_restored.filter(result.not_restored["table"] == "memory_edges")
     assert refused["id"].to_list() == [bx["id"]] and "would dangle" in refused["reason"][0]
     assert not result.complete and _dangling(store, scope) == 0
+
+
+def _meta_group(store, scope: Scope, cap: int) -> list[dict]:
+    """Five "project:" nodes, importance 8.0 down to 6.0: phase 4's META:project clusters the top ``cap``."""
+    members = [node(scope, f"project: part {i}", NOW - timedelta(hours=3), importance=8.0 - i * 0.5) for i in range(5)]
+    insert(store, "memory_nodes", members)
+    return members
+
+
+def _clusters(store, scope: Scope) -> int:
+    return scalar(store, "SELECT count(*) FROM memory_edges WHERE scope_path = %s AND relation = 'CLUSTERS'", scope.path)
+
+
+def test_a_meta_nodes_new_member_waits_when_the_stale_members_delete_lost_to_a_live_write(store, scope, tmp_path, small_rows):
+    """Issue 31 (8) through a live write: the night swaps META:project's weakest member for a lifted one
+    (one CLUSTERS edge deleted, one inserted); a live writer changes the stale edge after the snapshot,
+    so its delete is a conflict — and the new edge must not land either, or the META node would have
+    4 members over its cap of 3.  Both are conflicts; the next night plans the group again."""
+    cap = 3
+    config = ConsolidationConfig(meta_nodes={"min_group": 2, "max_members": cap})
+    members = _meta_group(store, scope, cap)
+    pipeline.consolidate(store, scope, NOW, config, runs_dir=tmp_path / "runs", phases=("meta_nodes",))
+    assert _clusters(store, scope) == cap
+    with store.pg() as con:
+        con.execute("UPDATE memory_nodes SET importance = 9.5 WHERE id = %s", (members[4]["id"],))
+        con.commit()
+    ctx = pipeline.Context.of(NOW + timedelta(hours=1), config, scopes=scope, store=store, base=tmp_path / "r", phases=("meta_nodes",))
+    state = pipeline.run(pipeline.PLAN, ctx)
+    assert state.tonight.row_counts()["memory_edges"] == {"inserts": 1, "updates": 0, "deletes": 1}
+    with store.pg() as live:
+        live.execute("UPDATE memory_edges SET weight = 2 WHERE target_id = %s AND relation = 'CLUSTERS'", (members[2]["id"],))
+        live.commit()
+    report = _apply(ctx, state)
+    assert report.status == "applied" and report.conflicts == 2
+    assert report.rows_changed["memory_edges"] == {"deletes": 0, "inserts": 0}
+    assert _clusters(store, scope) == cap
+    assert scalar(store, "SELECT count(*) FROM memory_edges WHERE target_id = %s", members[4]["id"]) == 0
+    # the next night sees the live write and makes the swap
+    again = pipeline.consolidate(store, scope, NOW + timedelta(hours=2), config, runs_dir=tmp_path / "runs",
+                                 phases=("meta_nodes",)).report()
+    assert again.conflicts == 0 and again.rows_changed["memory_edges"] == {"deletes": 1, "inserts": 1}
+    assert _clusters(store, scope) == cap
+    assert scalar(store, "SELECT count(*) FROM memory_edges WHERE target_id = %s", members[4]["id"]) == 1
