@@ -119,8 +119,7 @@ def candidates_sql(legacy: bool, words: int = 0, events: bool = True) -> str:
         ws = range(words)
         has = lambda a: ", ".join(f"{a}.search @@ q.q{i} AS h{i}" for i in ws)  # noqa: E731
         count_events = (f"""
-         + (SELECT count(*) FROM (SELECT 1 FROM episodic_events v WHERE v.search @@ %(sq)s::tsquery AND {v}
-            LIMIT %(df_cap)s) b)""" if events else "")
+         + (SELECT count(*) FROM (SELECT 1 FROM episodic_events v WHERE {v} LIMIT %(df_cap)s) b)""" if events else "")
         match_events = (f"""
     UNION ALL
     SELECT 'e', v.id, {has("v")} FROM episodic_events v, q WHERE v.search @@ (%(sq)s::tsquery && q.qany) AND {v}"""
@@ -131,9 +130,8 @@ q AS (
     SELECT {", ".join(f"plainto_tsquery('english', %(w{i})s) AS q{i}" for i in ws)},
            {" || ".join(f"plainto_tsquery('english', %(w{i})s)" for i in ws)} AS qany
 ),
-docs AS (
-    SELECT greatest(1, (SELECT count(*) FROM (SELECT 1 FROM memory_nodes n WHERE n.search @@ %(sq)s::tsquery AND {n}
-                         LIMIT %(df_cap)s) a){count_events}) AS n
+docs AS MATERIALIZED (  -- counted once (inlined, each use of n in idf counted again), on the scope index
+    SELECT greatest(1, (SELECT count(*) FROM (SELECT 1 FROM memory_nodes n WHERE {n} LIMIT %(df_cap)s) a){count_events}) AS n
 ),
 matched AS MATERIALIZED (
     SELECT 'n' AS t, n.id, {has("n")} FROM memory_nodes n, q WHERE n.search @@ (%(sq)s::tsquery && q.qany) AND {n}{match_events}
