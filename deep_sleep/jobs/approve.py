@@ -159,7 +159,7 @@ def read_holds(store: Store, run_id: str) -> Holds:
 
 def _to_decide(h: Holds, phase: str | None, verb: str) -> list[str]:
     run = h.run
-    if run.status != "applied" or run.mode == "approve":
+    if run.status != "applied" or run.mode in ("approve", "undo"):
         raise HoldError(f"run {run.run_id} is {run.status} ({run.mode}): only an applied run's held rows can be {verb}d")
     if not h.phases:
         where = f"{run.diff_uri}/{holds.HELD_DIR}" if run.diff_uri else "its diff directory (the ledger names none)"
@@ -240,8 +240,9 @@ def approve(store: Store, run_id: str, phase: str | None = None, decided_by: str
     """Apply the held rows of ``run_id`` (every still-pending phase, or ``phase``) through the version
     guard, and record the decision in the same transaction; see the module docstring."""
     h = read_holds(store, run_id)
+    todo = _to_decide(h, phase, "approve")  # before the snapshot: an undo or approval run is refused as such
     snapshot = _snapshot(h)
-    chosen, phases, notes = _selection(h, _to_decide(h, phase, "approve"), snapshot)
+    chosen, phases, notes = _selection(h, todo, snapshot)
     config = config or load_config()
     _validate(h, chosen, snapshot, config)
     approval_id = str(uuid.uuid4())

@@ -280,3 +280,15 @@ def test_undo_gives_a_meta_node_no_more_clusters_edges_than_its_cap(store, scope
     assert ("memory_edges", "deletes", dropped, CLUSTER_FULL) in left
     assert scalar(store, "SELECT count(*) FROM memory_edges WHERE id = %s", dropped) == 0
     assert result.reverted["memory_nodes"] == {"updates": 1}  # the META node's summary is put back
+
+
+def test_approving_an_undo_is_refused_as_an_undo(store, scope, runs_dir):
+    """An undo's ledger row holds nothing to approve: the refusal says what it is, not that a snapshot is missing."""
+    from deep_sleep.jobs.approve import approve
+    from deep_sleep.jobs.errors import HoldError
+
+    small_graph(store, scope, NOW)
+    run = consolidate(store, scope, NOW, runs_dir=runs_dir).report()
+    result = undo(store, run.run_id)
+    with pytest.raises(HoldError, match=r"\(undo\): only an applied run's held rows can be approved"):
+        approve(store, result.undo_run_id)
