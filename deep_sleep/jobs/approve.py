@@ -10,9 +10,9 @@ held rows are decided once).  The decisions table, not ``hold_status``, says wha
 it applies is valid on its own (SPEC §9 as amended):
 
 - the selection is closed under the graph (:func:`deep_sleep.run.holds.close_selection`): a node
-  delete takes the held edge deletes that touch it, a META node's ``CLUSTERS`` rows go together.  A
-  closure that reaches into another pending phase decides that phase too (and says so); one that
-  reaches into a rejected phase is refused;
+  delete takes the held edge deletes that touch it, a META node's ``CLUSTERS`` rows and its own
+  update go together.  A closure that reaches into another pending phase decides that phase too
+  (and says so); one that reaches into a rejected phase is refused;
 - it is validated (every SPEC §4 check) against the run's snapshot with the run's applied part
   folded in — the state the held rows were planned to follow;
 - it is applied by :func:`deep_sleep.run.apply.apply_batch` — the very statements and version guard
@@ -207,9 +207,9 @@ def _selection(h: Holds, phases: list[str], snapshot: Snapshot) -> tuple[Diff, l
     if rejected:
         raise HoldError(f"run {h.run.run_id}: approving {', '.join(phases)} would apply held rows of phase(s) "
                         f"{', '.join(rejected)}, which were {h.decided[rejected[0]]['decision']} (an edge goes with its node, "
-                        "a META node's CLUSTERS rows go together); nothing was written")
+                        "a META node's CLUSTERS rows and its text go together); nothing was written")
     notes = [f"the held rows of {', '.join(phases)} need rows of {', '.join(sorted(reached))} (an edge goes with its node, "
-             "a META node's CLUSTERS rows go together): those phases are decided too"] if reached else []
+             "a META node's CLUSTERS rows and its text go together): those phases are decided too"] if reached else []
     return chosen, sorted(set(phases) | reached), notes
 
 

@@ -30,7 +30,8 @@ deleted without reason:
 - otherwise an edge delete touching a node whose delete is held is held too (``with_held_node``):
   the node stays tonight, and its edge waits with it;
 - ``cluster_cap``: when a ``CLUSTERS`` edge delete of a META node is held, the ``CLUSTERS`` inserts of
-  that META node wait with it, so the applied part never leaves a META node above its member cap;
+  that META node wait with it, so the applied part never leaves a META node above its member cap,
+  and so does the META node's own update by phase 4 (its text names the new members);
 - ``same_row``: when one row of an id is held, every row of that id in that table is (the diff keeps
   one update row per phase) — otherwise the applied part would bump the row's version and the held
   row could never pass the version guard on approval.
@@ -80,6 +81,8 @@ RULES = ("used_node", "soul_change", "delete_share", "delete_count", "gate_faile
          "same_row")
 #: The phases whose soul_profiles rows each knob holds.
 SOUL_PHASES = {"soul_changes": "soul_corrections", "drift_changes": "drift"}
+#: The phase that writes META nodes and their ``CLUSTERS`` edges (phase 4), whose rows ``cluster_cap`` keeps together.
+META_PHASE = "meta_nodes"
 
 WHY_GATE = "the recall-quality gate failed: every destructive row waits"
 WHY_FIRED = {"soul_change": "the run changes the agent's SOUL profile (soul_profiles)",
@@ -296,19 +299,29 @@ def _close_edges(diff: Diff, ends: pl.DataFrame, reasons: dict[tuple[str, str], 
 def _close_clusters(diff: Diff, ends: pl.DataFrame, reasons: dict[tuple[str, str], pl.Series]) -> None:
     """A META node whose ``CLUSTERS`` edge delete is held keeps its ``CLUSTERS`` inserts waiting too
     (``cluster_cap``): phase 4 deletes the members that fell out of the top ``max_members`` to make
-    room for new ones, so the inserts alone would take the node over its cap."""
-    ins = diff.table("memory_edges").inserts
+    room for new ones, so the inserts alone would take the node over its cap.  Its own update by
+    phase 4 (the refreshed text naming the new members, and its vector) waits with them, so the
+    stored text never names members whose edges are not there."""
     r_del = reasons.get(("memory_edges", "deletes"))
-    if r_del is None or not ins.height or "relation" not in ends.columns:
+    if r_del is None or "relation" not in ends.columns:
         return
     held_meta = _keys(ends.filter(r_del.is_not_null() & (pl.col("relation") == "CLUSTERS")), "source_id")
     if not held_meta.len():
         return
-    r = reasons.get(("memory_edges", "inserts"), _none(ins.height))
-    reasons[("memory_edges", "inserts")] = ins.select(
-        pl.when(pl.lit(r).is_not_null()).then(pl.lit(r))
-        .when((pl.col("relation") == "CLUSTERS") & _in_keys(held_meta, "source_id")).then(pl.lit("cluster_cap"))
-        .otherwise(pl.lit(None, dtype=pl.String)).alias("r")).to_series()
+    ins = diff.table("memory_edges").inserts
+    if ins.height:
+        r = reasons.get(("memory_edges", "inserts"), _none(ins.height))
+        reasons[("memory_edges", "inserts")] = ins.select(
+            pl.when(pl.lit(r).is_not_null()).then(pl.lit(r))
+            .when((pl.col("relation") == "CLUSTERS") & _in_keys(held_meta, "source_id")).then(pl.lit("cluster_cap"))
+            .otherwise(pl.lit(None, dtype=pl.String)).alias("r")).to_series()
+    ups = diff.table("memory_nodes").updates
+    if ups.height:
+        r = reasons.get(("memory_nodes", "updates"), _none(ups.height))
+        reasons[("memory_nodes", "updates")] = ups.select(
+            pl.when(pl.lit(r).is_not_null()).then(pl.lit(r))
+            .when((pl.col("phase") == META_PHASE) & _in_keys(held_meta)).then(pl.lit("cluster_cap"))
+            .otherwise(pl.lit(None, dtype=pl.String)).alias("r")).to_series()
 
 
 def _close_rows(diff: Diff, reasons: dict[tuple[str, str], pl.Series]) -> None:
@@ -360,8 +373,8 @@ def close_selection(held: Diff, selected: Diff, shard: Shard) -> Diff:
     """The rows of ``held`` (a shard diff of held rows) an approval of ``selected`` (some of them) must
     apply so that what it applies is valid on its own (SPEC §9), by the closure of
     :func:`split_holds`: the held edge deletes touching a selected node delete (an edge goes with its
-    node), every ``CLUSTERS`` insert and delete of a META node one of whose ``CLUSTERS`` rows is
-    selected (its member cap), and every held row of a selected (scope, id) in the same table.
+    node), every ``CLUSTERS`` insert and delete and the phase-4 update of a META node one of whose
+    ``CLUSTERS`` rows or that update is selected (its member cap, its text), and every held row of a selected (scope, id) in the same table.
     ``shard``: the run's snapshot, whose edges name an edge delete's ends."""
     key = ["scope_path", "id", "phase"]
     pick: dict[tuple[str, str], pl.Series] = {}
@@ -388,6 +401,9 @@ def close_selection(held: Diff, selected: Diff, shard: Shard) -> Diff:
             meta.append(_keys(ends.filter(pick[("memory_edges", "deletes")] & (pl.col("relation") == "CLUSTERS")), "source_id"))
         if ins.height and "relation" in ins.columns:
             meta.append(_keys(ins.filter(pick[("memory_edges", "inserts")] & (pl.col("relation") == "CLUSTERS")), "source_id"))
+        ups = held.table("memory_nodes").updates
+        if ups.height and ("memory_nodes", "updates") in pick:  # a META node's own update names its members
+            meta.append(_keys(ups.filter(pick[("memory_nodes", "updates")] & (pl.col("phase") == META_PHASE))))
         chosen_meta = pl.concat(meta).unique() if meta else pl.Series("k", [], dtype=_KEY_DTYPE)
         if chosen_meta.len():
             if ends.height and "relation" in ends.columns:
@@ -396,6 +412,9 @@ def close_selection(held: Diff, selected: Diff, shard: Shard) -> Diff:
             if ins.height and "relation" in ins.columns:
                 pick[("memory_edges", "inserts")] |= ins.select(
                     (pl.col("relation") == "CLUSTERS") & _in_keys(chosen_meta, "source_id")).to_series()
+            if ups.height and ("memory_nodes", "updates") in pick:
+                pick[("memory_nodes", "updates")] |= ups.select(
+                    (pl.col("phase") == META_PHASE) & _in_keys(chosen_meta)).to_series()
     for table in {t for t, _ in pick}:
         kinds = [k for k in KINDS if (table, k) in pick]
         frames = held.table(table).frames()

@@ -233,11 +233,18 @@ def test_a_meta_node_whose_clusters_delete_is_held_keeps_its_new_members_waiting
         Diff.of("memory_edges", "meta_nodes", deletes=pl.DataFrame({"id": ["00000000-0000-4000-a000-000000000001"],
                                                                      "version": [2]}), reason="member left the top"),
         Diff.of("memory_edges", "meta_nodes", inserts=new),
+        # phase 4's own update of the META node (its text names the new member) and another phase's of N5
+        Diff.of("memory_nodes", "meta_nodes", updates=pl.DataFrame({"id": [meta], "version": [1], "scope_path": SCOPE,
+                                                                    "properties": ['{"summary": "parts 1, 3"}']})),
+        Diff.of("memory_nodes", "strengthen", updates=pl.DataFrame({"id": [N[5]], "version": [1], "scope_path": SCOPE,
+                                                                    "importance": [6.0]})),
     ])
     split = split_holds(d, snap, HoldsConfig(), gate_failed=True)
     assert held_ids(split, "memory_edges", "deletes") == {"00000000-0000-4000-a000-000000000001": "gate_failed"}
     assert held_ids(split, "memory_edges", "inserts") == {"00000000-0000-4000-a000-000000000050": "cluster_cap"}
-    assert not split.apply.has_changes
+    assert held_ids(split, "memory_nodes", "updates") == {meta: "cluster_cap"}  # the text waits with its members
+    applied = {(t, k): n for t, kinds in split.apply.row_counts().items() for k, n in kinds.items() if n}
+    assert applied == {("memory_nodes", "updates"): 1}  # N5's raise applies
     # the gate passing: both apply
     assert not split_holds(d, snap, HoldsConfig(), gate_failed=False).held.has_changes
 

@@ -103,6 +103,12 @@ def _clusters(store, meta_label: str, scope: Scope) -> set[str]:
             " WHERE m.scope_path = %s AND m.label = %s AND e.relation = 'CLUSTERS'", (scope.path, meta_label))}
 
 
+def _meta_text(store, scope) -> str:
+    with store.pg() as con:
+        return con.execute("SELECT properties::text FROM memory_nodes WHERE scope_path = %s AND label = 'META:project'",
+                           (scope.path,)).fetchone()[0]
+
+
 def test_a_failed_gate_keeps_a_meta_node_within_its_cap_in_the_applied_part(store, scope, runs_dir):
     """Issue 31 why-item 8: META:project clusters its top 3 of 5 members; a live write lifts a
     non-member into the top, so the next night drops the weakest member's CLUSTERS edge and adds the
@@ -129,19 +135,24 @@ def test_a_failed_gate_keeps_a_meta_node_within_its_cap_in_the_applied_part(stor
     embed_labels(store, scope)
     insert(store, "recall_events", [used(scope, scratch["id"], "scratch billing retry", NOW + timedelta(hours=2))])
 
+    text_before = _meta_text(store, scope)
     second = pipeline.consolidate(store, scope, NOW + timedelta(hours=3), config, runs_dir=runs_dir, phases=phases).report()
     assert second.status == "applied", second.errors
     assert second.gate["failed"] is True, second.gate
-    assert second.held["reasons"] == {"gate_failed": 2, "cluster_cap": 1}, second.held  # scratch + a CLUSTERS edge; the insert
-    assert second.held["rows"] == {"memory_edges": {"deletes": 1, "inserts": 1}, "memory_nodes": {"deletes": 1}}
+    # scratch + a CLUSTERS edge; the insert and the META node's refreshed text (it names the new member)
+    assert second.held["reasons"] == {"gate_failed": 2, "cluster_cap": 2}, second.held
+    assert second.held["rows"] == {"memory_edges": {"deletes": 1, "inserts": 1},
+                                   "memory_nodes": {"deletes": 1, "updates": 1}}, second.held
     assert _clusters(store, "META:project", scope) == top  # not top + the lifted one: 4 > 3
     assert _alive(store, scratch["id"])
+    assert _meta_text(store, scope) == text_before  # the text still names the members it has
 
     d = approve(store, second.run_id, config=config)
     assert d.conflicts == 0
     now_top = {lifted, members[0]["id"], members[1]["id"]}
     assert _clusters(store, "META:project", scope) == now_top and len(now_top) == cap
     assert not _alive(store, scratch["id"])
+    assert _meta_text(store, scope) != text_before  # the refreshed text came with its members
 
 
 def test_rejecting_the_held_cluster_change_keeps_the_old_members(store, scope, runs_dir):
@@ -161,7 +172,7 @@ def test_rejecting_the_held_cluster_change_keeps_the_old_members(store, scope, r
     embed_labels(store, scope)
     insert(store, "recall_events", [used(scope, scratch["id"], "scratch billing retry", NOW + timedelta(hours=2))])
     second = pipeline.consolidate(store, scope, NOW + timedelta(hours=3), config, runs_dir=runs_dir, phases=phases).report()
-    assert second.held["reasons"] == {"gate_failed": 2, "cluster_cap": 1}, second.held
+    assert second.held["reasons"] == {"gate_failed": 2, "cluster_cap": 2}, second.held  # + the META node's text
     reject(store, second.run_id)
     assert _clusters(store, "META:project", scope) == top
 
@@ -190,7 +201,7 @@ def test_an_approval_after_a_later_night_changed_the_members_keeps_the_meta_node
     embed_labels(store, scope)
     insert(store, "recall_events", [used(scope, scratch["id"], "scratch billing retry", NOW + timedelta(hours=2))])
     held = pipeline.consolidate(store, scope, NOW + timedelta(hours=3), config, runs_dir=runs_dir, phases=phases).report()
-    assert held.held["reasons"] == {"gate_failed": 2, "cluster_cap": 1}, held.held
+    assert held.held["reasons"] == {"gate_failed": 2, "cluster_cap": 2}, held.held  # + the META node's text
     third = pipeline.consolidate(store, scope, NOW + timedelta(hours=4), no_gate, runs_dir=runs_dir, phases=("meta_nodes",)).report()
     assert third.rows_changed["memory_edges"] == {"deletes": 1, "inserts": 1}
     lift(4, 1.0)
