@@ -166,21 +166,23 @@ class SlicedColumn:
     run's list offsets (recursively).  A type without a fixed recipe (a struct) is encoded per run
     by :func:`series_bytes` itself."""
 
-    def __init__(self, name: str, s: pl.Series):
+    def __init__(self, name: str, s: pl.Series, _flat: tuple[str, pl.Series, pl.Series, str | None] | None = None):
         self.name, self.s = name, s
         self.head = name.encode("utf-8", "surrogatepass") + b"\x00"
-        self.valid = s.is_not_null().to_numpy()
         self.kind: str | None = None
-        recipe = _recipe(name, s.dtype)
-        if recipe is not None:
+        recipe = _recipe(name, s.dtype) if _flat is None else None
+        if recipe is not None:  # encoded here, a few Polars calls; of_frame passes them in (_flat) from one select
             kind, value, total = recipe
-            self.kind = kind
             frame = s.to_frame(name)
-            got = frame.select(value).to_series()
+            _flat = (kind, frame.select(value).to_series(), s.is_not_null(),
+                     frame.select(total).item() if total is not None else None)
+        if _flat is not None:
+            kind, got, valid, text = _flat
+            self.kind, self.valid = kind, valid.to_numpy()
             if kind == "str":
                 self.lengths = got.to_numpy().astype("<i8", copy=False)
                 self.offsets = np.concatenate([[0], np.cumsum(self.lengths)])
-                self.text = frame.select(total).item().encode("utf-8", "surrogatepass")
+                self.text = text.encode("utf-8", "surrogatepass")  # type: ignore[union-attr]
             elif kind == "float":
                 a = got.to_numpy().astype("<f8", copy=True)
                 a[np.isnan(a)] = np.nan
@@ -189,7 +191,9 @@ class SlicedColumn:
                 self.values = got.to_numpy().astype("u1", copy=False)
             else:
                 self.values = got.to_numpy().astype("<i8", copy=False)
-        elif isinstance(s.dtype, (pl.List, pl.Array)):
+            return
+        self.valid = s.is_not_null().to_numpy()
+        if isinstance(s.dtype, (pl.List, pl.Array)):
             self.kind = "list"
             lists = s.cast(pl.List(s.dtype.inner)) if isinstance(s.dtype, pl.Array) else s
             lists = lists.fill_null([])
@@ -203,6 +207,19 @@ class SlicedColumn:
             self.lengths = filled.bin.size().to_numpy().astype("<i8", copy=False)
             self.offsets = np.concatenate([[0], np.cumsum(self.lengths)])
             self.text = b"".join(filled.to_list())
+
+    @classmethod
+    def of_frame(cls, frame: pl.DataFrame, cols: list[str]) -> list[SlicedColumn]:
+        """``[SlicedColumn(c, frame[c]) for c in cols]``, the flat columns' values and validity from one
+        select over the frame and the strings' texts from one more, instead of a few Polars calls per
+        column: for the small diffs of a quick nap, that per-call cost is most of the hash."""
+        flat = {i: a for i, c in enumerate(cols) if (a := _aliased(c, frame.schema[c], i)) is not None}
+        got = frame.select([e for a in flat.values() for e in a[1:3]]) if flat else None
+        texts = [a[3] for a in flat.values() if a[3] is not None]
+        total = frame.select(texts).row(0, named=True) if texts else {}
+        return [cls(c, frame.get_column(c), None if i not in flat else
+                    (flat[i][0], got.get_column(f"r{i}"), got.get_column(f"v{i}"), total.get(f"a{i}")))  # type: ignore[union-attr]
+                for i, c in enumerate(cols)]
 
     def run_streams(self, bounds: np.ndarray) -> list[list[bytes | memoryview]]:
         """This column's bytes of every run ``[bounds[i], bounds[i + 1])`` at once (a shard's scopes),

@@ -168,7 +168,7 @@ class Diff:
                 values = runs.struct.field("value").to_list()
                 bounds = np.concatenate([[0], np.cumsum(lengths)])
                 cols = sorted(c for c in frame.columns if not (c == "scope_path" and kind != "inserts"))
-                streams = [stream for c in cols for stream in SlicedColumn(c, frame.get_column(c)).run_streams(bounds)]
+                streams = [stream for col in SlicedColumn.of_frame(frame, cols) for stream in col.run_streams(bounds)]
                 title = [f"{name}.{kind}\n".encode()] * len(values)
                 tail = [b"rows %d\n" % n for n in lengths]
                 for scope, block in zip(values, map(b"".join, zip(title, *streams, tail)), strict=True):

@@ -145,3 +145,22 @@ def test_run_streams_are_the_pieces_of_each_run(case):
             assert got == b""
         else:
             assert got == b"".join(col.pieces(lo, hi)) == b"".join(series_bytes("c", s.slice(lo, hi - lo)))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(_column_and_runs(), min_size=1, max_size=5), st.data())
+def test_of_frame_encodes_every_column_as_sliced_column_does(cases, data):
+    """SlicedColumn.of_frame (one select for a frame's flat columns, one for their texts) gives every
+    column the bytes SlicedColumn gives it alone, run by run."""
+    from deep_sleep.core.canonical import SlicedColumn
+
+    n = min(len(s) for s, _ in cases)
+    frame = pl.DataFrame({f"c{i}": s.head(n) for i, (s, _) in enumerate(cases)})
+    cuts = sorted(set(data.draw(st.lists(st.integers(1, n - 1), max_size=4)))) if n > 1 else []
+    bounds = np.array([0, *cuts, n])
+    cols = list(frame.columns)
+    for col, name in zip(SlicedColumn.of_frame(frame, cols), cols, strict=True):
+        alone = SlicedColumn(name, frame.get_column(name))
+        assert col.kind == alone.kind
+        assert [[bytes(p) for p in stream] for stream in col.run_streams(bounds)] == \
+               [[bytes(p) for p in stream] for stream in alone.run_streams(bounds)]
