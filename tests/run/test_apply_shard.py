@@ -26,7 +26,7 @@ from deep_sleep.run.statements import statements
 from deep_sleep.store.db import create_database, drop_database
 from deep_sleep.store.extract import extract_shard
 from deep_sleep.transforms.config import ConsolidationConfig
-from tests.run.test_transform_shard import _rename
+from tests.transforms.shard_cases import _rename
 from tests.storeutil import insert, node, scalar
 
 AS_OF = datetime(2026, 11, 30, 3, 0, tzinfo=UTC)

@@ -27,7 +27,7 @@ from deep_sleep.core.snapshot import Snapshot
 from deep_sleep.run.holds import HELD_DIR, REASONS_FILE, read_held, split_holds
 from deep_sleep.run.transform import as_shard_diff, transform
 from tests.run import test_holds as golden
-from tests.run.test_transform_shard import AS_OF, fleet
+from tests.transforms.shard_cases import AS_OF, fleet
 from tests.transforms.shard_cases import AC, ACME, NESTED
 
 POLICIES = [

@@ -70,7 +70,7 @@ def fleet_plan():
 
     from deep_sleep.core.shard import Shard
     from deep_sleep.run.transform import transform
-    from tests.run.test_transform_shard import AS_OF, fleet
+    from tests.transforms.shard_cases import AS_OF, fleet
 
     snaps = fleet(24, seed=5)
     config = ConsolidationConfig()

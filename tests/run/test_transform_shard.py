@@ -6,70 +6,19 @@ golden cases (tests/transforms/golden/); this checks that scopes never mix insid
 
 from __future__ import annotations
 
-import random
-from datetime import UTC, datetime, timedelta
-
-import polars as pl
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from deep_sleep.core import tables
 from deep_sleep.core.shard import Shard
 from deep_sleep.core.snapshot import Snapshot
-from deep_sleep.dev.generate import generate
-from deep_sleep.dev.spec import SeedSpec
 from deep_sleep.run.transform import transform
 from deep_sleep.transforms import ROSTER
 from deep_sleep.transforms.config import ConsolidationConfig
+from tests.transforms.shard_cases import AS_OF, fleet
 
-AS_OF = datetime(2026, 11, 30, 3, 0, tzinfo=UTC)
 SAME = ("counters", "counters_by_phase", "phases_run", "phases_skipped", "rows_changed", "notes", "diff_hash",
         "quarantined", "scope_path", "as_of")
-
-
-def _rename(frames: dict[str, pl.DataFrame], old: str, new: str) -> dict[str, pl.DataFrame]:
-    tenant = new.split("\x1f")[1]
-    out = {}
-    for name, f in frames.items():
-        cols = [pl.when(pl.col("scope_path") == old).then(pl.lit(new)).otherwise(pl.col("scope_path")).alias("scope_path")]
-        if "tenant_id" in f.columns:
-            cols.append(pl.when(pl.col("scope_path") == old).then(pl.lit(tenant)).otherwise(pl.col("tenant_id")).alias("tenant_id"))
-        out[name] = f.with_columns(cols)
-    return out
-
-
-def fleet(n_scopes: int, seed: int, sizes: tuple[int, ...] = (20, 60, 150)) -> list[Snapshot]:
-    """``n_scopes`` single-scope snapshots: nested org and leaf scopes of several tenants, sizes drawn
-    from ``sizes``, half with a previous run, and (from 2 scopes on) ``org/ac`` beside ``org/acme``."""
-    rng = random.Random(seed)
-    snaps: list[Snapshot] = []
-    part = 0
-    while len(snaps) < n_scopes:
-        spec = SeedSpec(tenants=rng.randint(1, 3), scopes_per_tenant=rng.randint(0, 3), nodes_per_scope=rng.choice(sizes),
-                        seed=seed * 100 + part, now=AS_OF - timedelta(minutes=5))
-        frames = {t: f for t, f in generate(spec).items() if f.height}
-        paths = sorted(frames["memory_nodes"]["scope_path"].unique().to_list())
-        if part == 1:  # a string-prefix sibling of an earlier part's org/acme
-            frames = _rename(frames, paths[0], "org\x1fac")
-            paths = sorted(frames["memory_nodes"]["scope_path"].unique().to_list())
-        elif part > 1:  # keep the scopes of every part distinct
-            for p in paths:
-                frames = _rename(frames, p, p.replace("org\x1f", f"org\x1fp{part}", 1))
-            paths = sorted(frames["memory_nodes"]["scope_path"].unique().to_list())
-        taken = {s.scope_path for s in snaps}
-        for p in paths:
-            if len(snaps) == n_scopes:
-                break
-            if p in taken:  # part 1 keeps only its org/ac
-                continue
-            mine = {t: tables.conform(t, f.filter(pl.col("scope_path") == p)) for t, f in frames.items()}
-            prev = AS_OF - timedelta(hours=rng.choice([2, 12, 30])) if rng.random() < 0.5 else None
-            snaps.append(Snapshot(p, AS_OF, prev, mine))
-        part += 1
-    ids = pl.concat([s.table("memory_nodes").select("id") for s in snaps])
-    assert ids.get_column("id").is_unique().all()
-    return snaps
 
 
 def assert_shard_equals_scopes(snaps: list[Snapshot], config: ConsolidationConfig | None = None) -> None:
