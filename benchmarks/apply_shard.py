@@ -129,8 +129,9 @@ class StepClock(dict):
 
 
 def apply_night(store, shards: list, batch_scopes: int, database: str,
-                fast_inserts: bool = True) -> tuple[float, StepClock, dict[str, int]]:
-    """Every shard through apply_shard; (seconds, seconds and backend CPU per statement kind, statuses)."""
+                fast_inserts: bool = True, cluster_cap: int | None = None) -> tuple[float, StepClock, dict[str, int]]:
+    """Every shard through apply_shard; (seconds, seconds and backend CPU per statement kind, statuses).
+    ``cluster_cap``: as the night's apply stage passes it (``meta_nodes.max_members``)."""
     from deep_sleep.run.apply import apply as apply_shard
 
     steps = StepClock(store, database)
@@ -143,7 +144,7 @@ def apply_night(store, shards: list, batch_scopes: int, database: str,
     for diff, reports, q in shards:
         got = apply_shard(store, diff, reports, started_at=started,
                           quarantined=q if q.height else None, batch_scopes=batch_scopes, step_seconds=steps,
-                          fast_inserts=fast_inserts)
+                          fast_inserts=fast_inserts, cluster_cap=cluster_cap)
         for r in got.values():
             statuses[r.status] = statuses.get(r.status, 0) + 1
     return time.perf_counter() - t0, steps, statuses
@@ -222,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plan-cache", help="a file: the planned night is read from it if it exists, else written to it")
     ap.add_argument("--no-fast-inserts", action="store_true",
                     help="every insert guarded (INSERT … ON CONFLICT DO NOTHING): apply(fast_inserts=False)")
+    ap.add_argument("--no-cluster-cap", action="store_true",
+                    help="new CLUSTERS edges not checked against meta_nodes.max_members (the night checks them)")
     ap.add_argument("--max-shards", type=int, default=None,
                     help="plan and apply only the night's first K shards (a 100k-scope fleet's night is 74)")
     ap.add_argument("--fleet", default="deep_sleep_fleet",
@@ -242,6 +245,9 @@ def main(argv: list[str] | None = None) -> int:
     if not row or not row[0]:
         raise SystemExit("no seeded fleet: run python -m benchmarks.fleet --scopes 2000 --nodes 100 first")
     as_of = datetime.fromisoformat(json.loads(row[0])["now"])
+    from deep_sleep.transforms.config import ConsolidationConfig
+
+    cap = ConsolidationConfig().meta_nodes.max_members
     t = time.perf_counter()
     cache = Path(args.plan_cache) if args.plan_cache else None
     if cache is not None and cache.exists():
@@ -262,7 +268,8 @@ def main(argv: list[str] | None = None) -> int:
                 explain_first_batch(store, shards[0], args.batch_scopes)
             own, wal = time.process_time(), wal_now(store)
             seconds, steps, statuses = apply_night(store, shards, args.batch_scopes, "deep_sleep_fleet_apply",
-                                                     fast_inserts=not args.no_fast_inserts)
+                                                     fast_inserts=not args.no_fast_inserts,
+                                                     cluster_cap=None if args.no_cluster_cap else cap)
             own = time.process_time() - own
             hot = hot_updates(store)  # also has the apply's backend flush its WAL counts
             wal = tuple(a - b for a, b in zip(wal_now(store), wal))

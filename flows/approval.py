@@ -21,6 +21,8 @@ selection with nothing pending fails the flow before it pauses.
 
 from __future__ import annotations
 
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from prefect import flow, get_run_logger, pause_flow_run
@@ -81,8 +83,6 @@ def deep_sleep_approval(params: ApprovalParameters) -> dict[str, Any]:
 
 def _decide_queue(store, params: ApprovalParameters) -> dict[str, Any]:
     """The queue mode (module docstring): show the selection grouped, pause, decide it run by run."""
-    from datetime import UTC, datetime, timedelta
-
     selection = Selection(reason=params.reason, phase=params.phase, scope=params.scope,
                           older_than=timedelta(days=params.older_than_days) if params.older_than_days is not None else None,
                           now=datetime.now(UTC))
@@ -97,8 +97,7 @@ def _decide_queue(store, params: ApprovalParameters) -> dict[str, Any]:
         approve=False)
     answer = pause_flow_run(wait_for_input=form, timeout=params.timeout_seconds, poll_interval=params.poll_seconds)
     if answer.phase:
-        selection = Selection(reason=selection.reason, phase=answer.phase, scope=selection.scope,
-                              older_than=selection.older_than, now=selection.now)
+        selection = replace(selection, phase=answer.phase)
     by = f"prefect:{get_run_context().flow_run.id}"
     outcome = decide(store, "approve" if answer.approve else "reject", selection, decided_by=by,
                      include_superseded=params.include_superseded)

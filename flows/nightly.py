@@ -43,10 +43,9 @@ import shutil
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 from deep_sleep.transforms.config import ConsolidationConfig, load_config
 from prefect import flow, get_run_logger, task
