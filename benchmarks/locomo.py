@@ -110,6 +110,13 @@ KS = (5, 10)
 #: Source turns a summary hit stands for in the stricter reading (:func:`passages`).
 PASSAGES = 3
 CATEGORIES = (1, 2, 3, 4)
+#: Reading budgets (characters) at which evidence found is reported: what a reader meets within the
+#: first B characters of the ranked hits (:func:`segments`, :func:`found_within`).
+BUDGETS = (1200, 2400, 4800)
+#: QA recalls with no budget of their own: the budgets above are prefixes of its ranked hits.
+UNBOUNDED = 1_000_000
+#: The modes: (quick naps, nights).  ``none`` is no consolidation at all.
+MODES = {"none": (False, False), "naps": (True, False), "nights": (True, True)}
 CATEGORY_NAMES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop"}
 SUMMARY_LABEL = "META:episodic_summary"
 HNSW_INDEX = "memory_nodes_embedding_hnsw"
@@ -332,6 +339,7 @@ class Replay:
     seconds: dict[str, float] = field(default_factory=lambda: {"replay": 0.0, "nights": 0.0})
     nights: int = 0
     night_statuses: Counter = field(default_factory=Counter)
+    gate: Counter = field(default_factory=Counter)  # the nights' gate verdicts: status, failed, probe figures
     nap_statuses: Counter = field(default_factory=Counter)
     rejected: list[str] = field(default_factory=list)
 
@@ -365,6 +373,15 @@ def replay(store, con: psycopg.Connection, scope, conv: Conversation, nights: bo
             rep.seconds["nights"] += dt
             rep.nights += 1
             rep.night_statuses[report.status] += 1
+            gate = report.gate or {}
+            rep.gate[f"status {gate.get('status')}"] += 1
+            rep.gate["failed"] += int(bool(gate.get("failed")))
+            probes = gate.get("probes") or {}
+            for key in ("probes", "found_before", "found_after"):
+                rep.gate[f"probes {key}"] += int(probes.get(key) or 0)
+            folds = report.counters.get("episodes_summarized", 0) + report.counters.get("nodes_pruned", 0)
+            rep.gate["nights that fold or prune"] += int(folds > 0)
+            rep.gate["of those measured"] += int(folds > 0 and gate.get("status") == "measured")
 
     for s in conv.sessions:
         t_session = time.perf_counter()
@@ -395,7 +412,7 @@ def replay(store, con: psycopg.Connection, scope, conv: Conversation, nights: bo
             pending.append(next_night(s.end))
             pending.sort()
         rep.seconds["replay"] += time.perf_counter() - t_session - (rep.seconds["nights"] - nights_before)
-        _p(f"  {conv.sample_id} [{'on' if nights else 'off'}] session {s.number} ({s.start:%Y-%m-%d}): "
+        _p(f"  {conv.sample_id} [naps {'on' if naps else 'off'}, nights {'on' if nights else 'off'}] session {s.number} ({s.start:%Y-%m-%d}): "
            f"{len(s.turns)} turns, {sum(len(t.facts) for t in s.turns)} facts; nights so far {rep.nights}")
     if nights:
         run_nights(None)
@@ -485,14 +502,69 @@ def coverage(evidence: list[str], hit_dias: list[tuple[str, ...]], k: int) -> tu
     return bool(found), len(found) / len(evidence)
 
 
+def segments(hit: Any, dias: tuple[str, ...], prov: Provenance) -> list[tuple[int, tuple[str, ...]]]:
+    """What a reader meets in a hit's text, in reading order: ``(end offset within the text, dia_ids)``
+    per part.  A hit that quotes source lines (``lines``: a summary's folded turns, a cluster's
+    members, each with its id) is read line by line after its gist (which carries no turn); an
+    older summary hit (its text the events' contents one per line, in ``source_ids`` order) likewise;
+    any other hit is one part carrying its whole provenance ``dias``, met at its end.
+
+    >>> class L: source_id, text = "e2", "b: the cat"
+    >>> class H: kind, text, lines = "summary", "gist\\nb: the cat", (L,)
+    >>> segments(H, (), Provenance({"e2": "D1:2"}))
+    [(4, ()), (15, ('D1:2',))]
+    """
+    text = str(getattr(hit, "text", "") or "")
+    lines = tuple(getattr(hit, "lines", ()) or ())
+    if lines:
+        gist_end = len(text) - sum(len(getattr(ln, "text", "")) + 1 for ln in lines)
+        out, at = [(max(gist_end, 0), ())], max(gist_end, 0)
+        for ln in lines:
+            at += len(getattr(ln, "text", "")) + 1
+            out.append((at, prov.of_sources([getattr(ln, "source_id", None)])))
+        return out
+    if getattr(hit, "kind", None) == "summary":
+        ids = tuple(getattr(hit, "source_ids", ()) or ())
+        out, at = [], 0
+        for i, line in enumerate(text.split("\n")):
+            at += len(line) + (1 if i else 0)
+            out.append((at, prov.of_sources([ids[i]]) if i < len(ids) else ()))
+        return out
+    return [(len(text), dias)]
+
+
+def found_within(evidence: list[str], hit_parts: list[list[tuple[int, tuple[str, ...]]]], hit_chars: list[int],
+                 budget: int) -> bool:
+    """Whether a part carrying one of ``evidence``'s turns ends within the first ``budget`` characters
+    of the ranked hits (each hit's parts offset by the characters of the hits before it).
+
+    >>> found_within(["D1:2"], [[(100, ("D1:1",))], [(10, ()), (60, ("D1:2",))]], [100, 60], 150)
+    False
+    >>> found_within(["D1:2"], [[(100, ("D1:1",))], [(10, ()), (60, ("D1:2",))]], [100, 60], 160)
+    True
+    """
+    ev, before = set(evidence), 0
+    for parts, chars in zip(hit_parts, hit_chars):
+        for end, dias in parts:
+            if before + end > budget:
+                return False
+            if ev & set(dias):
+                return True
+        before += chars
+    return False
+
+
 def qa(con: psycopg.Connection, scope, conv: Conversation, prov: Provenance, now: datetime, embedder,
        config=None) -> tuple[list[dict], list[float]]:
+    import inspect
+
     from deep_sleep.online import recall
 
+    unbounded = {"budget_chars": UNBOUNDED} if "budget_chars" in inspect.signature(recall).parameters else {}
     rows, times = [], []
     for q in conv.questions:
         t = time.perf_counter()
-        hits = recall(con, scope, q.question, k=QA_K, now=now, embedder=embedder, config=config)
+        hits = recall(con, scope, q.question, k=QA_K, now=now, embedder=embedder, config=config, **unbounded)
         times.append((time.perf_counter() - t) * 1000)
         seen = [prov.of_hit(h) for h in hits]
         row = {"conversation": conv.sample_id, "qa_index": q.index, "category": q.category, "evidence": q.evidence,
@@ -502,6 +574,13 @@ def qa(con: psycopg.Connection, scope, conv: Conversation, prov: Provenance, now
             covered, share = coverage(q.evidence, [d for _, d in seen], k)
             row[f"covered@{k}"], row[f"share@{k}"] = covered, share
         row["passage_covered@10"] = coverage(q.evidence, [passages(q.question, h, d, prov) for h, (_, d) in zip(hits, seen)], 10)[0]
+        chars = [len(str(getattr(h, "text", "") or "")) for h in hits]
+        parts = [segments(h, d, prov) for h, (_, d) in zip(hits, seen)]
+        row["chars@10"] = sum(chars[:QA_K])
+        for h, c, pt in zip(row["hits"], chars, parts):  # what a reader meets of each hit
+            h["chars"], h["read"] = c, sorted({d for _, ds in pt for d in ds})
+        for b in BUDGETS:
+            row[f"found@{b}"] = found_within(q.evidence, parts, chars, b)
         rows.append(row)
     return rows, times
 
@@ -537,6 +616,10 @@ def summarize(rows: list[dict]) -> dict[str, Any]:
             out[f"r_at_{k}"] = round(sum(r[f"covered@{k}"] for r in rs) / len(rs), 4) if rs else None
             out[f"share_at_{k}"] = round(sum(r[f"share@{k}"] for r in rs) / len(rs), 4) if rs else None
         out["r_at_10_passages"] = round(sum(r.get("passage_covered@10", False) for r in rs) / len(rs), 4) if rs else None
+        for b in BUDGETS:
+            out[f"found_within_{b}"] = round(sum(r.get(f"found@{b}", False) for r in rs) / len(rs), 4) if rs else None
+        chars = sorted(r.get("chars@10", 0) for r in rs)
+        out["median_chars_at_10"] = chars[len(chars) // 2] if chars else None
         return out
 
     by_cat = {str(c): {"name": CATEGORY_NAMES[c], **figures([r for r in rows if r["category"] == c])} for c in CATEGORIES}
@@ -582,6 +665,25 @@ def rows_at_end(con: psycopg.Connection, paths: list[str]) -> dict[str, Any]:
         (paths,)).fetchone()
     out["observation_importance"] = {"nodes": imp[0], "at_floor_1.0": imp[1], "below_4.0": imp[2],
                                      "mean": float(imp[3]) if imp[3] is not None else None}
+    folded = con.execute("SELECT to_regclass('episodic_folded') IS NOT NULL").fetchone()[0]
+    out["episodic_folded"] = con.execute(
+        "SELECT count(*) FROM episodic_folded WHERE scope_path = ANY(%s)", (paths,)).fetchone()[0] if folded else 0
+    # what recall scans and ranks per query: the rows of its word and vector indexes (nodes, hot events);
+    # episodic_folded is read only through a summary hit (by summary_id), never searched
+    out["rows_recall_searches_per_scope"] = round((out["memory_nodes"] + out["episodic_events"]) / max(len(paths), 1), 1)
+    text = {
+        "events": "SELECT coalesce(sum(length(content)), 0) FROM episodic_events WHERE scope_path = ANY(%s)",
+        "summaries": ("SELECT coalesce(sum(length(coalesce(properties->>'summary', ''))), 0) FROM memory_nodes"
+                      " WHERE scope_path = ANY(%s) AND label = 'META:episodic_summary'"),
+        "summary_keywords": ("SELECT coalesce(sum(length(coalesce(properties->>'keywords', ''))), 0) FROM memory_nodes"
+                             " WHERE scope_path = ANY(%s) AND label = 'META:episodic_summary'"),
+        "archive_events": ("SELECT coalesce(sum(length(a.row->>'content')), 0) FROM consolidation_archive a"
+                           " JOIN consolidation_runs r USING (run_id) WHERE r.scope_path = ANY(%s)"
+                           " AND a.table_name = 'episodic_events'"),
+    }
+    if folded:
+        text["folded"] = "SELECT coalesce(sum(length(content)), 0) FROM episodic_folded WHERE scope_path = ANY(%s)"
+    out["text_chars"] = {k: int(con.execute(q, (paths,)).fetchone()[0]) for k, q in text.items()}
     return out
 
 
@@ -657,7 +759,12 @@ def losses(con: psycopg.Connection, on_rows: list[dict], off_rows: list[dict], o
             " AND (a.row -> 'properties' ->> 'dia_id' = ANY(%s) OR a.row -> 'properties' -> 'dia_id' ?| %s) LIMIT 1",
             (path, ev, ev)).fetchone()
         why[f"evidence node deleted ({' '.join(str(gone[0]).split()[:3])})" if gone else "no evidence node (other hit kinds)"] += 1
-    return {"lost_at_10": len(lost), "gained_at_10": gained, "lost_why": dict(sorted(why.items())),
+    within = {}
+    for b in BUDGETS:
+        pairs = [(r, off.get((r["conversation"], r["qa_index"]))) for r in on_rows]
+        within[f"lost_within_{b}"] = sum(1 for r, o in pairs if o and o.get(f"found@{b}") and not r.get(f"found@{b}"))
+        within[f"gained_within_{b}"] = sum(1 for r, o in pairs if o and r.get(f"found@{b}") and not o.get(f"found@{b}"))
+    return {**within, "lost_at_10": len(lost), "gained_at_10": gained, "lost_why": dict(sorted(why.items())),
             "lost_ranked_out_importance": {"min": min(importance), "max": max(importance),
                                            "mean": round(sum(importance) / len(importance), 3)} if importance else {}}
 
@@ -666,13 +773,15 @@ def losses(con: psycopg.Connection, on_rows: list[dict], off_rows: list[dict], o
 # a mode end to end
 
 
-def run_mode(store, convs: list[Conversation], nights: bool, config, embedder, tenant: str, runs_dir: Path,
-             qa_now: datetime, ids: SeededIds | None = None, naps: bool = True
+def run_mode(store, convs: list[Conversation], mode: str, config, embedder, tenant: str, runs_dir: Path,
+             qa_now: datetime, ids: SeededIds | None = None
              ) -> tuple[dict[str, Any], list[dict], dict[str, str]]:
+    """One mode of :data:`MODES` end to end: every conversation replayed into a scope of its own, then QA."""
     from deep_sleep.core.scope import Scope
 
-    label = "on" if nights else "off"
-    root = Scope.root("locomo", f"{tenant}-nights-{label}")
+    naps, nights = MODES[mode]
+    label = mode
+    root = Scope.root("locomo", f"{tenant}-{mode}")
     times: dict[str, list[float]] = {k: [] for k in (
         "record_turn", "record_turn_without_nap", "record_turn_with_nap", "live_recall", "qa_recall", "night")}
     seconds = {"replay": 0.0, "nights": 0.0, "qa": 0.0}
@@ -680,6 +789,7 @@ def run_mode(store, convs: list[Conversation], nights: bool, config, embedder, t
     paths: dict[str, str] = {}
     nap_statuses: Counter = Counter()
     night_statuses: Counter = Counter()
+    gate: Counter = Counter()
     rejected: list[str] = []
     nights_run = 0
     hit_kinds: Counter = Counter()
@@ -691,7 +801,7 @@ def run_mode(store, convs: list[Conversation], nights: bool, config, embedder, t
             paths[conv.sample_id] = scope.path
             if ids is not None:
                 ids.seed(scope.path)
-            _p(f"{conv.sample_id} [nights {label}]: {len(conv.sessions)} sessions, "
+            _p(f"{conv.sample_id} [{label}]: {len(conv.sessions)} sessions, "
                f"{sum(len(s.turns) for s in conv.sessions)} turns, {conv.facts} facts, {len(conv.questions)} questions")
             rep = replays[conv.sample_id] = replay(store, con, scope, conv, nights, config, embedder, runs_dir, naps)
             for k, v in rep.times.items():
@@ -700,9 +810,10 @@ def run_mode(store, convs: list[Conversation], nights: bool, config, embedder, t
             seconds["nights"] += rep.seconds["nights"]
             nap_statuses.update(rep.nap_statuses)
             night_statuses.update(rep.night_statuses)
+            gate.update(rep.gate)
             rejected += rep.rejected
             nights_run += rep.nights
-            _p(f"{conv.sample_id} [nights {label}]: replayed in {rep.seconds['replay']:.1f} s, {rep.nights} nights in "
+            _p(f"{conv.sample_id} [{label}]: replayed in {rep.seconds['replay']:.1f} s, {rep.nights} nights in "
                f"{rep.seconds['nights']:.1f} s, {sum(rep.nap_statuses.values())} quick naps")
         con.commit()
         at_end = rows_at_end(con, list(paths.values()))  # before QA, whose recalls add log rows
@@ -722,7 +833,7 @@ def run_mode(store, convs: list[Conversation], nights: bool, config, embedder, t
                 hit_kinds.update(h["kind"] for h in r["hits"])
                 covered_by.update({h["kind"] for h in r["hits"] if set(h["dia_ids"]) & set(r["evidence"])})
             s = summarize(qrows)["overall"]
-            _p(f"{conv.sample_id} [nights {label}]: R@5 {s['r_at_5']:.3f}  R@10 {s['r_at_10']:.3f}")
+            _p(f"{conv.sample_id} [{label}]: R@5 {s['r_at_5']:.3f}  R@10 {s['r_at_10']:.3f}")
         result = {
             "recall": summarize(rows),
             "per_conversation": {c.sample_id: summarize([r for r in rows if r["conversation"] == c.sample_id])["overall"]
@@ -733,6 +844,7 @@ def run_mode(store, convs: list[Conversation], nights: bool, config, embedder, t
             "nodes_deleted": deletions(con, list(paths.values())),
             "nights": nights_run,
             "night_statuses": dict(night_statuses),
+            "gate": dict(sorted(gate.items())),
             "quick_naps": dict(nap_statuses),
             "rejected_ops": {"count": len(rejected), "first": rejected[:5]},
             "top10_hits_by_kind": dict(sorted(hit_kinds.items())),
@@ -770,33 +882,39 @@ def git_commit() -> str | None:
 
 
 def _table(result: dict[str, Any]) -> str:
-    modes = [m for m in ("off", "on") if m in result["modes"]]
+    modes = [m for m in MODES if m in result["modes"]]
     lines = ["", f"LoCoMo ({len(result['data']['conversations'])} conversations, "
-                 f"{result['data']['questions']} questions; embedder {result['embedder']['name']})", ""]
-    head = f"{'category':<16}" + "".join(f"{'nights ' + m:>36}" for m in modes)
-    lines += [head, f"{'':<16}" + "".join(f"{'R@5   R@10  sh@5  sh@10  p@10   n':>36}" for _ in modes)]
+                 f"{result['data']['questions']} questions; embedder {result['embedder']['name']})",
+             "evidence found within the first 1,200 / 2,400 / 4,800 characters of the ranked hits (a passage read line by line),"
+             " R@5, R@10, median characters of the top 10", ""]
+    head = f"{'category':<16}" + "".join(f"{m:>46}" for m in modes)
+    lines += [head, f"{'':<16}" + "".join(f"{'@1200 @2400 @4800  R@5  R@10  chars   n':>46}" for _ in modes)]
     cats = [("overall", None)] + [(f"{c} {CATEGORY_NAMES[c]}", str(c)) for c in CATEGORIES]
     for name, key in cats:
         line = f"{name:<16}"
         for m in modes:
             r = result["modes"][m]["recall"]
             f = r["overall"] if key is None else r["by_category"][key]
-            cell = (f"{f['r_at_5']:.3f} {f['r_at_10']:.3f} {f['share_at_5']:.3f} {f['share_at_10']:.3f} "
-                    f"{f['r_at_10_passages']:.3f} {f['questions']:>4}" if f["questions"] else "-")
-            line += f"{cell:>36}"
+            cell = (f"{f['found_within_1200']:.3f} {f['found_within_2400']:.3f} {f['found_within_4800']:.3f} "
+                    f"{f['r_at_5']:.3f} {f['r_at_10']:.3f} {f['median_chars_at_10']:>6} {f['questions']:>4}"
+                    if f["questions"] else "-")
+            line += f"{cell:>46}"
         lines.append(line)
-    lines += ["(p@10: R@10 with a summary standing for only its 3 turns that best match the question)", ""]
+    lines.append("")
     for m in modes:
         r = result["modes"][m]
         at = r["rows_at_end"]
         lat = r["latency_ms"]
         held = {mode: v.get("held_by_reason") for mode, v in r["ledger"].items()}
-        lines.append(f"nights {m}: nodes {at['memory_nodes']:,} {at['nodes_by_kind']} / edges {at['memory_edges']:,} / "
-                     f"events {at['episodic_events']:,}; held {held}")
+        gate = r.get("gate") or {}
+        lines.append(f"{m}: nodes {at['memory_nodes']:,} {at['nodes_by_kind']} / edges {at['memory_edges']:,} / "
+                     f"events {at['episodic_events']:,} / folded {at.get('episodic_folded', 0):,}; recall searches "
+                     f"{at.get('rows_recall_searches_per_scope')} rows per scope; text chars {at.get('text_chars')}")
+        lines.append(f"    held {held}; gate {gate}")
         lines.append("    p50/p95 ms: " + ", ".join(f"{k} {v['p50']}/{v['p95']}" for k, v in lat.items() if v.get("n")) +
                      f"; wall s {r['wall_seconds']}")
     if "comparison" in result:
-        lines.append(f"on vs off: {result['comparison']}")
+        lines.append(f"nights vs none: {result['comparison']}")
     return "\n".join(lines)
 
 
@@ -806,7 +924,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--embedder", default=None,
                     help="the one embedder of the whole run (embedding.model): " + ", ".join(_embedder_names())
                          + ", or package.module:attribute; default: the configuration's")
-    ap.add_argument("--nights", default="both", choices=("on", "off", "both"))
+    ap.add_argument("--modes", default="none,naps,nights",
+                    help="comma-separated modes: none (no naps, no nights), naps (quick naps only), nights (naps + a "
+                         "night after every session); default all three")
     ap.add_argument("--conversations", type=int, default=None, help="only the first N conversations of the file")
     ap.add_argument("--out", default="bench-results.json", help="results file; the 'locomo' key is replaced, others kept")
     ap.add_argument("--dsn", help="use this (migrated) database as is; default: a fresh database "
@@ -814,8 +934,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tenant", default="locomo", help="first id of the scopes (default locomo)")
     ap.add_argument("--config", help="a consolidation config TOML (default: defaults and DEEP_SLEEP_* variables)")
     ap.add_argument("--runs-dir", help="where the nights write snapshots and diffs (default: a temporary directory)")
-    ap.add_argument("--naps", default="on", choices=("on", "off"),
-                    help="quick naps every quick_nap_interval turns, as the live path does (default on; off: record_turn(nap=False))")
     ap.add_argument("--random-ids", action="store_true",
                     help="let the live path draw random row ids, as in production (default: seeded per scope, so "
                          "two runs are identical; see SeededIds)")
@@ -850,11 +968,14 @@ def main(argv: list[str] | None = None) -> int:
         nearest = "hnsw" if con.execute("SELECT 1 FROM pg_indexes WHERE indexname = %s", (HNSW_INDEX,)).fetchone() else "exact"
     last_end = max(s.end for c in convs for s in c.sessions)
     qa_now = next_night(last_end) + timedelta(hours=1)
-    modes = {"both": ["off", "on"], "on": ["on"], "off": ["off"]}[args.nights]
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    unknown = [m for m in modes if m not in MODES]
+    if unknown or not modes:
+        ap.error(f"--modes: unknown mode(s) {unknown or args.modes!r}; choose among {', '.join(MODES)}")
     n_questions = sum(len(c.questions) for c in convs)
     _p(f"{data.name}: {len(convs)} conversations, {sum(len(s.turns) for c in convs for s in c.sessions)} turns, "
        f"{sum(c.facts for c in convs)} facts, {n_questions} questions (categories 1-4 with evidence); "
-       f"embedder {args.embedder}; nights {'/'.join(modes)}")
+       f"embedder {args.embedder}; modes {'/'.join(modes)}")
     t_all = time.perf_counter()
     result: dict[str, Any] = {
         "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -867,7 +988,7 @@ def main(argv: list[str] | None = None) -> int:
                  "evidence_dropped": [e for c in convs for e in c.dropped_evidence]},
         "embedder": {"name": args.embedder, "model": getattr(embedder, "name", None), "dim": getattr(embedder, "dim", None)},
         "protocol": {"turn_gap_seconds": TURN_GAP.total_seconds(), "night_at_utc_hour": NIGHT_HOUR, "live_k": LIVE_K,
-                     "qa_k": QA_K, "qa_now": qa_now.isoformat(), "quick_naps": args.naps == "on",
+                     "qa_k": QA_K, "qa_now": qa_now.isoformat(), "budgets": list(BUDGETS),
                      "quick_nap_interval": config.quick_nap_interval, "seeded_ids": not args.random_ids,
                      "nearest_neighbours": nearest, "config": args.config},
         "modes": {},
@@ -879,12 +1000,12 @@ def main(argv: list[str] | None = None) -> int:
         ids = stack.enter_context(seeded_ids(not args.random_ids))
         for m in modes:
             t = time.perf_counter()
-            result["modes"][m], all_rows[m], paths[m] = run_mode(store, convs, m == "on", config, embedder, args.tenant,
-                                                                 runs_dir, qa_now, ids, args.naps == "on")
+            result["modes"][m], all_rows[m], paths[m] = run_mode(store, convs, m, config, embedder, args.tenant,
+                                                                 runs_dir, qa_now, ids)
             result["modes"][m]["wall_seconds"]["total"] = round(time.perf_counter() - t, 2)
-    if "on" in all_rows and "off" in all_rows:
+    if "nights" in all_rows and "none" in all_rows:
         with psycopg.connect(store.dsn) as con:
-            result["comparison"] = losses(con, all_rows["on"], all_rows["off"], paths["on"])
+            result["comparison"] = losses(con, all_rows["nights"], all_rows["none"], paths["nights"])
     result["wall_seconds_total"] = round(time.perf_counter() - t_all, 2)
     result["machine"] = {"cpus": os.cpu_count(), "python": sys.version.split()[0], "platform": platform.platform(),
                          "load_average_at_end": round(os.getloadavg()[0], 2)}

@@ -23,12 +23,17 @@ from deep_sleep.core.diff import Diff
 from deep_sleep.core.shard import Shard
 from deep_sleep.core.snapshot import Snapshot
 from deep_sleep.core.summary import Summarizer, SummaryRequest
+from deep_sleep.transforms.label_recalls import STOP_WORDS
 
 
 class EpisodicSummaryConfig(PhaseConfig):
     threshold: int = Field(100, ge=1)
     batch_size: int = Field(50, ge=1)
     max_batches: int = Field(1, ge=1)
+    #: The summary text's bound (the digest's, and a model's summary is cut to it).
+    max_chars: int = Field(1000, ge=120, le=32000)
+    #: The folded turns' distinct words kept as the summary's word key (``properties.keywords``).
+    max_keywords: int = Field(1000, ge=0, le=20000)
 
 
 #: The counters this phase reports (SPEC §3).
@@ -38,11 +43,22 @@ COUNTERS: tuple[str, ...] = ("episodes_summarized",)
 PHASE = "episodic_summary"
 LABEL = "META:episodic_summary"
 IMPORTANCE = 5.0
-# The summary text is capped so one node's properties stay a sane size; the events themselves
-# are kept whole in consolidation_archive by the apply.
-SUMMARY_MAX_CHARS = 32000
 NO_EVENTS = "missing input: no episodic events"
-TRUNCATED_NOTE = "\n… [truncated: the full events are kept in consolidation_archive]"
+#: A folded event's delete reason starts so, and names its summary node after it: the apply moves
+#: such an event into ``episodic_folded`` under that node (:data:`deep_sleep.run.statements.FOLD_SQL`).
+FOLD_REASON = f"summarised into {LABEL} "
+#: A turn quoted in the digest is cut here (a digest line, not the turn's whole text).
+TURN_CHARS = 160
+#: At most this many names, and numbers or dates, in a digest.
+DIGEST_TERMS = 10
+#: A speaker is the name before ``": "`` at the start of a turn (letters, spaces, ``.'’-``; at most 40
+#: characters) when no ``metadata.speaker`` says it.
+_SPEAKER = r"^(\p{L}[\p{L}\p{M}'’. -]{0,39}):\s"
+_KEY_WORD = r"[^\W_]*\d[^\W_]*|[^\W\d_]{3,}"
+#: A name: a capitalised word inside a sentence (after a character that ends no sentence), so that a
+#: sentence's first word ("Thanks", "Wow") is not one.
+_NAME = r"[^.!?\s]\s+\p{Lu}\p{Ll}+\b"
+_NUMBER = r"\b\d[\d,.:/-]*\d\b|\b\d\b|\b\d+(?:st|nd|rd|th|s|am|pm|%)"
 
 
 def _iso_text(column: str) -> pl.Expr:
@@ -89,17 +105,20 @@ def episodic_summary(snapshot: Snapshot | Shard, config: EpisodicSummaryConfig, 
     apply archives them).  So a run makes ``min(max_batches, ⌈(count − threshold) / batch_size⌉)``
     batches of ``batch_size`` events (fewer only if the scope holds fewer events than that, which
     takes a threshold below the batch size), and later runs keep working down a backlog.
-    The node's ``properties`` hold ``summary`` (the events' contents, each trimmed, oldest first,
-    joined by newlines; over 8 000 characters it is cut and ends with a note that the full events
-    are in ``consolidation_archive``), ``source_count``, ``first_at`` / ``last_at`` (ISO 8601,
-    the batch's oldest and newest ``created_at``) and ``source_ids`` (in that order).  Its id is
+    The node's ``properties`` hold ``summary`` (a bounded extractive digest, at most ``max_chars``
+    characters: :func:`_digests` — never the concatenation of the events), ``keywords`` (the folded
+    turns' distinct words: the summary's word key), ``source_count``, ``first_at`` / ``last_at`` (ISO
+    8601, the batch's oldest and newest ``created_at``) and ``source_ids`` (in that order).  The
+    events themselves are deleted with the reason :data:`FOLD_REASON` + the node's id, and the apply
+    moves each one whole into ``episodic_folded`` under that node, where recall finds it line by line
+    (SPEC §3 phase 10 and §5 as amended 2026-12-06); undo brings them back.  Its id is
     the UUIDv5 of the batch's first and last event ids, so several summary nodes accumulate over
     time, all labelled ``META:episodic_summary``; if that node already exists (a previous run's
     event deletes lost to a live write), its summary properties are refreshed instead of
     inserted.  Each deleted event's reason names its summary node.  The counter counts events.
     With a ``summarizer`` (SPEC §7), a batch's ``summary`` is the model's text where it gives one,
-    and then ``properties.summary_model`` names the model; on the fallback it is the
-    concatenation above and ``summary_model`` is absent.
+    cut at ``max_chars``, and then ``properties.summary_model`` names the model; on the fallback it
+    is the digest and ``summary_model`` is absent.
 
     On a shard every one of these rules is per scope: each scope's own event count, threshold,
     batches and oldest events; a scope without events is skipped ("missing input"); the
@@ -116,7 +135,6 @@ def episodic_summary(snapshot: Snapshot | Shard, config: EpisodicSummaryConfig, 
     summaries = (
         chosen.group_by("scope_path", "_batch", maintain_order=True)
         .agg(
-            pl.col("content").fill_null("").str.strip_chars().str.join("\n").alias("summary"),
             pl.col("content").fill_null("").str.strip_chars().alias("_contents"),
             pl.len().alias("source_count"),
             pl.col("created_at").first().alias("first_at"),
@@ -124,20 +142,18 @@ def episodic_summary(snapshot: Snapshot | Shard, config: EpisodicSummaryConfig, 
             pl.col("id").alias("source_ids"),
         )
         .with_columns(
-            pl.when(pl.col("summary").str.len_chars() > SUMMARY_MAX_CHARS)
-            .then(pl.col("summary").str.slice(0, SUMMARY_MAX_CHARS - len(TRUNCATED_NOTE)) + pl.lit(TRUNCATED_NOTE))
-            .otherwise(pl.col("summary"))
-            .alias("summary"),
             # the summary's cache key, and the natural key of its node's id
             (pl.col("source_ids").list.first() + "|" + pl.col("source_ids").list.last()).alias("_key"),
         )
+        .join(_digests(chosen, config), on=["scope_path", "_batch"], how="left", maintain_order="left")
     )
     # summary_node_id of each batch, vectorized over the shard's scopes
     summaries = summaries.with_columns(scoped_created_ids(summaries.get_column("scope_path"), PHASE,
                                                           summaries.get_column("_key")).alias("id"))
-    summaries = _summarised(summaries, summarizer)
+    summaries = _summarised(summaries, summarizer, config.max_chars)
     fields = (
         "summary",
+        "keywords",
         pl.col("source_count").cast(pl.Int64),
         _iso_text("first_at").alias("first_at"),
         _iso_text("last_at").alias("last_at"),
@@ -177,7 +193,7 @@ def episodic_summary(snapshot: Snapshot | Shard, config: EpisodicSummaryConfig, 
     )
     refreshed = refreshed.filter(pl.col("properties") != pl.col("_old")).select("id", "version", "properties")
     deletes = chosen.join(summaries.select("scope_path", "_batch", "id"), on=["scope_path", "_batch"], suffix="_node").select(
-        "id", "version", (pl.lit(f"summarised into {LABEL} ") + pl.col("id_node")).alias("reason")
+        "id", "version", (pl.lit(FOLD_REASON) + pl.col("id_node")).alias("reason")
     )
     counts = chosen.group_by("scope_path").agg(pl.len().alias("episodes_summarized"))
     nodes = Diff.of("memory_nodes", PHASE, inserts=inserts if inserts.height else None,
@@ -236,10 +252,10 @@ def _oldest(events: pl.DataFrame, config: EpisodicSummaryConfig, one_scope: bool
     return events[picked.get_column("_row")].with_columns(picked.get_column("_pos"), (picked.get_column("_pos") // size).alias("_batch"))
 
 
-def _summarised(summaries: pl.DataFrame, summarizer: Summarizer | None) -> pl.DataFrame:
-    """``summaries`` with ``summary`` replaced by the summarizer's text where it gives one, and
-    ``summary_model`` (the model's name, null for the deterministic text).  One request per row,
-    in the rows' order, each naming its row's ``scope_path``."""
+def _summarised(summaries: pl.DataFrame, summarizer: Summarizer | None, max_chars: int) -> pl.DataFrame:
+    """``summaries`` with ``summary`` replaced by the summarizer's text where it gives one (cut at
+    ``max_chars``, the bound of every summary), and ``summary_model`` (the model's name, null for the
+    deterministic digest).  One request per row, in the rows' order, each naming its row's ``scope_path``."""
     if summarizer is None:
         return summaries.drop("_contents").with_columns(pl.lit(None, pl.String).alias("summary_model"))
     requests = [
@@ -248,6 +264,133 @@ def _summarised(summaries: pl.DataFrame, summarizer: Summarizer | None) -> pl.Da
     ]
     answers = summarizer.summarize(requests)
     return summaries.drop("_contents").with_columns(
-        pl.Series("summary", [a.text if a else r.fallback for r, a in zip(requests, answers, strict=True)], pl.String),
+        pl.Series("summary", [_cut(a.text, max_chars) if a else r.fallback
+                              for r, a in zip(requests, answers, strict=True)], pl.String),
         pl.Series("summary_model", [a.model if a else None for a in answers], pl.String),
+    )
+
+
+def _cut(text: str, limit: int) -> str:
+    """``text`` at most ``limit`` characters: cut at the last space before the limit, with an ellipsis."""
+    text = " ".join(text.split()) if "\n" not in text else text.strip()
+    if len(text) <= limit:
+        return text
+    head = text[: limit - 1]
+    return (head.rsplit(" ", 1)[0] if " " in head[limit // 2:] else head) + "…"
+
+
+def _digests(chosen: pl.DataFrame, config: EpisodicSummaryConfig) -> pl.DataFrame:
+    """Each batch's deterministic digest (``summary``) and word key (``keywords``), per (scope_path,
+    _batch) — one vectorized pass over every batch of the shard.
+
+    The digest, at most ``max_chars`` characters, is extractive (it quotes, never invents):
+
+    1. a header: the participants (each turn's ``metadata.speaker``, else the text before ``": "`` at
+       its start; in order of first appearance), the time span (first and last ``created_at``, UTC,
+       to the minute) and the number of turns;
+    2. ``Names:`` the capitalised words the turns mention most inside a sentence (not a participant,
+       not a stop word, never written in lower case in the batch), at most :data:`DIGEST_TERMS`, most
+       frequent first;
+    3. ``Numbers:`` the numbers, dates and times the turns mention, first seen first, at most
+       :data:`DIGEST_TERMS`;
+    4. the most distinctive turns, each cut at :data:`TURN_CHARS` characters, in time order, as many
+       as fit: a turn's weight is the sum of the inverse batch frequencies ``ln((n + 1) / df)`` of its
+       distinct words (3+ letters, not stop words) over the square root of their number, so a turn of
+       rare words (a name, a place, a plan) outranks small talk; ties go to the earlier turn; a turn
+       said twice is quoted once.
+
+    ``keywords``: the batch's distinct words (3+ letters, or any run of letters and digits holding a
+    digit; lower case, not stop words) in
+    order of first appearance, at most ``max_keywords``, space-separated — the summary's word key: the
+    store indexes it with the label and the digest, so any folded turn's words find the summary, whose
+    recall passage then quotes the matching turns themselves (SPEC §5)."""
+    key = ["scope_path", "_batch"]
+    meta = pl.col("metadata") if "metadata" in chosen.columns else pl.lit(None, pl.String)
+    text = pl.col("content").fill_null("").str.replace_all(r"\s+", " ").str.strip_chars()
+    turns = chosen.select(
+        *key, "_pos", "created_at", text.alias("_text"),
+        pl.coalesce(meta.str.json_path_match("$.speaker"), pl.col("content").fill_null("").str.extract(_SPEAKER, 1))
+        .str.strip_chars().alias("_speaker"),
+    )
+    stop = list(STOP_WORDS)
+    # participants, span, size
+    heads = (
+        turns.group_by(key, maintain_order=True)
+        .agg(pl.col("_speaker").drop_nulls().filter(pl.col("_speaker").drop_nulls() != "").unique(maintain_order=True)
+             .head(6).alias("_who"),
+             pl.col("created_at").min().alias("_first"), pl.col("created_at").max().alias("_last"), pl.len().alias("_n"))
+        .with_columns(pl.concat_str([
+            pl.when(pl.col("_who").list.len() > 0).then(pl.col("_who").list.join(", ") + pl.lit(" · ")).otherwise(pl.lit("")),
+            pl.col("_first").dt.strftime("%Y-%m-%d %H:%M").fill_null("?"), pl.lit(" – "),
+            pl.col("_last").dt.strftime("%Y-%m-%d %H:%M").fill_null("?"), pl.lit(" UTC · "),
+            pl.col("_n").cast(pl.String), pl.lit(" turns")]).alias("_head"))
+    )
+    body = turns.with_columns(
+        pl.when(pl.col("_speaker").is_not_null() & pl.col("_text").str.starts_with(pl.col("_speaker") + ": "))
+        .then(pl.col("_text").str.slice(pl.col("_speaker").str.len_chars() + 2)).otherwise(pl.col("_text")).alias("_said"))
+    # names: capitalised words never written in lower case in the batch
+    lower = (body.select(*key, pl.col("_said").str.extract_all(r"[^\W\d_]+").alias("w")).explode("w")
+             .filter(pl.col("w").is_not_null() & (pl.col("w") == pl.col("w").str.to_lowercase()))
+             .select(*key, "w").unique())
+    names = (
+        body.select(*key, "_pos", pl.col("_said").str.extract_all(_NAME).alias("w")).explode("w")
+        .drop_nulls("w").with_columns(pl.col("w").str.extract(r"(\p{Lu}\p{Ll}+)$", 1)).drop_nulls("w").with_row_index("_at")
+        .filter(~pl.col("w").str.to_lowercase().is_in(stop))
+        .join(lower.with_columns(pl.col("w").str.to_titlecase().alias("w")), on=[*key, "w"], how="anti")
+        .join(turns.select(*key, pl.col("_speaker").alias("w")).drop_nulls().unique(), on=[*key, "w"], how="anti")
+        .group_by(*key, "w").agg(pl.len().alias("c"), pl.col("_at").min().alias("first"))
+        .sort([*key, "c", "first"], descending=[False, False, True, False])
+        .group_by(key, maintain_order=True).agg(pl.col("w").head(DIGEST_TERMS).str.join(", ").alias("_names"))
+    )
+    numbers = (
+        body.select(*key, pl.col("_said").str.extract_all(_NUMBER).alias("w")).explode("w").drop_nulls("w")
+        .unique([*key, "w"], maintain_order=True)
+        .group_by(key, maintain_order=True).agg(pl.col("w").head(DIGEST_TERMS).str.join(", ").alias("_numbers"))
+    )
+    # distinctive turns
+    words = (body.select(*key, "_pos", pl.col("_said").str.to_lowercase().str.extract_all(r"[^\W\d_]{3,}").alias("w"))
+             .explode("w").drop_nulls("w").filter(~pl.col("w").is_in(stop)).unique([*key, "_pos", "w"]))
+    idf = (words.group_by(*key, "w").agg(pl.len().alias("df"))
+           .join(heads.select(*key, "_n"), on=key).with_columns(((pl.col("_n") + 1) / pl.col("df")).log().alias("idf")))
+    weight = (words.join(idf.select(*key, "w", "idf"), on=[*key, "w"])
+              .group_by(*key, "_pos").agg((pl.col("idf").sum() / pl.len().sqrt()).alias("_weight")))
+    lines = (
+        body.join(weight, on=[*key, "_pos"], how="left")
+        .with_columns(pl.col("_weight").fill_null(0.0),
+                      pl.when(pl.col("_text").str.len_chars() > TURN_CHARS)
+                      .then(pl.col("_text").str.slice(0, TURN_CHARS - 1) + pl.lit("…")).otherwise(pl.col("_text"))
+                      .alias("_line"))
+        .filter(pl.col("_line") != "")
+        .sort([*key, "_weight", "_pos"], descending=[False, False, True, False])
+        .unique([*key, "_line"], keep="first", maintain_order=True)  # a turn said twice is quoted once
+        .with_columns((pl.col("_line").str.len_chars() + 3).cum_sum().over(key).alias("_used"))
+    )
+    top = (
+        heads.select(*key, "_head")
+        .join(names, on=key, how="left").join(numbers, on=key, how="left")
+        .with_columns(pl.concat_str([
+            pl.col("_head"),
+            pl.when(pl.col("_names").fill_null("") != "").then(pl.lit("\nNames: ") + pl.col("_names")).otherwise(pl.lit("")),
+            pl.when(pl.col("_numbers").fill_null("") != "").then(pl.lit("\nNumbers: ") + pl.col("_numbers")).otherwise(pl.lit("")),
+        ]).str.slice(0, config.max_chars).alias("_top"))
+        .select(*key, "_top")
+    )
+    quoted = (
+        lines.join(top.select(*key, (config.max_chars - pl.col("_top").str.len_chars()).alias("_room")), on=key)
+        .filter(pl.col("_used") <= pl.col("_room"))
+        .sort([*key, "_pos"])
+        .group_by(key, maintain_order=True).agg(("- " + pl.col("_line")).str.join("\n").alias("_quoted"))
+    )
+    keywords = (
+        body.select(*key, "_pos", pl.col("_said").str.to_lowercase().str.extract_all(_KEY_WORD).alias("w"))
+        .sort([*key, "_pos"]).explode("w").drop_nulls("w").filter(~pl.col("w").is_in(stop))
+        .unique([*key, "w"], maintain_order=True)
+        .group_by(key, maintain_order=True).agg(pl.col("w").head(config.max_keywords).str.join(" ").alias("keywords"))
+    )
+    return (
+        top.join(quoted, on=key, how="left").join(keywords, on=key, how="left")
+        .select(*key,
+                pl.when(pl.col("_quoted").is_not_null()).then(pl.col("_top") + pl.lit("\n") + pl.col("_quoted"))
+                .otherwise(pl.col("_top")).alias("summary"),
+                pl.col("keywords").fill_null(""))
     )

@@ -20,10 +20,10 @@ class PruneOrphansConfig(PhaseConfig):
     importance_factor: float = Field(0.4, ge=0, le=1)  # prune below factor × 10
     min_age_days: float = Field(7, ge=0)
     max_degree: int = Field(1, ge=0)
-    # Labels never pruned as orphans (e.g. "META:episodic_summary": a summary is the only live copy of
-    # its events).  Empty by default, as SPEC §3 has it: on the LoCoMo dev split, once summaries are
-    # recalled, no night pruned one (benchmarks/README.md, 2026-12-04 issue 30).
-    keep_labels: tuple[str, ...] = ()
+    # Labels never pruned as orphans.  A summary carries its folded turns (SPEC §3 phase 10 as amended
+    # 2026-12-06: they stay findable through it, in episodic_folded): pruning it would lose them, so
+    # "META:episodic_summary" is kept by default.
+    keep_labels: tuple[str, ...] = ("META:episodic_summary",)
 
 
 #: The counters this phase reports (SPEC §3).

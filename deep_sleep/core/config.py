@@ -102,7 +102,10 @@ class GateConfig(StrictScalars):
     """The recall-quality gate (SPEC §9, :mod:`deep_sleep.run.gate`): before apply, up to
     ``max_queries`` of the scope's used recall queries are replayed against the scope before and
     after the diff; a drop of recall@``k`` of the used memories by more than ``max_drop_pp``
-    percentage points fails the gate (its destructive rows are then held)."""
+    percentage points fails the gate (its destructive rows are then held).  Beside them, up to
+    ``probes`` rows the night removes, folds or demotes are probed by a query made from their own text
+    (sampled with ``probe_seed``): a night estimated to make more than ``probe_max_drop_pp`` percent of
+    the scope's memory unfindable within the recall budget fails it too (SPEC §9 as amended 2026-12-06)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     enabled: bool = True
@@ -110,6 +113,11 @@ class GateConfig(StrictScalars):
     max_queries: int = Field(50, ge=1)
     max_drop_pp: float = Field(2.0, ge=0)
     implicit: bool = False  # implicit labels count as "used" too (see deep_sleep.run.gate: off, they mean "asked")
+    #: The gate's own probes per scope (deep_sleep.run.probes): rows the night removes, folds or demotes; 0: none.
+    probes: int = Field(8, ge=0, le=1000)
+    probe_seed: int = Field(0, ge=0, le=2**63 - 1)
+    #: The probes fail when the night makes more than this share of the scope's memory unfindable (pp).
+    probe_max_drop_pp: float = Field(10.0, ge=0, le=100)
 
 
 class EmbeddingConfig(StrictScalars):
@@ -125,13 +133,19 @@ class RecallConfig(StrictScalars):
     """Live recall (SPEC §5, :func:`deep_sleep.online.recall.recall`): ``lexical`` fuses PostgreSQL
     full-text matches of the query's words with vector similarity (reciprocal-rank fusion with
     constant ``fusion_k``); off, a candidate's base score is its similarity alone.  ``events``: episodic
-    events are candidates beside nodes."""
+    events are candidates beside nodes.  ``budget_chars``: a recall returns hits in rank order until
+    their passages hold this many characters; ``max_passage_chars``: one passage's bound (SPEC §5 as
+    amended 2026-12-06)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     lexical: bool = True
     events: bool = True
     fusion_k: float = Field(20.0, gt=0)
     lexical_weight: float = Field(2.0, ge=0)
+    #: What one recall hands a reader at most, in characters (the sum of its hits' passages).
+    budget_chars: int = Field(2400, ge=1, le=1_000_000)
+    #: One hit's passage at most, in characters: a longer text is cut around the query's words.
+    max_passage_chars: int = Field(600, ge=40, le=100_000)
 
 
 class BaseConsolidationConfig(BaseSettings, StrictScalars):

@@ -293,7 +293,8 @@ def _strings(value) -> list[str]:
 
 def node_text(label: str, properties: dict | None) -> str:
     """What a node's vector embeds — the live path, the night and ``deep-sleep reembed`` alike: a
-    ``META:`` node's label and its text (``properties.summary``: a summary's turns, a cluster's list);
+    ``META:`` node's label, its text (``properties.summary``: a summary's digest, a cluster's list) and a
+    summary's word key (``properties.keywords``: every folded turn's words);
     any other node's label and its string property values at any depth (keys starting with ``_``
     and redacted values skipped), cut at :data:`NODE_TEXT_CHARS`.
 
@@ -304,7 +305,8 @@ def node_text(label: str, properties: dict | None) -> str:
     """
     props = properties if isinstance(properties, dict) else {}
     if label.startswith("META:"):
-        return f"{label} {props.get('summary') or ''}"
+        keywords = props.get("keywords") or ""
+        return f"{label} {props.get('summary') or ''}" + (f" {keywords}" if isinstance(keywords, str) and keywords else "")
     return " ".join([label, *_strings(props)])[:NODE_TEXT_CHARS]
 
 

@@ -3,13 +3,14 @@
 The store records which model made each vector (``embedding_model`` on nodes, events and skills);
 recall, the nightly and the gate refuse to compare vectors of two models.  Changing
 ``embedding.model`` on a store that holds vectors is therefore this job: it walks ``memory_nodes``,
-``episodic_events`` and ``procedural_skills`` (all scopes, or the ones named) in id order, in batches,
+``episodic_events``, ``episodic_folded`` (the turns a summary carries) and ``procedural_skills`` (all
+scopes, or the ones named) in id order, in batches,
 and rewrites each row whose ``embedding_model`` is not the configured model's ``name`` — a vector of
 another model, or none at all (a node an older night wrote without one) — from the row's text:
 
 - a node: :func:`deep_sleep.core.embedding.node_text` (its label and property values; a ``META:``
   node's label and text), the rule the live path and the night use;
-- an event: its content; a skill: ``"<name> <description>"``, as ``record_turn`` embeds them.
+- an event (hot or folded): its content; a skill: ``"<name> <description>"``, as ``record_turn`` embeds them.
 
 Each batch is one short transaction.  A row is rewritten only at the version it was read
 (``version`` guard): a row a live turn changed meanwhile keeps the vector that turn wrote and is
@@ -21,7 +22,7 @@ nothing to do.
 
     >>> report = reembed(store, load_config({"embedding": {"model": "wordllama"}}))   # doctest: +SKIP
     >>> report.rewritten                                                              # doctest: +SKIP
-    {'memory_nodes': 1210, 'episodic_events': 5520, 'procedural_skills': 0}
+    {'memory_nodes': 1210, 'episodic_events': 360, 'episodic_folded': 5160, 'procedural_skills': 0}
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ TABLES: dict[str, tuple[str, Callable[[tuple], str]]] = {
     "memory_nodes": ("label, properties", lambda r: node_text(r[0] or "", r[1] if isinstance(r[1], dict) else
                                                               json.loads(r[1]) if r[1] else {})),
     "episodic_events": ("content", lambda r: r[0] or ""),
+    "episodic_folded": ("content", lambda r: r[0] or ""),  # turns a summary carries (phase 10)
     "procedural_skills": ("name, description", lambda r: f"{r[0] or ''} {r[1] or ''}"),
 }
 DEFAULT_BATCH = 1000

@@ -109,12 +109,16 @@ def reinsert_deletes_sql(table: str, cluster_cap: int | None = None) -> str:
             " ON CONFLICT DO NOTHING RETURNING id),"
             + _mark(table, "deletes", "id::text FROM ins")
         )
+    # A folded event (phase 10) comes back to the hot table and leaves episodic_folded in the same statement.
+    unfold = (" unfolded AS (DELETE FROM episodic_folded f USING ins WHERE f.id = ins.id AND f.run_id = $2::uuid),"
+              if table == "episodic_events" else "")
     return (
         src + f" ins AS (INSERT INTO {table} OVERRIDING SYSTEM VALUE SELECT r.* FROM src,"
         f" LATERAL jsonb_populate_record(NULL::{table}, src.row) r"
         f" WHERE NOT EXISTS (SELECT 1 FROM {table} x WHERE x.id = r.id)"
         + (" AND " + _ENDPOINTS.format(r="r") if table == "memory_edges" else "")
         + " ON CONFLICT DO NOTHING RETURNING id),"
+        + unfold
         + _mark(table, "deletes", "id::text FROM ins")
     )
 

@@ -12,8 +12,10 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import math
 import uuid
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any
@@ -21,6 +23,7 @@ from typing import Any
 import psycopg
 
 from deep_sleep.core.embedding import EmbeddingModelError, EmbeddingProvider, embedder_for, well_formed
+from deep_sleep.core import rank as _rank
 from deep_sleep.core.rank import FAN_OUT, n_seeds
 from deep_sleep.core.scope import Scope
 from deep_sleep.core.snapshot import utc
@@ -29,9 +32,9 @@ from deep_sleep.online.errors import OnlineArgumentError, OnlineArgumentTypeErro
 from deep_sleep.online.ops import MAX_TEXT_CHARS
 from deep_sleep.online.pg import connection, pipelined_transaction, vector_text, visible
 from deep_sleep.store.db import Store
-from deep_sleep.transforms.label_recalls import query_words
+from deep_sleep.transforms.label_recalls import WORD_RE, query_words
 
-__all__ = ["Hit", "candidates_sql", "feedback", "recall"]
+__all__ = ["Hit", "Line", "candidates_sql", "cut_around", "feedback", "recall", "within_budget"]
 
 #: An event candidate's text is cut here for the features and the hit (a turn's content is short; an
 #: event may hold 16,000 characters).
@@ -40,9 +43,20 @@ SUMMARY_LABEL = "META:episodic_summary"
 #: Document frequencies (and the scope's document count) are counted up to here: a word in more
 #: memories than this is common whatever the exact count, and the count stays bounded in a big scope.
 DF_CAP = 5000
+#: A summary's folded turns the candidate query returns, best first (a passage quotes those that fit).
+LINES_PER_PASSAGE = 8
 #: The words of a query that word matching uses (the first ones): a live turn's text may be long, and
 #: each word costs a test per matching row.
 MAX_WORDS = 24
+
+
+@dataclass(frozen=True)
+class Line:
+    """One source line of a passage: the text it quotes and where it came from (a folded event's id for
+    a summary, a member node's id for a cluster)."""
+
+    source_id: str
+    text: str
 
 
 @dataclass(frozen=True)
@@ -54,8 +68,12 @@ class Hit:
         consolidated episodic events), ``cluster`` (another ``META:`` node) or ``event`` (an episodic
         event).
     node_id: the node's or the event's id.  label: a node's label, an event's content (cut at
-        :data:`EVENT_TEXT_CHARS`).  text: what the memory says — a node's label, a summary's or a
-        cluster's ``properties.summary``, an event's content.
+        :data:`EVENT_TEXT_CHARS`).  text: the passage a reader gets (SPEC §5 as amended 2026-12-06) — a
+        node's label or an event's content, cut around the query's words at ``recall.max_passage_chars``;
+        for a summary or a cluster its gist (first line) and then, a line each, the source lines that
+        best match the query (:attr:`lines`).  chars: ``len(text)``.
+    lines: a summary's or a cluster's quoted source lines, in the order ``text`` gives them, each with
+        the id it came from (a folded event's, a member node's): its provenance is what it quotes.
     properties: a node's properties or an event's metadata (a summary's without its text, which is
         ``text``).  source_ids: where it came from without SQL — a summary's source events, a cluster's
         members (the nodes its ``CLUSTERS`` edges reach, which its text names), an event's own id, none
@@ -75,6 +93,12 @@ class Hit:
     text: str = ""
     properties: dict[str, Any] | None = None
     source_ids: tuple[str, ...] = ()
+    lines: tuple[Line, ...] = ()
+
+    @property
+    def chars(self) -> int:
+        """The characters the hit hands a reader: its passage, :attr:`text`."""
+        return len(self.text)
 
 
 # Recall's log is training telemetry: it may lose its last fraction of a second in a server crash
@@ -84,14 +108,6 @@ _SETTINGS_SQL = (
     " set_config('synchronous_commit', 'off', true)"
 )
 _MODEL_SQL = "SELECT weights, bias FROM reranker_models WHERE scope_path = %s AND tenant_id = %s"
-#: A META hit's text, and a cluster's members (its current ``CLUSTERS`` edges: the members its text names).
-_TEXTS_SQL = (
-    "SELECT n.id::text, n.properties->>'summary', CASE WHEN n.label <> %s THEN ARRAY(SELECT e.target_id::text"
-    " FROM memory_edges e WHERE e.source_id = n.id AND e.scope_path = n.scope_path AND e.relation = 'CLUSTERS'"
-    " AND e.valid_to IS NULL ORDER BY e.weight DESC, e.target_id) END FROM memory_nodes n WHERE n.id = ANY(%s::uuid[])"
-)
-
-
 @lru_cache(maxsize=2 * 2 * (MAX_WORDS + 1))
 def candidates_sql(legacy: bool, words: int = 0, events: bool = True) -> str:
     """The candidate query (``legacy``: the reader also sees its tenant's legacy rows):
@@ -114,6 +130,12 @@ def candidates_sql(legacy: bool, words: int = 0, events: bool = True) -> str:
     One row per candidate: kind, id, scope_path, layer, text, importance, access_count, updated_at,
     dist, lex, via, weight, degree, embedding_model, properties (JSON text; a summary's without its text)."""
     n, e, v, x = visible("n", legacy), visible("e", legacy), visible("v", legacy), visible("x", legacy)
+    f, m = visible("f", legacy), visible("m", legacy)
+    line_lex, line_from = "0::float8", ""
+    if words:
+        # a folded turn's words weigh what they weigh in an event: their inverse document frequency in the scope
+        line_lex = "(" + " + ".join(f"CASE WHEN f.search @@ q.q{i} THEN i.i{i} ELSE 0 END" for i in range(words)) + ")::float8"
+        line_from = ", q, idf i"
     lex_ctes = ""
     if words:
         ws = range(words)
@@ -160,7 +182,8 @@ evs AS (SELECT id FROM nearv UNION SELECT id FROM lexe),"""
         event_rows = f"""
 UNION ALL
 SELECT 'event', e.id::text, e.scope_path, 'episodic', left(e.content, {EVENT_TEXT_CHARS}), NULL::float8, 0::bigint, e.created_at,
-       e.embedding <=> %(q)s::vector, coalesce(l.lex, 0)::float8, NULL::text, NULL::float8, 0::bigint, e.embedding_model, e.metadata::text
+       e.embedding <=> %(q)s::vector, coalesce(l.lex, 0)::float8, NULL::text, NULL::float8, 0::bigint, e.embedding_model, e.metadata::text,
+       NULL::text
 FROM evs JOIN episodic_events e ON e.id = evs.id LEFT JOIN lexe l ON l.id = e.id"""
     return f"""
 WITH{lex_ctes} seed AS (
@@ -196,10 +219,29 @@ cand AS (
                         AND x.valid_to IS NULL LIMIT %(deg)s) a)
                    + (SELECT count(*) FROM (SELECT 1 FROM memory_edges x WHERE x.target_id = n.id AND {x}
                         AND x.valid_to IS NULL LIMIT %(deg)s) b) AS degree,
-           n.embedding_model, (n.properties - 'summary')::text AS properties
+           n.embedding_model, (n.properties - 'summary' - 'keywords')::text AS properties,
+           CASE WHEN n.label LIKE 'META:%%' THEN split_part(n.properties->>'summary', chr(10), 1) END AS gist
     FROM nodes c JOIN memory_nodes n ON n.id = c.id LEFT JOIN lexn l ON l.id = n.id WHERE {n}{event_rows}
-)
-SELECT * FROM cand"""
+),
+summ AS (SELECT c.id::uuid AS id FROM cand c WHERE c.kind = 'node' AND c.text = '{SUMMARY_LABEL}'),
+clus AS (SELECT c.id::uuid AS id FROM cand c WHERE c.kind = 'node' AND c.text LIKE 'META:%%' AND c.text <> '{SUMMARY_LABEL}'),
+lines AS (
+    SELECT f.id, f.summary_id, f.scope_path, f.content, f.created_at, f.embedding <=> %(q)s::vector AS dist,
+           {line_lex} AS lex, f.embedding_model
+    FROM episodic_folded f{line_from} WHERE f.summary_id IN (SELECT id FROM summ) AND {f}
+),
+best AS (SELECT *, row_number() OVER (PARTITION BY summary_id ORDER BY lex DESC, dist NULLS LAST, id) AS r,
+                   row_number() OVER (PARTITION BY summary_id ORDER BY dist NULLS LAST, id) AS rv FROM lines)
+SELECT * FROM cand
+UNION ALL
+SELECT 'line', b.id::text, b.scope_path, 'episodic', left(b.content, {EVENT_TEXT_CHARS}), NULL::float8, 0::bigint, b.created_at,
+       b.dist, b.lex, b.summary_id::text, NULL::float8, 0::bigint, b.embedding_model, NULL::text, NULL::text
+FROM best b WHERE b.r <= %(per_passage)s OR b.rv <= %(per_passage_vector)s
+UNION ALL
+SELECT 'member', m.id::text, m.scope_path, m.layer, m.label, NULL::float8, 0::bigint, m.updated_at, NULL::float8,
+       0::float8, ce.source_id::text, ce.weight, 0::bigint, NULL::text, NULL::text, NULL::text
+FROM clus JOIN memory_edges ce ON ce.source_id = clus.id AND ce.relation = 'CLUSTERS' AND ce.valid_to IS NULL
+JOIN memory_nodes m ON m.id = ce.target_id AND m.scope_path = ce.scope_path WHERE {m}"""
 
 
 _TOKEN = re.compile(r"[^\W_]+")
@@ -227,6 +269,7 @@ def recall(
     now: datetime | None = None,
     embedder: EmbeddingProvider | None = None,
     config=None,
+    budget_chars: int | None = None,
 ) -> list[Hit]:
     """The ``k`` best memories for ``query`` visible from ``scope``, each logged to ``recall_events``.
 
@@ -266,6 +309,10 @@ def recall(
         raise OnlineArgumentError(f"recall: k must be a positive integer, got {k!r}")
     config = config or default_config()
     settings = config.recall
+    budget = settings.budget_chars if budget_chars is None else budget_chars
+    if not isinstance(budget, int) or isinstance(budget, bool) or budget < 1:
+        raise OnlineArgumentError(f"recall: budget_chars must be a positive integer (characters), got {budget!r}")
+    max_passage = min(settings.max_passage_chars, budget)
     query = well_formed(query.replace("\x00", "")[:MAX_TEXT_CHARS])
     now = utc(now or datetime.now(UTC))
     embedder = embedder or embedder_for(config)
@@ -285,23 +332,41 @@ def recall(
             **{f"w{i}": w for i, w in enumerate(wq)}, "df_cap": DF_CAP,
             "q": qvec, "paths": scope.ancestor_paths(), "tenant": scope.tenant_id,
             "sq": _scope_query(scope, legacy), "n_seed": n_seed, "n_top": k, "fan": FAN_OUT, "deg": reranker.DEGREE_LIMIT,
+            "per_passage": LINES_PER_PASSAGE, "per_passage_vector": LINES_PER_PASSAGE // 2,
         })
         rows = cur.fetchall()
         weights, bias = reranker.model(model_cur.fetchone())
         if not rows:
             return []
         _check_models(rows, embedder, scope)
+        cands = [r for r in rows if r[0] not in ("line", "member")]
+        turns = [r for r in rows if r[0] == "line"]
+        members: dict[str, list[tuple]] = {}
+        for r in rows:
+            if r[0] == "member":
+                members.setdefault(r[10], []).append(r)
+        if not cands:
+            return []
         fused = bool(wq)
-        own = reranker.own_bases(rows, settings.fusion_k if fused else None, settings.lexical_weight)
-        scored = [reranker.candidate(row, own, scope, now, words, fused) for row in rows]
-        ranked = reranker.rank(scored, weights, bias, k)
-        info = {row[1]: row for row in rows}
-        texts: dict[str, str] = {}
-        folded = [s[2] for s in ranked if info[s[2]][0] == "node" and info[s[2]][4].startswith("META:")]
-        text_cur = conn.cursor()
-        if folded:
-            text_cur.execute(_TEXTS_SQL, (SUMMARY_LABEL, folded))
-        hits = [_hit(s, info[s[2]]) for s in ranked]
+        # A summary is found through its folded turns: its own word key (all its turns' words) and vector
+        # stand for the whole batch, not for any one turn, so it takes no place of its own in the fusion's
+        # orders — its turns do, each like an event (a summary written before episodic_folded existed,
+        # with no turn there, keeps its own place).
+        carried = {r[10] for r in turns}
+        own = reranker.own_bases([r for r in cands if r[1] not in carried] + [_as_own(r) for r in turns],
+                                 settings.fusion_k if fused else None, settings.lexical_weight)
+        for r in cands:
+            own.setdefault(r[1], 0.0)
+        scored = [reranker.candidate(row, own, scope, now, words, fused) for row in cands]
+        everything = reranker.rank(scored, weights, bias, len(scored))
+        ranked, quoted = _with_turns(everything, own, turns, k)
+        quoted.update(members)
+        info = {row[1]: row for row in cands}
+        passage_words = _passage_words(query)
+        hits = within_budget([_hit(s, info[s[2]], quoted.get(s[2], ()), passage_words, max_passage) for s in ranked],
+                             budget, passage_words)
+        if not hits:
+            return []
         values = ", ".join(["(%s::uuid, %s, %s, %s, %s::uuid, %s, %s, %s::float8[], %s, %s)"] * len(hits))
         params: list[Any] = []
         for h in hits:
@@ -317,9 +382,45 @@ def recall(
             log = (f"WITH logged AS ({log} RETURNING 1) INSERT INTO memory_access_log (scope_path, tenant_id, node_id,"
                    f" accessed_at, kind) VALUES {reads}")
         cur.execute(log, params)
-        if folded:
-            texts = {nid: (text, members) for nid, text, members in text_cur.fetchall()}
-    return [h if h.node_id not in texts else _with_text(h, *texts[h.node_id]) for h in hits]
+    return hits
+
+
+def _as_own(turn: tuple) -> tuple:
+    """A folded turn's row as a candidate of its own (no ``via``) for the fusion's orders."""
+    return turn[:10] + (None,) + turn[11:]
+
+
+def _with_turns(everything: Sequence[reranker.Scored], own: dict[str, float], turns: Sequence[tuple],
+                k: int) -> tuple[list[reranker.Scored], dict[str, list[tuple]]]:
+    """The ``k`` best hits and the folded turns each summary hit quotes.
+
+    Every candidate (``everything``: scored, best first) and every folded turn of a candidate summary
+    (``turns``) is ranked in one order: a turn's score is its own fused base plus its summary's capped
+    reranker adjustment; ties by similarity, then id.  A summary takes the place of its best turn and
+    quotes its turns among the first ``k`` turns of that order (its best one when none is), best first;
+    a candidate that is a summary with turns takes no place of its own."""
+    by_id = {s[2]: s for s in everything}
+    adjust = {s[2]: s[0] - own.get(s[2], 0.0) for s in everything}
+    carried = {t[10] for t in turns if t[10] in by_id}
+    items = [(s[0], s[1], s[2], None) for s in everything if s[2] not in carried]
+    items += [(own.get(t[1], 0.0) + adjust[t[10]], _rank.similarity(math.nan if t[8] is None else t[8], _rank.SCALAR),
+               t[1], t[10]) for t in turns if t[10] in carried]
+    items.sort(key=lambda t: (-t[0], -t[1], t[2]))
+    turn_of = {t[1]: t for t in turns}
+    quoted: dict[str, list[tuple]] = {}
+    places: dict[str, float] = {}
+    n_turns = 0
+    for score, _sim, iid, summary in items:
+        key = summary or iid
+        places.setdefault(key, score)
+        if summary is not None:
+            n_turns += 1
+            if n_turns <= k or summary not in quoted:
+                quoted.setdefault(summary, []).append(turn_of[iid])
+        if len(places) >= k and n_turns >= k:
+            break
+    ranked = [(places[key],) + tuple(by_id[key][1:]) for key in list(places)[:k]]
+    return ranked, quoted
 
 
 def _check_models(rows: list[tuple], embedder: EmbeddingProvider, scope: Scope) -> None:
@@ -340,20 +441,149 @@ def _kind(row: tuple) -> str:
     return "cluster" if row[4].startswith("META:") else "node"
 
 
-def _hit(scored: reranker.Scored, row: tuple) -> Hit:
+def _passage_words(query: str) -> list[str]:
+    """The query's words a passage is cut around and its lines are matched by (lower case)."""
+    return list(dict.fromkeys(w for w in query_words(query) for w in _TOKEN.findall(w)))
+
+
+def cut_around(text: str, words: list[str], limit: int) -> str:
+    """``text`` in at most ``limit`` characters: whole when it fits; else a window around the first
+    place one of ``words`` occurs (its start when none does), cut at spaces, an ellipsis (``…``) marking
+    each cut side.
+
+    >>> cut_around("a b c the answer is 42 and more words follow here", ["answer"], 20)
+    '…the answer is 42…'
+    """
+    if len(text) <= limit:
+        return text
+    if limit < 2:
+        return text[:max(limit, 0)]
+    low = text.lower()
+    found = [i for i in (low.find(w) for w in words) if i >= 0]
+    at = min(found) if found else 0
+    start = 0 if at <= limit // 3 else max(0, min(at - limit // 3, len(text) - limit + 1))
+    if start:
+        space = text.find(" ", start, at) if at > start else -1
+        start = space + 1 if space >= 0 else start
+    room = limit - (1 if start else 0)
+    end = start + room
+    if end < len(text):
+        room -= 1
+        end = start + room
+        space = text.rfind(" ", start + room // 2, end + 1)
+        end = space if space > start else end
+    return ("…" if start else "") + text[start:end].strip() + ("…" if end < len(text) else "")
+
+
+def _lines(kind: str, rows: Sequence[tuple], words: list[str], room: int) -> list[Line]:
+    """The source lines a passage quotes in ``room`` characters: a summary's folded turns in the order
+    given (:func:`_with_turns`: best first); a cluster's members holding the most query words (then
+    the heavier edge, then id) — those holding one, or the first when none does.  Lines are taken
+    while they fit; the first always, cut around the query's words when it alone does not fit."""
+    if kind == "summary":
+        chosen = list(rows)
+    else:
+        ws = set(words)
+        overlap = {r[1]: len(ws & set(WORD_RE.findall(r[4].lower()))) for r in rows}
+        ordered = sorted(rows, key=lambda r: (-overlap[r[1]], -(r[11] or 0.0), r[1]))
+        chosen = [r for r in ordered if overlap[r[1]]] or ordered[:1]
+    out: list[Line] = []
+    left = room
+    for r in chosen:
+        text = " ".join((r[4] or "").split())
+        if len(text) > left:
+            if out:
+                break
+            text = cut_around(text, words, max(left, 0))
+        out.append(Line(r[1], text))
+        left -= len(text) + 1
+        if left <= 0:
+            break
+    return out
+
+
+def _span(props: dict[str, Any]) -> str:
+    """A summary's gist: the dates its turns span (``2023-05-08``, or ``2023-05-08 – 2023-06-09``)."""
+    first, last = (str(props.get(k) or "")[:10] for k in ("first_at", "last_at"))
+    return first if not last or last == first else f"{first} – {last}"
+
+
+def _hit(scored: reranker.Scored, row: tuple, quoted: Sequence[tuple], words: list[str], max_passage: int) -> Hit:
+    """The hit of a ranked candidate, with its passage (SPEC §5 as amended 2026-12-06): a node's label or
+    an event's content, cut around the query's words at ``max_passage`` characters; a summary's or a
+    cluster's gist — the dates a summary's turns span; a cluster's label and member count — and then,
+    one a line, the source lines that best match the query, each with its source id, in ``max_passage``
+    characters in all.  A summary with no folded turn (written before they were kept) reads its text's
+    first line as its gist."""
     score, sim, nid, spath, layer, label, x, via = scored
     props = json.loads(row[14]) if row[14] else {}  # as text: only a hit's are parsed
     kind = _kind(row)
     sources = tuple(str(s) for s in props.get("source_ids", ()) or ()) if kind == "summary" else (
         (nid,) if kind == "event" else ())
+    lines: tuple[Line, ...] = ()
+    if kind in ("summary", "cluster"):
+        if kind == "summary":
+            gist = _span(props) if quoted else (row[15] or label)
+        else:
+            gist = f"{label} ({props.get('member_count', len(quoted))} members)"
+        gist = cut_around(" ".join(gist.split()), words, max(max_passage // 3, 1))
+        lines = tuple(_lines(kind, quoted, words, max_passage - len(gist) - 1))
+        text = "\n".join([gist, *(ln.text for ln in lines)])
+        if kind == "cluster":
+            sources = tuple(r[1] for r in sorted(quoted, key=lambda r: (-(r[11] or 0.0), r[1])))
+    else:
+        text = cut_around(" ".join(label.split()) if kind == "event" else label, words, max_passage)
     return Hit(str(uuid.uuid4()), nid, spath, layer, label, sim, score, tuple(float(v) for v in x), via,
-               kind=kind, text=label, properties=props, source_ids=sources)
+               kind=kind, text=text, properties=props, source_ids=sources, lines=lines)
 
 
-def _with_text(hit: Hit, text: str | None, members: list[str] | None) -> Hit:
-    from dataclasses import replace
+#: A hit is not cut to fit the budget's last characters when fewer than this many are left.
+MIN_PASSAGE_CHARS = 40
 
-    return replace(hit, text=text or hit.label, source_ids=tuple(members) if members is not None else hit.source_ids)
+
+def within_budget(hits: Sequence[Hit], budget: int | None, words: list[str]) -> list[Hit]:
+    """``hits`` in rank order until ``budget`` characters (the sum of their :attr:`Hit.chars`) are spent:
+    the hit that does not fit whole is cut to the characters left — a passage keeps its gist and the
+    lines that fit, a text is cut around the query's words — unless fewer than
+    :data:`MIN_PASSAGE_CHARS` are left; the hits after it are not returned.  ``None``: no budget.
+    The budget is never exceeded.
+
+    >>> h = Hit("r", "n", None, "semantic", "x", 0.0, 0.0, (), text="abcdefghij " * 5)
+    >>> [x.chars for x in within_budget([h, h], 80, [])]
+    [55]
+    """
+    if budget is None:
+        return list(hits)
+    out: list[Hit] = []
+    left = budget
+    for h in hits:
+        if h.chars <= left:
+            out.append(h)
+            left -= h.chars
+            continue
+        if left >= MIN_PASSAGE_CHARS:
+            out.append(_shrink(h, left, words))
+        break
+    return out
+
+
+def _shrink(hit: Hit, limit: int, words: list[str]) -> Hit:
+    """``hit`` with its passage in at most ``limit`` characters."""
+    if hit.lines:
+        gist, *_ = hit.text.split("\n", 1)
+        gist = cut_around(gist, words, max(limit // 3, 1))
+        kept: list[Line] = []
+        used = len(gist)
+        for ln in hit.lines:
+            if used + 1 + len(ln.text) > limit:
+                if not kept and limit - used - 1 >= MIN_PASSAGE_CHARS // 2:
+                    kept.append(Line(ln.source_id, cut_around(ln.text, words, limit - used - 1)))
+                break
+            kept.append(ln)
+            used += 1 + len(ln.text)
+        text = "\n".join([gist, *(ln.text for ln in kept)])
+        return replace(hit, text=text[:limit], lines=tuple(kept))
+    return replace(hit, text=cut_around(hit.text, words, limit))
 
 
 def feedback(store_or_conn: Store | psycopg.Connection, recall_id: str, used: bool) -> bool:

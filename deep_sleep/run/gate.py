@@ -69,7 +69,7 @@ is 0 before the diff, so no drop could show: the figures are kept) or ``disabled
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -88,6 +88,7 @@ from deep_sleep.core.scope import SEP
 from deep_sleep.core.shard import Shard
 from deep_sleep.core.snapshot import Snapshot, utc
 from deep_sleep.core.tables import EMBEDDING_DIM
+from deep_sleep.run.probes import ProbeResult, probe_gate
 
 __all__ = ["GateResult", "UNMEASURED", "not_run", "ranked_hits", "recall_gate"]
 
@@ -97,6 +98,7 @@ DEFAULT_MIN_LABEL = 0.5
 
 #: Why a scope's gate did not measure (a key of the report's ``gate.status`` besides ``measured``).
 UNMEASURED = {
+    "nothing_removed": "the night removes, folds or demotes nothing findable, and no used recall query could be replayed",
     "no_used_query": "no used recall query whose memory is a node of the scope",
     "no_vectors": "no node embeddings to rank against",
     "zero_before": "recall@k of the used memories is 0 before the diff: a drop cannot be seen",
@@ -125,18 +127,39 @@ class GateResult:
     failed: bool
     detail: str = ""
     status: str = "measured"
+    probes: ProbeResult | None = None
 
     @property
     def measured(self) -> bool:
         return self.status == "measured"
 
     def to_report(self) -> dict[str, Any]:
-        """The report's ``gate`` field: ``status`` and ``detail`` always; the figures when queries were replayed."""
+        """The report's ``gate`` field: ``status`` and ``detail`` always; the figures when queries were
+        replayed; the probes' (``probes``) when there were any."""
         out: dict[str, Any] = {"status": self.status, "detail": self.detail, "failed": self.failed}
         if self.queries:
             out.update(queries=self.queries, recall_before=self.recall_before, recall_after=self.recall_after,
                        drop_pp=self.drop_pp)
+        if self.probes is not None and self.probes.probes:
+            out["probes"] = self.probes.to_report()
         return out
+
+
+def _with_probes(explicit: GateResult, probes: ProbeResult | None, limit: float) -> GateResult:
+    """One verdict from the used queries' and the probes': measured when either measured, failed when
+    either failed; could not measure — by the probes' reason when nothing was replayed — otherwise."""
+    if probes is None:
+        return explicit
+    if probes.status != "measured":
+        if explicit.measured:
+            return replace(explicit, probes=probes)
+        status = probes.status if explicit.status in ("no_used_query", "nothing_removed") else explicit.status
+        return replace(explicit, status=status, detail=UNMEASURED.get(status, explicit.detail), probes=probes)
+    line = (f"probes: {probes.found_before} → {probes.found_after} of {probes.probes} removed, folded or demoted rows "
+            f"found within the recall budget; {probes.lost:.1f} of {probes.memory} rows estimated unfindable "
+            f"({-probes.drop_pp:+.1f} pp; limit −{limit:g} pp)" + (": FAILED" if probes.failed else ""))
+    detail = f"{explicit.detail}; {line}" if explicit.measured else line
+    return replace(explicit, status="measured", failed=explicit.failed or probes.failed, detail=detail, probes=probes)
 
 
 def not_run(reason: str) -> dict[str, Any]:
@@ -160,15 +183,28 @@ def _nothing(status: str, queries: int = 0, before: float | None = None, after: 
 def recall_gate(shard: Shard | Snapshot, diff: Diff, config: Any, embeddings: pl.DataFrame | None = None, *,
                 now: datetime | None = None, embedder: EmbeddingProvider | None = None) -> dict[str, GateResult]:
     """The recall-quality gate of every scope of ``shard``: recall@k of its used memories before
-    ``diff`` (the shard's, a ``scope_path`` on every row) and after (module docstring).  One pass
-    over all scopes' rows in Polars; only the query × node similarity is a dense product per scope.
-    A :class:`Snapshot` is a shard of one.  ``config``: a :class:`GateConfig` or a run's
-    configuration (its ``gate`` and ``label_recalls.min_label``); ``embeddings``: the nodes' (``id``,
-    ``embedding``)."""
+    ``diff`` (the shard's, a ``scope_path`` on every row) and after (module docstring) and, with a
+    run's configuration, the probes of what the night removes, folds or demotes
+    (:func:`deep_sleep.run.probes.probe_gate`), merged into one verdict.  One pass over all scopes'
+    rows in Polars; only the query × node similarity is a dense product per scope.  A
+    :class:`Snapshot` is a shard of one.  ``config``: a :class:`GateConfig` (the used queries alone) or
+    a run's configuration (its ``gate``, ``recall`` and ``label_recalls.min_label``); ``embeddings``:
+    the nodes' (``id``, ``embedding``)."""
     if isinstance(shard, Snapshot):
         from deep_sleep.run.transform import as_shard_diff
 
         shard, diff = Shard.of(shard), as_shard_diff(diff, shard.scope_path)
+    explicit = _used_queries_gate(shard, diff, config, embeddings, now=now, embedder=embedder)
+    gate, _ = _settings(config)
+    if not gate.enabled or getattr(config, "recall", None) is None:
+        return explicit
+    probes = probe_gate(shard, diff, config)
+    return {s: _with_probes(r, probes.get(s), gate.probe_max_drop_pp) for s, r in explicit.items()}
+
+
+def _used_queries_gate(shard: Shard, diff: Diff, config: Any, embeddings: pl.DataFrame | None = None, *,
+                       now: datetime | None = None, embedder: EmbeddingProvider | None = None) -> dict[str, GateResult]:
+    """The used queries' part of :func:`recall_gate` (module docstring)."""
     gate, min_label = _settings(config)
     scopes = list(shard.scope_paths)
     if not gate.enabled:

@@ -54,6 +54,7 @@ from deep_sleep.core import tables
 from deep_sleep.core.config import work_mem_size
 from deep_sleep.core.diff import Diff
 from deep_sleep.core.errors import InputError
+from deep_sleep.transforms.episodic_summary import FOLD_REASON
 
 KEY_COLUMNS = ("id", "expected_version", "phase")
 SMALL_STAGE_ROWS = 2_000  # up to this many rows a batch travels inline, or a staged table as one JSON parameter
@@ -225,8 +226,23 @@ def delete_sql(table: str, source: str, node_source: str | None = None) -> str:
         f" archived AS (INSERT INTO consolidation_archive (run_id, table_name, row_id, op, reason, row)"
         f" SELECT done.{RUN_ID_COLUMN}::uuid, '{table}', done.id::text, 'delete', done._ds_reason,"
         f" to_jsonb(done) - '_ds_reason' - '{RUN_ID_COLUMN}' FROM done RETURNING 1)"
+        + (FOLD_SQL if table == "episodic_events" else "")
         + _per_scope_counts("done.scope_path")
     )
+
+
+#: An event deleted with a phase-10 reason (``summarised into META:episodic_summary <node id>``) is
+#: folded: the same statement moves it whole into ``episodic_folded`` under that summary node, where
+#: recall reads it through its summary (SPEC §3 phase 10 and §5 as amended 2026-12-06).  Only rows
+#: the version guard let through are folded; a conflict leaves the event hot, still findable.
+FOLD_SQL = (
+    ", folded AS (INSERT INTO episodic_folded (id, summary_id, run_id, scope_path, tenant_id, session_id, content,"
+    " metadata, embedding, embedding_model, created_at, search)"
+    f" SELECT done.id, substr(done._ds_reason, {len(FOLD_REASON) + 1})::uuid, done.{RUN_ID_COLUMN}::uuid,"
+    " done.scope_path, done.tenant_id, done.session_id, done.content, done.metadata, done.embedding,"
+    " done.embedding_model, done.created_at, done.search FROM done"
+    f" WHERE left(done._ds_reason, {len(FOLD_REASON)}) = '{FOLD_REASON}' ON CONFLICT (id) DO NOTHING RETURNING 1)"
+)
 
 
 def _update_parts(table: str, changed: list[str]) -> tuple[str, str]:

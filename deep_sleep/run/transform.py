@@ -316,7 +316,9 @@ def node_text(label: pl.Expr, properties: pl.Expr) -> pl.Expr:
     node's label and its string property values (computed row by row: no phase writes one today)."""
     from deep_sleep.core.embedding import node_text as one
 
+    keywords = properties.str.json_path_match("$.keywords")
     meta = pl.concat_str([label.fill_null(""), properties.str.json_path_match("$.summary").fill_null("")], separator=" ")
+    meta = pl.when(keywords.fill_null("") != "").then(pl.concat_str([meta, keywords], separator=" ")).otherwise(meta)
     other = pl.struct(label.alias("l"), properties.alias("p")).map_elements(
         lambda r: None if (r["l"] or "").startswith("META:") else one(r["l"] or "", json.loads(r["p"]) if r["p"] else {}),
         return_dtype=pl.String)

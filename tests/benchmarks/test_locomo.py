@@ -127,7 +127,7 @@ def test_benchmark_on_a_tiny_conversation(store, tmp_path):
     out.write_text(json.dumps({"online": {"kept": True}}))
     questions = tmp_path / "questions.jsonl"
     tenant = f"t{uuid.uuid4().hex[:8]}"
-    assert locomo.main(["--data", str(data), "--dsn", store.dsn, "--tenant", tenant, "--nights", "both",
+    assert locomo.main(["--data", str(data), "--dsn", store.dsn, "--tenant", tenant, "--modes", "none,naps,nights",
                         "--out", str(out), "--runs-dir", str(tmp_path / "runs"), "--questions-out", str(questions)]) == 0
 
     doc = json.loads(out.read_text())
@@ -138,10 +138,10 @@ def test_benchmark_on_a_tiny_conversation(store, tmp_path):
     assert res["data"]["questions"] == 3 and res["data"]["questions_skipped_no_evidence"] == 1
     assert res["data"]["turns"] == 20 and res["data"]["facts"] == 16 and len(res["data"]["sha256"]) == 64
     assert res["embedder"]["name"] == "hashing" and res["embedder"]["dim"] == 256
-    assert set(res["modes"]) == {"off", "on"}
+    assert set(res["modes"]) == {"none", "naps", "nights"}
 
     rows = [json.loads(line) for line in questions.read_text().splitlines()]
-    for mode in ("off", "on"):
+    for mode in ("none", "naps", "nights"):
         m = res["modes"][mode]
         assert {"recall", "per_conversation", "coverage_digest", "rows_at_end", "ledger", "nodes_deleted", "nights",
                 "quick_naps", "top10_hits_by_kind", "wall_seconds", "latency_ms"} <= set(m)
@@ -160,7 +160,14 @@ def test_benchmark_on_a_tiny_conversation(store, tmp_path):
         assert set(cats) == {"1", "2", "3", "4"} and cats["2"]["questions"] == 0 and cats["4"]["r_at_10"] == 1.0
         assert m["rows_at_end"]["nodes_by_kind"]["observation"] == 16
         assert m["rows_at_end"]["episodic_events"] == 20  # a turn's own event, no filler beside it; no summary yet
-        assert m["quick_naps"] == {"applied": 2}
-    assert res["modes"]["off"]["nights"] == 0
-    assert res["modes"]["on"]["nights"] == 3 and res["modes"]["on"]["ledger"]["nightly"]["runs"] == 3
+        assert m["quick_naps"] == ({} if mode == "none" else {"applied": 2})
+        # the reader's unit: evidence found within a budget of characters, and what the top 10 hand over
+        assert {"found_within_1200", "found_within_2400", "found_within_4800", "median_chars_at_10"} <= set(overall)
+        assert overall["found_within_1200"] == overall["found_within_4800"] == 0.6667
+        at = m["rows_at_end"]  # one scope: what recall searches is its nodes and hot events
+        assert at["rows_recall_searches_per_scope"] == at["memory_nodes"] + at["episodic_events"] >= 36
+        assert set(m["rows_at_end"]["text_chars"]) >= {"events", "summaries", "archive_events"}
+    assert res["modes"]["none"]["nights"] == res["modes"]["naps"]["nights"] == 0
+    assert res["modes"]["nights"]["nights"] == 3 and res["modes"]["nights"]["ledger"]["nightly"]["runs"] == 3
+    assert res["modes"]["nights"]["gate"]["status nothing_removed"] + res["modes"]["nights"]["gate"].get("status measured", 0) == 3
     assert res["comparison"]["lost_at_10"] == 0

@@ -26,7 +26,9 @@ from tests.storeutil import dump, edge, insert, node, scalar, small_graph
 NOW = datetime(2026, 11, 20, 3, 0, tzinfo=UTC)
 VECTOR = "[" + ",".join(f"{(i * 0.7311) % 1 - 0.5:.7f}" for i in range(256)) + "]"
 # Undo is about what a run applied: these runs apply everything (no holds, issue 16).
-NO_HOLDS = ConsolidationConfig(holds={"enabled": False})
+# Nothing held: no holds policy, and no gate probes (on this 9-row scope one pruned fact is 11 % of its
+# memory, over their 10 pp limit — tests/run/test_probes.py tests that verdict).
+NO_HOLDS = ConsolidationConfig(holds={"enabled": False}, gate={"probes": 0})
 
 
 def rich_graph(store, scope) -> dict[str, list[str]]:

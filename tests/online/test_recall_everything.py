@@ -55,23 +55,32 @@ def test_an_event_is_recalled_with_its_metadata_and_its_own_id_as_provenance(sto
 def test_a_summary_the_night_writes_has_a_vector_and_is_recalled_with_its_source_events(store, scope, runs_dir):
     from deep_sleep import consolidate
 
-    ops = [[{"op": "create_event", "content": f"Ada: filler talk number {i} about the weather"}] for i in range(104)]
+    # each filler turn has a word of its own: turns that share every word are told apart by their random
+    # ids alone, and so would be the gate's probes of them (deep_sleep/run/probes.py)
+    ops = [[{"op": "create_event", "content": f"Ada: filler talk about the weather, {chr(97 + i // 26)}{chr(97 + i % 26)}zz"}]
+           for i in range(104)]
     ops[3] = [{"op": "create_event", "content": "Ada: my puppy Biscuit chewed the red sneakers"}]
     ids = [record_turn(store, scope, o, now=NOW + timedelta(seconds=i), nap=False).ids("create_event")[0]
            for i, o in enumerate(ops)]
     report = consolidate(store, scope, NOW + timedelta(hours=2), runs_dir=runs_dir).report()
     assert report.status == "applied" and report.counters["episodes_summarized"] == 50
-    summary_id, model, text = rows(store, "SELECT id::text, embedding_model, properties->>'summary' FROM memory_nodes"
-                                          " WHERE scope_path = %s AND label = 'META:episodic_summary'", scope.path)[0]
-    assert model == HASHING and text.split("\n")[3] == "Ada: my puppy Biscuit chewed the red sneakers"
-    # its vector is the one the configured embedder gives its text (computed in the transform, written by the apply)
+    assert report.gate["status"] == "measured" and not report.gate["failed"] and not report.held
+    summary_id, model, text, keywords = rows(
+        store, "SELECT id::text, embedding_model, properties->>'summary', properties->>'keywords' FROM memory_nodes"
+               " WHERE scope_path = %s AND label = 'META:episodic_summary'", scope.path)[0]
+    assert model == HASHING and "biscuit" in keywords.split()
+    # its vector is the one the configured embedder gives its text and word key (computed in the transform,
+    # written by the apply)
     stored = rows(store, "SELECT embedding::text FROM memory_nodes WHERE id = %s", summary_id)[0][0]
-    want = HashingEmbedder().embed([f"META:episodic_summary {text}"])[0]
+    want = HashingEmbedder().embed([f"META:episodic_summary {text} {keywords}"])[0]
     assert np.allclose(np.array(stored.strip("[]").split(","), dtype=np.float32), want, atol=1e-6)
     hits = recall(store, scope, "what did Biscuit chew?", k=5, now=NOW + timedelta(hours=3))
     summary = next(h for h in hits if h.kind == "summary")
-    assert summary.node_id == summary_id and summary.text == text and summary.source_ids == tuple(ids[:50])
-    assert ids[3] not in [h.node_id for h in hits]  # the event itself is archived; the summary stands for it
+    assert summary.node_id == summary_id and summary.source_ids == tuple(ids[:50])
+    # its passage: the gist, then the matching turn with its own event id (SPEC §5 as amended 2026-12-06)
+    assert summary.lines[0].source_id == ids[3] and summary.lines[0].text == "Ada: my puppy Biscuit chewed the red sneakers"
+    assert summary.text.split("\n")[0] == NOW.date().isoformat()  # its gist: the dates its turns span
+    assert ids[3] not in [h.node_id for h in hits]  # the event itself left the hot table; the summary carries it
 
 
 def test_word_matching_weighs_a_rare_word_above_a_common_one(store, scope):
