@@ -51,7 +51,7 @@ def test_the_queue_counts_by_reason_phase_and_scope_and_one_reason_is_approved_a
     assert queue.height == 200 and queue.get_column("superseded_by").null_count() == 200
     g = grouped(queue)
     assert g["reason"].rows() == [("soul_change", 200, 200)]
-    assert g["phase"].rows() == [("soul_corrections", 200)]
+    assert g["phase"].rows() == [("soul_corrections", 200, 200)]
     assert g["scope"].height == 200 and set(g["scope"].get_column("rows").to_list()) == {1}
     # a selection narrows it: by scope (a subtree, by path), by reason, by phase, by age
     assert pending(store, Selection(scope=scopes[7])).get_column("scope_path").to_list() == [scopes[7].path]
@@ -68,7 +68,7 @@ def test_the_queue_counts_by_reason_phase_and_scope_and_one_reason_is_approved_a
     # one bulk approve of the reason: 200 runs, each its own version-guarded transaction
     assert main(["--dsn", store.dsn, "approve", "--reason", "soul_change", "--scope", root.display(), "--by", "ops"]) == 0
     out = capsys.readouterr()
-    assert "approved 200 phase decision(s) in 200 run(s) (200 held row(s))" in out.out
+    assert "approved 200 held row(s) in 200 run(s): 200 selected, 0 added by the closure" in out.out
     assert scalar(store, "SELECT count(*) FROM soul_profiles WHERE scope_path LIKE %s AND key = 'name'", root.path + "%") == 200
     assert scalar(store, "SELECT value FROM soul_profiles WHERE scope_path = %s AND key = 'name'", scopes[42].path) == "Nova 42"
     assert scalar(store, "SELECT count(*) FROM consolidation_decisions d JOIN consolidation_runs r USING (run_id)"
@@ -76,7 +76,7 @@ def test_the_queue_counts_by_reason_phase_and_scope_and_one_reason_is_approved_a
     assert pending(store, Selection(scope=root)).height == 0
     # nothing left to decide: a second bulk approve finds an empty selection and says so
     assert main(["--dsn", store.dsn, "approve", "--reason", "soul_change", "--scope", root.display()]) == 0
-    assert "approved 0 phase decision(s) in 0 run(s)" in capsys.readouterr().out
+    assert "approved 0 held row(s) in 0 run(s)" in capsys.readouterr().out
 
 
 def test_a_newer_run_supersedes_an_older_pending_one_and_bulk_decisions_take_the_newest(store, runs_dir):
@@ -85,11 +85,16 @@ def test_a_newer_run_supersedes_an_older_pending_one_and_bulk_decisions_take_the
     insert(store, "memory_nodes", [node(scopes[0], "SOUL:name", NOW + timedelta(hours=23),
                                         properties={"_last_edited_by": "user_manual_edit", "value": "Vega"})])
     second = _night(store, scopes[:1], NOW + timedelta(days=1), runs_dir)
-    queue = pending(store, Selection(scope=root))
     old_run, new_run = first.reports[scopes[0].path].run_id, second.reports[scopes[0].path].run_id
-    assert dict(queue.select("run_id", "superseded_by").iter_rows())[old_run] == new_run
+    # the superseded run left the queue: one current run per scope and phase
+    queue = pending(store, Selection(scope=root))
+    assert sorted(queue.get_column("run_id").to_list()) == sorted([new_run, *(first.reports[s.path].run_id for s in scopes[1:])])
+    every = pending(store, Selection(scope=root), include_superseded=True)
+    assert dict(every.select("run_id", "superseded_by").iter_rows())[old_run] == new_run
     out = decide(store, "reject", Selection(scope=scopes[0]))
     assert [d.run_id for d in out.decided] == [new_run] and out.skipped_superseded == 1 and out.ok
+    with pytest.raises(InputError, match="never approved"):
+        decide(store, "approve", Selection(scope=scopes[0]), include_superseded=True)
     out = decide(store, "reject", Selection(scope=scopes[0]), include_superseded=True)
     assert [d.run_id for d in out.decided] == [old_run]
     assert pending(store, Selection(scope=scopes[0])).height == 0 and pending(store, Selection(scope=root)).height == 2
@@ -98,8 +103,10 @@ def test_a_newer_run_supersedes_an_older_pending_one_and_bulk_decisions_take_the
 def test_a_bulk_decision_needs_a_run_or_a_selection_and_not_both(store, capsys):
     assert main(["--dsn", store.dsn, "approve"]) == 2
     assert "deep-sleep held" in capsys.readouterr().err
-    assert main(["--dsn", store.dsn, "reject", "abcd1234", "--reason", "soul_change"]) == 2
+    assert main(["--dsn", store.dsn, "reject", "abcd1234", "--scope", "org/x"]) == 2
     assert "not both" in capsys.readouterr().err
+    assert main(["--dsn", store.dsn, "held", "--reason", "gate_faild"]) == 2
+    assert "no hold reason" in capsys.readouterr().err
     assert main(["--dsn", store.dsn, "held", "--older-than", "-1"]) == 2
     with pytest.raises(InputError, match="approve or reject"):
         decide(store, "delete", Selection())

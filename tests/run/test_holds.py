@@ -98,6 +98,8 @@ def test_golden_split_exact():
         "rows": {"memory_edges": {"deletes": 2}, "memory_nodes": {"deletes": 5}, "soul_profiles": {"updates": 1}},
         "reasons": {"delete_share": 4, "soul_change": 1, "used_node": 1, "with_held_node": 2},
         "phases": {"prune_orphans": 5, "soul_corrections": 1, "supersession": 2},
+        "cells": {"prune_orphans": {"delete_share": 4, "with_held_node": 1}, "soul_corrections": {"soul_change": 1},
+                  "supersession": {"used_node": 1, "with_held_node": 1}},
         "why": ["the run deletes 5 of 10 semantic nodes (50.0 %; the policy holds more than 5 % or more than 500)",
                 "the run changes the agent's SOUL profile (soul_profiles)",
                 "the run deletes memories the agent used (explicit positive recall feedback)"],
