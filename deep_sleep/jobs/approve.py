@@ -2,24 +2,31 @@
 
 Where things are: the held rows are a diff directory under the run's diff directory
 (``<diff_uri>/held/``, :mod:`deep_sleep.run.holds`), so they survive with the run's files; the
-ledger row (``consolidation_runs``) has ``held`` (what and why) and ``hold_status``; each decision
-is one row per phase in ``consolidation_decisions`` (``PRIMARY KEY (run_id, phase)``: a phase's
-held rows are decided once).  The decisions table, not ``hold_status``, says what is still pending.
+ledger row (``consolidation_runs``) has ``held`` (what and why; ``cells``: phase → reason → rows)
+and ``hold_status``; decisions are **by row** (issue 37): each decided held row is one row of
+``consolidation_decided_rows`` (primary key run, table, kind, id, phase: a row is decided once),
+with its reason and whether the closure added it, and each (decision, phase) it touched one row of
+``consolidation_decisions``.  The decided rows, not ``hold_status``, say what is still pending; a
+whole-phase decision of an earlier release (``by_rows`` false) decided its phase.
 
-:func:`approve` applies the held rows of the still-pending phases (or of one ``phase``) so that what
-it applies is valid on its own (SPEC §9 as amended):
+:func:`approve` applies the pending held rows it selects — of the run's current phases (or of one
+``phase``), only those held for ``reason`` when given — so that what it applies is valid on its own
+(SPEC §9 as amended):
 
 - the selection is closed under the graph (:func:`deep_sleep.run.holds.close_selection`): a node
   delete takes the held edge deletes that touch it, a META node's ``CLUSTERS`` rows and its own
-  update go together.  A closure that reaches into another pending phase decides that phase too
-  (and says so); one that reaches into a rejected phase is refused;
+  update go together, every row of an id goes with it.  The rows the closure added, whatever their
+  phase or reason, are decided too and listed (:attr:`Decision.closure`, the notes); a closure that
+  reaches a rejected row is refused, one that reaches a row of a superseded phase too;
+- rows of a phase a newer run of the scope held rows of (pending or decided) are *superseded*: they
+  expired and are never applied (asked by ``phase``: refused, naming the newer run);
 - it is validated (every SPEC §4 check) against the run's snapshot with the run's applied part
-  folded in — the state the held rows were planned to follow;
+  and the rows approved so far folded in — the state the held rows were planned to follow;
 - it is applied by :func:`deep_sleep.run.apply.apply_batch` — the very statements and version guard
   of a nightly apply, in one transaction that also writes the decision rows and the run's
   ``hold_status``: a row that a live writer changed since the run's snapshot fails the guard, is left
   as the writer left it and is counted in ``conflicts``; deletes archive their before-images; edges
-  held with a node whose delete conflicts stay.  Two approvals of one run race on the decision rows'
+  held with a node whose delete conflicts stay.  Two approvals of one row race on its decided row's
   primary key: the first commits, the second waits, fails on it and rolls back — it writes nothing,
   and says so (:class:`~deep_sleep.jobs.errors.HoldError`).
 
@@ -31,13 +38,16 @@ ledger row; it carries the run's own as_of, so it never moves a scope's "previou
 read ``mode = 'nightly'``).  What it applied and its conflicts are its ledger row's ``rows_changed``
 and ``conflicts`` (``consolidation_decisions.approval_run_id`` names it).
 
-:func:`reject` records the decision and applies nothing; the held files stay for the record
-(``deep-sleep gc`` removes them with the run's directories).
+:func:`reject` records the decision and applies nothing — the selection plus the closure's rows held
+only because of it (``with_held_node``, ``cluster_cap``, ``same_row``); rows held for a reason of
+their own stay pending.  The held files stay for the record (``deep-sleep gc`` removes them with
+the run's directories once nothing awaits a decision); a run whose files are gone is rejected by
+phase from the ledger.
 
 Refused, with nothing written (:class:`~deep_sleep.jobs.errors.HoldError`): a run that is not in the
 ledger, not applied (failed or undone), holds nothing, whose held phases (or the one asked for) are
 already decided, whose snapshot is gone (the approval could not be validated), or whose selection
-fails validation.
+fails validation; approving rows whose files are gone.
 """
 
 from __future__ import annotations
