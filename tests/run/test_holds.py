@@ -338,3 +338,18 @@ def test_close_selection_is_a_fixpoint_across_phases():
     assert got == {("memory_nodes", "updates", N[0], "decay_importance"), ("memory_nodes", "updates", N[0], "meta_nodes"),
                    ("memory_edges", "deletes", EDGE[1], "meta_nodes"),
                    ("memory_edges", "inserts", "00000000-0000-4000-a000-000000000009", "meta_nodes")}
+
+
+def test_a_held_row_keeps_every_row_of_its_id_in_the_table_waiting():
+    """same_row in the split: drift's update of the SOUL row is routine (not held by default), but the
+    same row's SOUL correction is held — so drift's waits too: applied tonight it would bump the row's
+    version and the held correction could never pass the version guard on approval."""
+    snap = snapshot()
+    d = Diff.combine([
+        Diff.of("soul_profiles", "soul_corrections", updates=pl.DataFrame({"id": [SOUL], "version": [1], "value": ["curt"]})),
+        Diff.of("soul_profiles", "drift", updates=pl.DataFrame({"id": [SOUL], "version": [1], "value": ["0.5100"]})),
+    ])
+    split = split_holds(d, snap, HoldsConfig())
+    rows = split.rows.select("phase", "reason").sort("phase").rows()
+    assert rows == [("drift", "same_row"), ("soul_corrections", "soul_change")]
+    assert "soul_profiles" not in split.apply.tables or not split.apply.table("soul_profiles").has_changes
