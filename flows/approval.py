@@ -13,10 +13,12 @@ flow before it pauses (:class:`~deep_sleep.jobs.errors.HoldError`); a pause not 
 Without a ``run_id`` the flow decides a selection of the held queue (``reason``, ``phase``, ``scope``
 and below, ``older_than_days``; :mod:`deep_sleep.jobs.queue`, what ``deep-sleep held`` lists and
 ``deep-sleep approve --reason …`` decides): the form shows the queue grouped by reason, phase and
-scope, counts first, then the runs; on resume every selected run is decided run by run (each its own
-transaction, version-guarded, closed under the graph; the newest run per scope and phase unless
-``include_superseded``), and the result lists what was decided and what was refused and why.  A
-selection with nothing pending fails the flow before it pauses.
+scope, counts first, then the runs (the current run per scope and phase: superseded rows expired);
+on resume every selected run is decided run by run (each its own transaction, version-guarded, taking
+the selected rows and the rows their closure under the graph needs; ``include_superseded``, reject
+only: the expired rows too), and the result lists what was decided, the rows the closure added
+(``closure``), and what was refused and why.  A selection with nothing pending fails the flow before
+it pauses.
 """
 
 from __future__ import annotations
@@ -51,7 +53,8 @@ class ApprovalParameters(BaseModel):
     phase: str | None = Field(None, description="without run_id: only this phase's held rows")
     scope: str | None = Field(None, description="without run_id: this scope and its descendants")
     older_than_days: float | None = Field(None, ge=0, description="without run_id: runs of an as_of at least this old")
-    include_superseded: bool = Field(False, description="without run_id: also runs a newer run of their scope supersedes")
+    include_superseded: bool = Field(False, description="without run_id, reject only: also the expired rows of runs a "
+                                                        "newer run of their scope and phase supersedes")
     dsn: str | None = Field(None, description="PostgreSQL DSN; default DEEP_SLEEP_DSN or the embedded server")
     timeout_seconds: int = Field(3600, ge=1, description="how long the flow run waits paused for the decision")
     poll_seconds: int = Field(10, ge=1, description="how often the paused flow run checks for the decision")
@@ -93,7 +96,7 @@ def _decide_queue(store, params: ApprovalParameters) -> dict[str, Any]:
     create_markdown_artifact(markdown=text, key="deep-sleep-held-queue", description=f"held queue: {selection.describe()}")
     form = Approval.with_initial_data(
         description=text + "\n\nApprove (apply) or reject (discard) the held rows of every run above"
-        + ("" if params.include_superseded else " (superseded runs are left pending)") + "; phase: only that phase.",
+        + ("" if params.include_superseded else " (expired rows of superseded runs are left alone)") + "; phase: only that phase.",
         approve=False)
     answer = pause_flow_run(wait_for_input=form, timeout=params.timeout_seconds, poll_interval=params.poll_seconds)
     if answer.phase:
@@ -102,12 +105,12 @@ def _decide_queue(store, params: ApprovalParameters) -> dict[str, Any]:
     outcome = decide(store, "approve" if answer.approve else "reject", selection, decided_by=by,
                      include_superseded=params.include_superseded)
     logger = get_run_logger()
-    logger.info("%s %d run(s) of %s; %d refused; %d superseded left pending", outcome.decision,
+    logger.info("%s %d run(s) of %s; %d refused; %d superseded (run, phase) pair(s) left alone", outcome.decision,
                 len({d.run_id for d in outcome.decided}), selection.describe(), len(outcome.refused),
                 outcome.skipped_superseded)
     for run_id, why in outcome.refused:
         logger.warning("run %s refused: %s", run_id, why)
     return {"decision": "approved" if answer.approve else "rejected", "selection": selection.describe(),
             "runs": sorted({d.run_id for d in outcome.decided}), "decisions": [d.to_dict() for d in outcome.decided],
-            "refused": [{"run_id": r, "why": w} for r, w in outcome.refused],
+            "closure": outcome.closure, "refused": [{"run_id": r, "why": w} for r, w in outcome.refused],
             "skipped_superseded": outcome.skipped_superseded}

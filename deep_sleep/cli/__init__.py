@@ -133,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     u.set_defaults(func=cmd_undo)
 
     def selection_flags(a: argparse.ArgumentParser) -> None:
-        a.add_argument("--reason", default=None, help="runs holding rows for this reason (used_node, soul_change, "
+        a.add_argument("--reason", default=None, help="only the rows held for this reason (used_node, soul_change, "
                                                        "delete_share, delete_count, gate_failed, ...)")
         a.add_argument("--scope", default=None, help="a scope and every scope below it")
         a.add_argument("--older-than", type=float, default=None, metavar="DAYS", help="runs at least this many days old")
@@ -146,7 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
         a.add_argument("--phase", default=None, help="only this phase's held rows (default: every pending phase)")
         selection_flags(a)
         a.add_argument("--include-superseded", action="store_true",
-                       help="with a selection: also runs a newer run of the same scope and phase superseded")
+                       help="reject with a selection: also the expired rows of runs a newer run of the same scope "
+                            "and phase superseded (never approved)")
         a.add_argument("--by", default=None, help="who decides (recorded in consolidation_decisions.decided_by)")
         a.set_defaults(func=func)
 

@@ -137,8 +137,12 @@ def _selection(args: argparse.Namespace):
 
     from deep_sleep.jobs.queue import Selection
 
+    from deep_sleep.run.holds import RULES
+
     if args.older_than is not None and args.older_than < 0:
         raise InputError(f"--older-than must be a number of days >= 0, got {args.older_than}")
+    if args.reason is not None and args.reason not in RULES:
+        raise InputError(f"--reason {args.reason!r} is no hold reason; one of {', '.join(RULES)}")
     if not any((args.reason, args.phase, args.scope, args.older_than is not None)):
         return None
     return Selection(reason=args.reason, phase=args.phase, scope=args.scope,
@@ -152,10 +156,12 @@ def _decide(args: argparse.Namespace, verb: str) -> int:
 
     store = _store(args.dsn)
     if args.run_id is not None:
-        if any((args.reason, args.scope, args.older_than is not None, args.include_superseded)):
-            raise InputError(f"{verb}: give a RUN_ID or a selection (--reason, --scope, --older-than), not both")
+        if any((args.scope, args.older_than is not None, args.include_superseded)):
+            raise InputError(f"{verb}: give a RUN_ID (with --phase, --reason) or a selection (--scope, --older-than), not both")
+        if args.reason is not None:
+            _selection(args)  # the reason is checked by name
         act = approvals.approve if verb == "approve" else approvals.reject
-        print(approvals.decision_text(act(store, args.run_id, args.phase, decided_by=args.by)))
+        print(approvals.decision_text(act(store, args.run_id, args.phase, decided_by=args.by, reason=args.reason)))
         return 0
     selection = _selection(args)
     if selection is None:
@@ -166,12 +172,18 @@ def _decide(args: argparse.Namespace, verb: str) -> int:
     out = decide(store, verb, selection, decided_by=args.by, include_superseded=args.include_superseded,
                  progress=lambda m: print(m, file=sys.stderr))
     rows = sum(sum(n for kinds in d.held_rows.values() for n in kinds.values()) for d in out.decided)
-    print(f"{verb}d {len(out.decided)} phase decision(s) in {len({d.run_id for d in out.decided})} run(s) "
-          f"({rows} held row(s)); selection: {selection.describe()}"
-          + (f"; {out.skipped_superseded} superseded run(s) left (--include-superseded)" if out.skipped_superseded else ""))
+    closure = out.closure
+    print(f"{verb}d {rows} held row(s) in {len(out.decided)} run(s): {sum(d.selected for d in out.decided)} selected, "
+          f"{len(closure)} added by the closure under the graph; selection: {selection.describe()}"
+          + (f"; {out.skipped_superseded} superseded (run, phase) pair(s) expired and left alone" if out.skipped_superseded else ""))
     if verb == "approve":
         print(f"applied {sum(sum(k.values()) for d in out.decided for k in d.applied.values())} row(s), "
               f"{sum(d.conflicts for d in out.decided)} conflict(s)")
+    for d in out.decided[:50]:
+        if d.closure:
+            print(f"  run {d.run_id[:8]}: " + "; ".join(n for n in d.notes if n.startswith("the closure")))
+    if sum(1 for d in out.decided if d.closure) > 50:
+        print(f"  … the closure rows of every run are in consolidation_decided_rows (closure = true)")
     for run_id, why in out.refused:
         print(f"refused {run_id[:8]}: {why}", file=sys.stderr)
     return 0 if out.ok else 1
@@ -188,19 +200,26 @@ def cmd_reject(args: argparse.Namespace) -> int:
 def cmd_held(args: argparse.Namespace) -> int:
     import json
 
-    from deep_sleep.jobs.queue import Selection, grouped, pending, queue_markdown
+    import polars as pl
+
+    from deep_sleep.jobs.queue import Selection, by_run, grouped, pending, queue_markdown
 
     store = _store(args.dsn)
     selection = _selection(args) or Selection()
     if selection.scope is not None:
         selection = replace(selection, scope=Scope.coerce(selection.scope))
-    queue = pending(store, selection)
+    every = pending(store, selection, include_superseded=True)
+    queue = every.filter(pl.col("superseded_by").is_null())
+    expired = every.filter(pl.col("superseded_by").is_not_null())
     if args.json:
         g = grouped(queue)
-        print(json.dumps({k: v.to_dicts() for k, v in g.items()} | {"runs": queue.head(args.limit).to_dicts()},
+        print(json.dumps({k: v.to_dicts() for k, v in g.items()}
+                         | {"runs": by_run(queue).head(args.limit).to_dicts(),
+                            "expired": {"runs": expired.get_column("run_id").n_unique(),
+                                        "rows": int(expired.get_column("rows").sum())}},
                          default=str, indent=2))
     else:
-        print(queue_markdown(queue, selection, runs=args.runs, limit=args.limit))
+        print(queue_markdown(queue, selection, runs=args.runs, limit=args.limit, expired=expired))
     return 0
 
 

@@ -16,7 +16,11 @@ removes the directories and ``consolidation_archive`` rows of runs older than ``
   (the ledger rows whose ``diff_uri`` is its ``diff/``): it is kept while any of them can be undone,
   and ``force`` marks them all;
 * archive rows are this runs directory's runs' and those of runs that keep no files (quick naps);
-  a run whose files live under another runs directory is left to that directory's gc.
+  a run whose files live under another runs directory is left to that directory's gc;
+* a run whose held rows still await a decision (the current run of its scope for a held phase:
+  :func:`deep_sleep.jobs.queue.pending`) keeps its directory, even with ``force``: approving needs
+  its held rows and snapshot (issue 37).  Superseded held rows expired and need nothing; a run whose
+  files are gone anyway (an earlier release's gc) can still be rejected by phase from the ledger.
 
 The runs directory may be an object-store URL (``s3://bucket/runs``, any fsspec file system): the
 directories are listed, sized and removed through fsspec (a "directory" there is a key prefix;
@@ -35,6 +39,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import polars as pl
 from psycopg.rows import dict_row
 
 from deep_sleep.core.errors import InputError
@@ -186,20 +191,29 @@ def _diff_uri(path: Path | str) -> str:
 
 
 def plan_gc(dirs: Iterable[RunDir], runs: Mapping[str, LedgerRun], cutoff: datetime, force: bool,
-            archived_runs: Iterable[str] = ()) -> list[GcAction]:
-    """What to do with each directory older than ``cutoff`` and each old run's archive rows (pure)."""
+            archived_runs: Iterable[str] = (), awaiting: Mapping[str, int] | None = None) -> list[GcAction]:
+    """What to do with each directory older than ``cutoff`` and each old run's archive rows (pure).
+    ``awaiting``: run id → its held rows still awaiting a decision (those runs' directories stay)."""
+    awaiting = awaiting or {}
     actions: list[GcAction] = []
     seen: set[str] = set()
     for d in dirs:
         if d.runs:  # a shard's directory: one decision for all its runs
-            actions.extend(_plan_shard_dir(d, [runs[r] for r in d.runs if r in runs], cutoff, force))
+            waiting = sum(awaiting.get(r, 0) for r in d.runs)
+            if waiting and max((runs[r].as_of for r in d.runs if r in runs), default=cutoff) < cutoff:
+                actions.append(GcAction(d.path, None, False, _awaiting_why(waiting), bytes=d.bytes, run_ids=d.runs))
+            else:
+                actions.extend(_plan_shard_dir(d, [runs[r] for r in d.runs if r in runs], cutoff, force))
             seen.update(d.runs)
             continue
         run = runs.get(d.run_id) if d.run_id else None
         age = run.as_of if run is not None else d.stamp
         if age is None or age >= cutoff:
             continue
-        if run is None:
+        if run is not None and awaiting.get(run.run_id):
+            actions.append(GcAction(d.path, run.run_id, False, _awaiting_why(awaiting[run.run_id]), bytes=d.bytes))
+            seen.add(run.run_id)
+        elif run is None:
             why = "a nightly folder" if d.run_id is None else "no ledger row"
             actions.append(GcAction(d.path, d.run_id, True, why, bytes=d.bytes))
         elif not run.undoable:
@@ -225,6 +239,11 @@ def plan_gc(dirs: Iterable[RunDir], runs: Mapping[str, LedgerRun], cutoff: datet
         else:
             actions.append(GcAction(None, rid, False, "kept: the archive of a run that can still be undone"))
     return actions
+
+
+def _awaiting_why(rows: int) -> str:
+    return (f"kept: {rows} held row(s) await a decision (`deep-sleep held`; approve or reject them, or a newer run "
+            "of the scope supersedes them), even with --force")
 
 
 def _plan_shard_dir(d: RunDir, members: list[LedgerRun], cutoff: datetime, force: bool) -> list[GcAction]:
@@ -270,7 +289,11 @@ def gc(store: Store, runs_dir: str | Path, keep_days: float, *, force: bool = Fa
             "SELECT DISTINCT a.run_id::text AS run_id FROM consolidation_archive a "
             "JOIN consolidation_runs r USING (run_id) WHERE r.as_of < %s "
             "AND (r.diff_uri IS NULL OR starts_with(r.diff_uri, %s))", (cutoff, _prefix(runs_dir))).fetchall()]
-    actions = plan_gc(dirs, runs, cutoff, force, archived)
+    from deep_sleep.jobs.queue import pending
+
+    queue = pending(store)
+    awaiting = dict(queue.group_by("run_id").agg(pl.col("rows").sum()).iter_rows()) if queue.height else {}
+    actions = plan_gc(dirs, runs, cutoff, force, archived, awaiting)
     marked = tuple(sorted({r for a in actions if a.marks_not_undoable for r in a.runs if r in runs and runs[r].undoable}))
     gone = sorted({r for a in actions if a.remove for r in a.runs if r in runs})
     removed_rows = 0
@@ -318,7 +341,7 @@ def gc_markdown(result: GcResult) -> str:
     verb = "would remove" if result.dry_run else "removed"
     lines = [f"gc (cutoff {result.cutoff.isoformat(timespec='seconds')}): {verb} {len(result.removed)} "
              f"director{'y' if len(result.removed) == 1 else 'ies'} ({result.bytes_freed / 1e6:.1f} MB), "
-             f"{result.archive_rows_removed} archive rows; kept {len(result.kept)} (still undoable)"]
+             f"{result.archive_rows_removed} archive rows; kept {len(result.kept)} (still undoable, or held rows awaiting a decision)"]
     if result.runs_marked_not_undoable:
         lines.append(f"marked not undoable: {', '.join(r[:8] for r in result.runs_marked_not_undoable)}")
     for a in result.actions:

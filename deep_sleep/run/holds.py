@@ -79,6 +79,9 @@ REASONS_SCHEMA = {"scope_path": pl.String(), "table": pl.String(), "kind": pl.St
 # When a row matches several rules, the first of these names it.
 RULES = ("used_node", "soul_change", "delete_share", "delete_count", "gate_failed", "with_held_node", "cluster_cap",
          "same_row")
+#: The rules that hold a row only because another held row waits (the closure under the graph): a
+#: rejection takes the rows held so with the rows it rejects (:func:`deep_sleep.jobs.approve.reject`).
+CLOSURE_RULES = ("with_held_node", "cluster_cap", "same_row")
 #: The phases whose soul_profiles rows each knob holds.
 SOUL_PHASES = {"soul_changes": "soul_corrections", "drift_changes": "drift"}
 #: The phase that writes META nodes and their ``CLUSTERS`` edges (phase 4), whose rows ``cluster_cap`` keeps together.
@@ -110,7 +113,8 @@ class HoldSplit:
 
     def summaries(self) -> dict[str, dict[str, Any]]:
         """Each holding scope's report field ``held``: ``rows`` (table → kind → rows), ``reasons``
-        (rule → rows), ``phases`` (phase → rows), ``why``; counted for all scopes at once."""
+        (rule → rows), ``phases`` (phase → rows), ``cells`` (phase → rule → rows: what the held
+        queue counts by reason within a phase), ``why``; counted for all scopes at once."""
         return summarize(self.rows, self.why)
 
     def write(self, directory: str | Path) -> Path:
@@ -128,10 +132,10 @@ class HoldSplit:
 
 
 def summarize(rows: pl.DataFrame, why: Mapping[str, tuple[str, ...] | list[str]] | None = None) -> dict[str, dict[str, Any]]:
-    """scope → ``{"rows", "reasons", "phases", "why"}`` of held rows (reasons with ``scope_path``),
-    one group-by per field."""
+    """scope → ``{"rows", "reasons", "phases", "cells", "why"}`` of held rows (reasons with
+    ``scope_path``), one group-by per field."""
     why = why or {}
-    out: dict[str, dict[str, Any]] = {s: {"rows": {}, "reasons": {}, "phases": {}, "why": list(why.get(s, ()))}
+    out: dict[str, dict[str, Any]] = {s: {"rows": {}, "reasons": {}, "phases": {}, "cells": {}, "why": list(why.get(s, ()))}
                                       for s in rows.get_column("scope_path").unique().to_list()}
     for s, table, kind, n in rows.group_by("scope_path", "table", "kind").len().sort(
             "scope_path", "table", "kind").iter_rows():
@@ -139,6 +143,9 @@ def summarize(rows: pl.DataFrame, why: Mapping[str, tuple[str, ...] | list[str]]
     for col, key in (("reason", "reasons"), ("phase", "phases")):
         for s, value, n in rows.group_by("scope_path", col).len().sort("scope_path", col).iter_rows():
             out[s][key][value] = n
+    for s, phase, reason, n in rows.group_by("scope_path", "phase", "reason").len().sort(
+            "scope_path", "phase", "reason").iter_rows():
+        out[s]["cells"].setdefault(phase, {})[reason] = n
     return out
 
 
@@ -372,9 +379,12 @@ def _share_why(deleted: int, semantic: int, policy: HoldsConfig) -> str:
 def close_selection(held: Diff, selected: Diff, shard: Shard) -> Diff:
     """The rows of ``held`` (a shard diff of held rows) an approval of ``selected`` (some of them) must
     apply so that what it applies is valid on its own (SPEC §9), by the closure of
-    :func:`split_holds`: the held edge deletes touching a selected node delete (an edge goes with its
-    node), every ``CLUSTERS`` insert and delete and the phase-4 update of a META node one of whose
-    ``CLUSTERS`` rows or that update is selected (its member cap, its text), and every held row of a selected (scope, id) in the same table.
+    :func:`split_holds`: the held edge deletes touching a selected node delete, by either end (an
+    edge goes with its node), every ``CLUSTERS`` insert and delete and the phase-4 update of a META
+    node one of whose ``CLUSTERS`` rows or that update is selected (its member cap, its text), and
+    every held row of a selected (scope, id) in the same table, whatever its phase.  The three rules
+    are applied until nothing more is added (a fixpoint: a row one rule adds may need another's —
+    a node's update takes its delete of another phase by ``same_row``, and that delete its edges).
     ``shard``: the run's snapshot, whose edges name an edge delete's ends."""
     key = ["scope_path", "id", "phase"]
     pick: dict[tuple[str, str], pl.Series] = {}
@@ -389,6 +399,16 @@ def close_selection(held: Diff, selected: Diff, shard: Shard) -> Diff:
             pick[(table, kind)] = (frame.select("scope_path", pl.col("id").cast(pl.String), "phase")
                                    .join(marks, on=key, how="left", maintain_order="left").get_column("p").fill_null(False))
     ends = _delete_ends(held, shard)
+    picked = -1
+    while picked != (now := sum(int(p.sum()) for p in pick.values())):
+        picked = now
+        _close_once(held, ends, pick)
+    return Diff({t: TableDiff(**{k: (f.filter(pick[(t, k)]) if (t, k) in pick else f.head(0))
+                                 for k, f in td.frames().items()}) for t, td in held.tables.items()})
+
+
+def _close_once(held: Diff, ends: pl.DataFrame, pick: dict[tuple[str, str], pl.Series]) -> None:
+    """One round of :func:`close_selection`'s rules over ``pick`` ((table, kind) → rows taken), in place."""
     nd = held.table("memory_nodes").deletes
     if nd.height and ends.height:
         chosen = _keys(nd.filter(pick[("memory_nodes", "deletes")]))
@@ -421,8 +441,6 @@ def close_selection(held: Diff, selected: Diff, shard: Shard) -> Diff:
         keys = pl.concat([_keys(frames[k].filter(pick[(table, k)])) for k in kinds]).unique()
         for k in kinds:
             pick[(table, k)] = pick[(table, k)] | frames[k].select(_in_keys(keys)).to_series()
-    return Diff({t: TableDiff(**{k: (f.filter(pick[(t, k)]) if (t, k) in pick else f)
-                                 for k, f in td.frames().items()}) for t, td in held.tables.items()})
 
 
 # -- files -----------------------------------------------------------------------------------------
@@ -473,5 +491,5 @@ def phases_of(diff: Diff) -> list[str]:
     return sorted(found)
 
 
-__all__ = ["HELD_DIR", "REASONS_FILE", "REASONS_SCHEMA", "RULES", "HoldSplit", "split_holds", "close_selection",
+__all__ = ["CLOSURE_RULES", "HELD_DIR", "REASONS_FILE", "REASONS_SCHEMA", "RULES", "HoldSplit", "split_holds", "close_selection",
            "read_held", "only_phases", "phases_of", "summarize"]

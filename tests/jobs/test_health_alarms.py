@@ -80,6 +80,24 @@ def test_conflict_rate_fires(store):
     assert _fired(store, [conflicted])[conflicted.path] == {"conflict_rate"}
 
 
+def test_the_conflict_rate_is_conflicts_over_all_attempted_writes(store):
+    """Issue 37 item 7: the rate is conflicts / (rows changed + conflicts) — the share of the run's
+    writes that lost to live writes — and fires when *more than* ``max_conflict_rate`` (0.2): 20 of 100
+    writes is at the limit (conflicts / changed would say 25 %); 25 of 100 is over it; a run whose
+    every write conflicted (0 changed) is 100 %; a run that wrote nothing has no rate."""
+    at_limit, over, all_lost, idle = _scopes(4)
+    _ledger(store, at_limit, NOW - 2 * H, changed=80, conflicts=20)
+    _ledger(store, over, NOW - 2 * H, changed=75, conflicts=25)
+    _ledger(store, all_lost, NOW - 2 * H, changed=0, conflicts=5)
+    _ledger(store, idle, NOW - 2 * H, changed=0, conflicts=0)
+    assert HealthConfig().max_conflict_rate == 0.2
+    fired = _fired(store, [at_limit, over, all_lost, idle])
+    assert [("conflict_rate" in fired[s.path]) for s in (at_limit, over, all_lost, idle)] == [False, True, True, False]
+    (alert,) = [a for a in health(store, NOW, HealthConfig(), min_interval_hours=24)
+                if a.scope_path == over.path and a.check == "conflict_rate"]
+    assert "25 of 100 writes" in alert.message and "(25% > 20%)" in alert.message
+
+
 def test_quarantine_jump_fires(store):
     (jumped,) = _scopes(1)
     _ledger(store, jumped, NOW - 26 * H, quarantined=3)

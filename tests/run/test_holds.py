@@ -98,6 +98,8 @@ def test_golden_split_exact():
         "rows": {"memory_edges": {"deletes": 2}, "memory_nodes": {"deletes": 5}, "soul_profiles": {"updates": 1}},
         "reasons": {"delete_share": 4, "soul_change": 1, "used_node": 1, "with_held_node": 2},
         "phases": {"prune_orphans": 5, "soul_corrections": 1, "supersession": 2},
+        "cells": {"prune_orphans": {"delete_share": 4, "with_held_node": 1}, "soul_corrections": {"soul_change": 1},
+                  "supersession": {"used_node": 1, "with_held_node": 1}},
         "why": ["the run deletes 5 of 10 semantic nodes (50.0 %; the policy holds more than 5 % or more than 500)",
                 "the run changes the agent's SOUL profile (soul_profiles)",
                 "the run deletes memories the agent used (explicit positive recall feedback)"],
@@ -259,3 +261,95 @@ def test_identity_drift_is_routine_and_soul_corrections_wait():
     assert held_ids(split_holds(d, snap, HoldsConfig(drift_changes=True)), "soul_profiles", "updates") == {SOUL: "soul_change"}
     corrected = Diff.of("soul_profiles", "soul_corrections", updates=pl.DataFrame({"id": [SOUL], "version": [1], "value": ["curt"]}))
     assert held_ids(split_holds(corrected, snap, HoldsConfig()), "soul_profiles", "updates") == {SOUL: "soul_change"}
+
+
+# -- close_selection: what an approval of some held rows must take with them (issue 37 item 7) --------
+def _close(held: Diff, snap: Snapshot, pick: list[tuple[str, str, str, str]]) -> set[tuple[str, str, str, str]]:
+    """close_selection of the held rows ``pick`` ((table, kind, id, phase)) → the (table, kind, id, phase) it takes."""
+    held = as_shard_diff(held, SCOPE)
+    chosen = Diff({t: type(td)(**{k: f.filter(pl.struct(pl.col("id").cast(pl.String), "phase").is_in(
+        [{"id": i, "phase": p} for tt, kk, i, p in pick if (tt, kk) == (t, k)])) for k, f in td.frames().items()})
+        for t, td in held.tables.items()})
+    closed = holds.close_selection(held, chosen, Shard.of(snap))
+    return {(t, k, str(i), p) for t, td in closed.tables.items() for k, f in td.frames().items()
+            for i, p in f.select(pl.col("id").cast(pl.String), "phase").iter_rows()}
+
+
+EDGE = [f"00000000-0000-4000-a000-{i:012d}" for i in range(4)]
+
+
+def test_close_selection_takes_the_edges_of_a_chosen_node_by_either_end():
+    """A held node delete takes every held edge delete that touches it — as the edge's source and as its
+    target (a closure by source_id alone leaves E1 pointing at the deleted N8)."""
+    snap = _graph([(N[8], N[1]), (N[2], N[8]), (N[3], N[4])])
+    held = _deletes([N[8], N[3]], EDGE[:3], phase="prune_orphans")
+    got = _close(held, snap, [("memory_nodes", "deletes", N[8], "prune_orphans")])
+    assert got == {("memory_nodes", "deletes", N[8], "prune_orphans"), ("memory_edges", "deletes", EDGE[0], "prune_orphans"),
+                   ("memory_edges", "deletes", EDGE[1], "prune_orphans")}
+
+
+def _meta_case() -> tuple[Snapshot, Diff]:
+    """A META node N0 with members N1, N2 (CLUSTERS E0, E1); phase 4 drops N2 (E1), adds N3 (E9) and
+    rewrites N0's text; another META node N5's insert of N6 (E8) stands apart."""
+    snap = _graph([(N[0], N[1]), (N[0], N[2])])
+    snap = snap.with_frames({"memory_edges": snap.table("memory_edges").with_columns(pl.lit("CLUSTERS").alias("relation"))})
+    new = pl.DataFrame({"id": ["00000000-0000-4000-a000-000000000009", "00000000-0000-4000-a000-000000000008"],
+                        "scope_path": SCOPE, "tenant_id": "acme", "source_id": [N[0], N[5]], "target_id": [N[3], N[6]],
+                        "relation": "CLUSTERS", "weight": 1.0})
+    held = Diff.combine([
+        Diff.of("memory_edges", "meta_nodes", deletes=pl.DataFrame({"id": [EDGE[1]], "version": [2]}), reason="left the top"),
+        Diff.of("memory_edges", "meta_nodes", inserts=new),
+        Diff.of("memory_nodes", "meta_nodes", updates=pl.DataFrame({"id": [N[0]], "version": [3],
+                                                                    "properties": ['{"summary": "parts 1, 3"}']})),
+    ])
+    return snap, held
+
+
+def test_close_selection_keeps_a_meta_nodes_text_and_its_clusters_rows_together():
+    snap, held = _meta_case()
+    group = {("memory_edges", "deletes", EDGE[1], "meta_nodes"),
+             ("memory_edges", "inserts", "00000000-0000-4000-a000-000000000009", "meta_nodes"),
+             ("memory_nodes", "updates", N[0], "meta_nodes")}
+    for one in sorted(group):  # any one of the META node's rows takes the others — its text too — and nothing of N5
+        assert _close(held, snap, [one]) == group, one
+
+
+def test_close_selection_takes_every_row_of_a_chosen_id_in_the_table_whatever_its_phase():
+    """same_row: the held rows of one id in one table go together (an approval that bumped N6's version
+    through one phase's row would leave the other phase's row failing the guard for ever)."""
+    snap = _graph([])
+    held = Diff.combine([
+        Diff.of("memory_nodes", "strengthen", updates=ids(N[6]).with_columns(importance=pl.lit(6.0))),
+        Diff.of("memory_nodes", "decay_importance", updates=ids(N[6], N[7]).with_columns(importance=pl.Series([5.5, 4.0]))),
+    ])
+    assert _close(held, snap, [("memory_nodes", "updates", N[6], "strengthen")]) == {
+        ("memory_nodes", "updates", N[6], "strengthen"), ("memory_nodes", "updates", N[6], "decay_importance")}
+
+
+def test_close_selection_is_a_fixpoint_across_phases():
+    """A chosen update of the META node N0 by decay (a lowered importance, held by a failed gate) takes
+    N0's phase-4 update (same_row), and that update takes N0's CLUSTERS rows (its text names the new
+    members): one pass of the rules misses the CLUSTERS rows — they are reached only through the
+    second rule's row, of another phase."""
+    snap, meta_rows = _meta_case()
+    held = Diff.combine([meta_rows, Diff.of("memory_nodes", "decay_importance",
+                                             updates=ids(N[0]).with_columns(importance=pl.lit(1.0)))])
+    got = _close(held, snap, [("memory_nodes", "updates", N[0], "decay_importance")])
+    assert got == {("memory_nodes", "updates", N[0], "decay_importance"), ("memory_nodes", "updates", N[0], "meta_nodes"),
+                   ("memory_edges", "deletes", EDGE[1], "meta_nodes"),
+                   ("memory_edges", "inserts", "00000000-0000-4000-a000-000000000009", "meta_nodes")}
+
+
+def test_a_held_row_keeps_every_row_of_its_id_in_the_table_waiting():
+    """same_row in the split: drift's update of the SOUL row is routine (not held by default), but the
+    same row's SOUL correction is held — so drift's waits too: applied tonight it would bump the row's
+    version and the held correction could never pass the version guard on approval."""
+    snap = snapshot()
+    d = Diff.combine([
+        Diff.of("soul_profiles", "soul_corrections", updates=pl.DataFrame({"id": [SOUL], "version": [1], "value": ["curt"]})),
+        Diff.of("soul_profiles", "drift", updates=pl.DataFrame({"id": [SOUL], "version": [1], "value": ["0.5100"]})),
+    ])
+    split = split_holds(d, snap, HoldsConfig())
+    rows = split.rows.select("phase", "reason").sort("phase").rows()
+    assert rows == [("drift", "same_row"), ("soul_corrections", "soul_change")]
+    assert "soul_profiles" not in split.apply.tables or not split.apply.table("soul_profiles").has_changes

@@ -303,15 +303,85 @@ def test_a_shard_night_holds_and_applies_as_scope_by_scope_nights(admin_dsn, tmp
 PROPERTY_POLICIES = [*POLICIES, HoldsConfig(max_delete_share=0.0, max_deletes=0, drift_changes=True)]
 
 
+def _cross_phases(held: Diff, rng: random.Random) -> Diff:
+    """``held`` with about half of its edge deletes relabelled to another phase (``supersession``, which
+    deletes edges of its own): the same rows, so every check holds alike, but a node delete's edges
+    now sit in another phase — what a closure must cross (the planned random fleets hold no such case)."""
+    ed = held.table("memory_edges").deletes
+    if not ed.height:
+        return held
+    moved = pl.Series([rng.random() < 0.5 for _ in range(ed.height)])
+    ed = ed.with_columns(pl.when(pl.lit(moved)).then(pl.lit("supersession")).otherwise(pl.col("phase")).alias("phase"))
+    edges = held.table("memory_edges")
+    return Diff({**held.tables, "memory_edges": TableDiff(edges.inserts, edges.updates, ed)})
+
+
+def _select(held: Diff, reasons: pl.DataFrame, data, label: str) -> Diff:
+    """A selection an operator can make: the held rows of some phases, or of one reason (in every
+    phase, or in one) — as ``approve --phase`` / ``approve --reason`` take them."""
+    from deep_sleep.jobs.approve import restrict
+    from deep_sleep.run.holds import only_phases, phases_of
+
+    pending = phases_of(held)
+    how = data.draw(st.sampled_from(["phases", "reason", "reason in a phase"]), label=f"{label}: by")
+    if how == "phases":
+        chosen = data.draw(st.lists(st.sampled_from(pending), min_size=1, unique=True), label=f"{label}: phases")
+        return only_phases(held, set(chosen))
+    left = reasons.join(keys_of_diff(held), on=["table", "kind", "id", "phase"], how="semi")
+    reason = data.draw(st.sampled_from(sorted(left.get_column("reason").unique().to_list())), label=f"{label}: reason")
+    rows = left.filter(pl.col("reason") == reason)
+    if how == "reason in a phase":
+        phase = data.draw(st.sampled_from(sorted(rows.get_column("phase").unique().to_list())), label=f"{label}: phase")
+        rows = rows.filter(pl.col("phase") == phase)
+    return restrict(held, rows)
+
+
+def keys_of_diff(diff: Diff) -> pl.DataFrame:
+    from deep_sleep.jobs.approve import keys_of
+
+    return keys_of(diff)
+
+
+def _approvals(held: Diff, reasons: pl.DataFrame, shard: Shard, state: Shard, data, label: str,
+               crossed: list[int] | None = None) -> Shard:
+    """Approve random selections of ``held`` until nothing is left, each closed under the graph
+    (:func:`close_selection`): each closure is closed (closing it again adds nothing), takes the held
+    edge deletes of every node delete it takes, and — folded on ``state`` — passes every diff check.
+    ``crossed``: incremented for a closure that reached a phase its selection did not name."""
+    from deep_sleep.jobs.undo_plan import without_rows
+    from deep_sleep.run.holds import _delete_ends, close_selection, phases_of
+    from deep_sleep.validation import validate_diff
+
+    while held.has_changes:
+        selected = _select(held, reasons, data, label)
+        selection = close_selection(held, selected, shard)
+        assert keys_of_diff(close_selection(held, selection, shard)).sort(pl.all()).equals(
+            keys_of_diff(selection).sort(pl.all())), (label, "not a fixpoint")
+        gone = set(selection.table("memory_nodes").deletes.get_column("id").cast(pl.String).to_list())
+        ends = _delete_ends(held, shard)
+        needed = set(ends.filter(pl.col("source_id").cast(pl.String).is_in(list(gone))
+                                 | pl.col("target_id").cast(pl.String).is_in(list(gone))).get_column("id").to_list())
+        taken = set(selection.table("memory_edges").deletes.get_column("id").cast(pl.String).to_list())
+        assert needed <= taken, (label, "edge deletes of a chosen node left behind", needed - taken)
+        if crossed is not None and set(phases_of(selection)) - set(phases_of(selected)):
+            crossed[0] += 1
+        failures = validate_diff(selection, state)
+        assert failures.height == 0, (label, failures.head(5).to_dicts())
+        state = selection.fold(state)
+        held = without_rows(held, selection)
+    return state
+
+
 @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
 @given(n=st.integers(1, 24), seed=st.integers(1, 10_000), policy=st.sampled_from(PROPERTY_POLICIES),
-       gate_share=st.sampled_from([0.0, 0.3, 1.0]), data=st.data())
-def test_the_applied_part_and_every_approval_are_valid_on_their_own(n, seed, policy, gate_share, data):
+       gate_share=st.sampled_from([0.0, 0.3, 1.0]), cross=st.booleans(), data=st.data())
+def test_the_applied_part_and_every_approval_are_valid_on_their_own(n, seed, policy, gate_share, cross, data):
     """Random fleets × hold policies × gate verdicts: the part a night applies, alone on the snapshot,
-    passes every SPEC §4 check; and so does every approval of a random selection of the held phases
-    (closed under the graph), on the snapshot with the applied part and the earlier approvals folded
-    in — in the order the approvals come."""
-    from deep_sleep.run.holds import close_selection, only_phases, phases_of
+    passes every SPEC §4 check; and so does every approval of a random selection of the held rows — by
+    phases, by reason, or by reason within a phase (closed under the graph), on the snapshot with the
+    applied part and the earlier approvals folded in, in the order the approvals come.  With ``cross``
+    half of the held edge deletes sit in another phase than their node's, so closures cross phases
+    (:func:`test_the_property_test_builds_closures_that_cross_phases` checks that they do)."""
     from deep_sleep.validation import validate_diff
 
     snaps = fleet(n, seed=seed, sizes=(5, 30, 80))
@@ -325,16 +395,34 @@ def test_the_applied_part_and_every_approval_are_valid_on_their_own(n, seed, pol
     assert failures.height == 0, failures.head(5).to_dicts()
     state = split.apply.fold(planned.shard)
     for s in split.scopes:
-        held = split.held.by_scope((s,)).get(s, Diff.empty())
-        held = as_shard_diff(held, s)
-        pending = phases_of(held)
-        while pending:
-            chosen = data.draw(st.lists(st.sampled_from(pending), min_size=1, unique=True), label=f"approve in {s}")
-            selection = close_selection(held, only_phases(held, set(chosen)), planned.shard)
-            failures = validate_diff(selection, state)
-            assert failures.height == 0, (s, chosen, failures.head(5).to_dicts())
-            state = selection.fold(state)
-            from deep_sleep.jobs.undo_plan import without_rows
+        held = as_shard_diff(split.held.by_scope((s,)).get(s, Diff.empty()), s)
+        reasons = split.rows.filter(pl.col("scope_path") == s)
+        if cross:
+            held = _cross_phases(held, rng)
+            reasons = reasons.drop("phase").join(keys_of_diff(held), on=["table", "kind", "id"], how="inner")
+        state = _approvals(held, reasons, planned.shard, state, data, f"approve in {s}")
 
-            held = without_rows(held, selection)
-            pending = phases_of(held)
+
+def test_the_property_test_builds_closures_that_cross_phases():
+    """The property test above reaches closures that take rows of a phase the selection did not name:
+    on fixed fleets with a failed gate (node deletes with their edges held) and the edges moved."""
+    crossed = [0]
+    for seed in (3, 7, 11):
+        snaps = fleet(8, seed=seed, sizes=(5, 30, 80))
+        shard = Shard.from_snapshots(snaps)
+        planned = transform(shard, ConsolidationConfig(), AS_OF)
+        split = split_holds(planned.diff, planned.shard, HoldsConfig(), {s: True for s in shard.scope_paths})
+        state = split.apply.fold(planned.shard)
+        rng = random.Random(seed)
+        for s in split.scopes:
+            held = _cross_phases(as_shard_diff(split.held.by_scope((s,)).get(s, Diff.empty()), s), rng)
+            reasons = split.rows.filter(pl.col("scope_path") == s).drop("phase").join(
+                keys_of_diff(held), on=["table", "kind", "id"], how="inner")
+
+            @given(st.data())
+            @settings(max_examples=1, database=None, deadline=None, suppress_health_check=list(HealthCheck))
+            def one(data):
+                _approvals(held, reasons, planned.shard, state, data, s, crossed)
+
+            one()
+    assert crossed[0] > 0

@@ -65,6 +65,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import polars as pl
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
@@ -179,23 +180,28 @@ def check_invariants(store, fleet: Fleet) -> None:
                           " AND e.scope_path = n.scope_path AND e.relation = 'CLUSTERS' WHERE n.scope_path = ANY(%s)"
                           " AND n.label LIKE 'META:%%' GROUP BY n.id, n.label HAVING count(*) > %s", paths, cap)
         assert not over, f"META nodes over their cap of {cap} CLUSTERS edges {where}: {over}"
-        # the ledger: hold_status from the held phases and the decisions
+        # the ledger: hold_status from the held rows and the rows decided (decisions are by row: issue 37)
         runs = _rows(con, "SELECT r.run_id::text, r.mode, r.status, r.held, r.hold_status,"
-                          " coalesce(jsonb_object_agg(d.phase, d.decision) FILTER (WHERE d.phase IS NOT NULL), '{}'::jsonb)"
-                          " FROM consolidation_runs r LEFT JOIN consolidation_decisions d USING (run_id)"
+                          " coalesce(jsonb_object_agg(d.decision, d.n) FILTER (WHERE d.decision IS NOT NULL), '{}'::jsonb),"
+                          " (SELECT coalesce(jsonb_agg(DISTINCT c.phase), '[]'::jsonb) FROM consolidation_decisions c"
+                          "  WHERE c.run_id = r.run_id)"
+                          " FROM consolidation_runs r LEFT JOIN (SELECT run_id, decision, count(*) AS n"
+                          "  FROM consolidation_decided_rows GROUP BY 1, 2) d USING (run_id)"
                           " WHERE r.scope_path = ANY(%s) GROUP BY r.run_id", paths)
-        for run_id, mode, status, held, hold_status, decided in runs:
+        for run_id, mode, status, held, hold_status, decided, decided_phases in runs:
             if status == "failed":
                 continue
-            phases = set(held.get("phases", {})) if held else set()
+            phases = held.get("phases", {}) if held else {}
             if not phases:
                 assert hold_status == "none" and not decided, (run_id, mode, hold_status, decided, where)
                 continue
-            assert set(decided) <= phases, (run_id, decided, phases, where)
-            want = ("pending" if not decided else "partial" if len(decided) < len(phases)
-                    else "approved" if set(decided.values()) == {"approved"}
-                    else "rejected" if set(decided.values()) == {"rejected"} else "decided")
-            assert hold_status == want, f"run {run_id}: hold_status {hold_status}, its decisions {decided} of {phases} {where}"
+            assert set(decided_phases) <= set(phases), (run_id, decided_phases, phases, where)
+            n, total = sum(decided.values()), sum(phases.values())
+            assert n <= total, (run_id, decided, phases, where)
+            want = ("pending" if not n else "partial" if n < total
+                    else "approved" if set(decided) == {"approved"} else "rejected" if set(decided) == {"rejected"}
+                    else "decided")
+            assert hold_status == want, f"run {run_id}: hold_status {hold_status}, its decided rows {decided} of {phases} {where}"
         bad = _rows(con, "SELECT d.run_id::text, d.phase FROM consolidation_decisions d JOIN consolidation_runs r USING (run_id)"
                          " LEFT JOIN consolidation_runs a ON a.run_id = d.approval_run_id WHERE r.scope_path = ANY(%s) AND"
                          " (d.decision = 'approved') <> (a.run_id IS NOT NULL AND a.mode = 'approve'"
@@ -219,6 +225,7 @@ def check_invariants(store, fleet: Fleet) -> None:
                               " WHERE r.scope_path = ANY(%s) AND r.status = 'applied' AND a.op = 'delete' AND a.table_name = %s",
                          paths, table)
             assert not back, f"{table} rows archived as deleted by an applied run but live {where}: {back}"
+    check_queue(store, fleet)
 
 
 # -- steps -------------------------------------------------------------------------------------------
@@ -503,7 +510,70 @@ def step_undo(store, fleet: Fleet, data) -> str:
     return f"undo({mode}: {result.reverted}, {result.not_restored.height} not restored)"
 
 
-STEP_KINDS = ("night", "night", "night", "live", "live", "approve", "approve", "reject", "undo", "kill")
+# -- decisions by reason and supersession (issue 37 items 2-4) -------------------------------------
+# A bulk decision of one reason over the fleet (`deep-sleep approve|reject --reason R --scope <tenant>`),
+# and the queue's invariants after every step: one current run per scope and phase (the newest that
+# held it, pending or decided), counted rows = the current runs' undecided rows; no approved row of a
+# (run, phase) that a newer run had superseded when it was approved; a decision by reason takes rows
+# of other reasons only as the closure's.
+def check_queue(store, fleet: Fleet) -> None:
+    from deep_sleep.jobs.queue import Selection, pending
+
+    where = f"after {' → '.join(fleet.steps)}"
+    root = fleet.scopes[0].parent or fleet.scopes[0]
+    every = pending(store, Selection(scope=root), include_superseded=True)
+    current = every.filter(pl.col("superseded_by").is_null())
+    dup = current.group_by("scope_path", "phase").len().filter(pl.col("len") > 1)
+    assert not dup.height, f"more than one current run per scope and phase {where}: {dup.to_dicts()}"
+    with store.pg() as con:
+        newest = {(s, p): r for s, p, r in _rows(
+            con, "SELECT DISTINCT ON (r.scope_path, p.phase) r.scope_path, p.phase, r.run_id::text FROM consolidation_runs r,"
+                 " jsonb_object_keys(r.held -> 'phases') p(phase) WHERE r.scope_path = ANY(%s) AND r.status = 'applied'"
+                 " AND r.mode NOT IN ('approve', 'undo') ORDER BY r.scope_path, p.phase, r.as_of DESC, r.started_at DESC",
+            fleet.paths)}
+        stale = _rows(con, "SELECT d.run_id::text, d.phase, d.row_id FROM consolidation_decided_rows d"
+                           " JOIN consolidation_decisions c ON c.decision_id = d.decision_id AND c.run_id = d.run_id"
+                           " AND c.phase = d.phase JOIN consolidation_runs r ON r.run_id = d.run_id"
+                           " WHERE r.scope_path = ANY(%s) AND d.decision = 'approved' AND EXISTS ("
+                           "  SELECT 1 FROM consolidation_runs n WHERE n.scope_path = r.scope_path AND n.status = 'applied'"
+                           "  AND n.mode NOT IN ('approve', 'undo') AND (n.as_of, n.started_at) > (r.as_of, r.started_at)"
+                           "  AND n.held -> 'phases' ? d.phase AND n.finished_at < c.decided_at)", fleet.paths)
+    for run_id, path, phase in current.select("run_id", "scope_path", "phase").iter_rows():
+        assert newest[(path, phase)] == run_id, f"run {run_id} current for {phase} but {newest[(path, phase)]} is newer {where}"
+    assert not stale, f"approved rows of superseded runs {where}: {stale}"
+
+
+def step_decide_by_reason(store, fleet: Fleet, data, verb: str) -> str:
+    from deep_sleep.jobs.queue import Selection, decide, grouped, pending
+
+    root = fleet.scopes[0].parent or fleet.scopes[0]
+    queue = pending(store, Selection(scope=root))
+    reasons = sorted(grouped(queue)["reason"].get_column("reason").to_list()) if queue.height else []
+    if not reasons:
+        return f"{verb}_reason(nothing)"
+    reason = data.draw(st.sampled_from(reasons), label="reason")
+    before = grouped(queue)["reason"]
+    out = decide(store, verb, Selection(reason=reason, scope=root), decided_by="seq")
+    with store.pg() as con:
+        other = _rows(con, "SELECT row_id, reason FROM consolidation_decided_rows WHERE decision_id = ANY(%s::uuid[])"
+                           " AND NOT closure AND reason <> %s", [d.decision_id for d in out.decided], reason)
+    assert not other, f"{verb} --reason {reason} took rows of other reasons as selected: {other}"
+    after = grouped(pending(store, Selection(scope=root)))["reason"]
+    untouched = {r: m for r, _, m in before.iter_rows() if r != reason}
+    closure: dict[str, int] = {}
+    current = set(queue.select("run_id", "phase").iter_rows())
+    for row in out.closure:  # the closure's rows of current phases (a rejection's may reach expired ones)
+        if (row["run_id"], row["phase"]) in current:
+            closure[row["reason"]] = closure.get(row["reason"], 0) + 1
+    for r, m in untouched.items():  # other reasons lose only the closure's rows
+        left = dict((x, z) for x, _, z in after.iter_rows()).get(r, 0)
+        assert left == m - closure.get(r, 0) or out.refused, (verb, reason, r, m, left, closure, out.refused)
+    return f"{verb}_reason({reason}: {len(out.decided)} run(s), {len(out.closure)} closure row(s), {len(out.refused)} refused)"
+# -- end of decisions by reason and supersession -----------------------------------------------------
+
+
+STEP_KINDS = ("night", "night", "night", "live", "live", "approve", "approve", "reject", "undo", "kill",
+              "approve_reason", "reject_reason")
 
 
 @pytest.fixture
@@ -541,6 +611,8 @@ def test_random_sequences_keep_the_graph_the_ledger_and_the_archive_consistent(s
                 fleet.steps[-1] = step_live(store, fleet, data)
             elif kind in ("approve", "reject"):
                 fleet.steps[-1] = step_decide(store, fleet, data, kind)
+            elif kind in ("approve_reason", "reject_reason"):
+                fleet.steps[-1] = step_decide_by_reason(store, fleet, data, kind.split("_")[0])
             elif kind == "undo":
                 fleet.steps[-1] = step_undo(store, fleet, data)
             else:
