@@ -59,7 +59,9 @@ def test_the_run_holds_the_40_percent_delete_and_approve_applies_it_without_over
     ids = seed_40_percent(store, scope)
     run = consolidate(store, scope, NOW, runs_dir=runs_dir).report()
     assert run.status == "applied", run.errors
-    assert run.gate["status"] == "no_used_query" and run.gate["failed"] is False  # the gate ran: no recall to measure
+    # the gate ran: no used recall to replay, but its probes see 4 of the scope's 10 facts go (40 pp of its
+    # memory): it fails too; the share rule comes first and names the held rows
+    assert run.gate["status"] == "measured" and run.gate["failed"] is True and run.gate["probes"]["found_after"] == 0
     # everything but the held deletions applied: strengthen's updates landed, the weak nodes are still there
     assert run.held["rows"] == {"memory_nodes": {"deletes": 4}}
     assert run.held["reasons"] == {"delete_share": 4} and run.held["status"] == "pending"
@@ -215,7 +217,8 @@ def test_a_run_with_nothing_held_and_unknown_runs_are_refused(store, scope, runs
 
 def test_holds_off_applies_everything(store, scope, runs_dir):
     ids = seed_40_percent(store, scope)
-    config = load_config(overrides={"holds": {"enabled": False}})
+    # no holds policy, and no gate probes (which would hold this 40 % delete: the test above)
+    config = load_config(overrides={"holds": {"enabled": False}, "gate": {"probes": 0}})
     run = consolidate(store, scope, NOW, config, runs_dir=runs_dir).report()
     assert run.held == {} and run.rows_changed["memory_nodes"]["deletes"] == 4
     assert not (set(ids["weak"]) & live_ids(store, scope))

@@ -34,7 +34,7 @@ from tests.storeutil import create_database, drop_database
 
 TENANTS = ("acme", "globex", "initech")  # the seeded tenants: their scoped rows live under org/<tenant>
 # legacy rows per table, spread over TENANTS by mod(g, 3)
-LEGACY = {"memory_nodes": 16_000, "memory_edges": 5_000, "episodic_events": 4_000, "memory_access_log": 4_000,
+LEGACY = {"memory_nodes": 16_000, "memory_edges": 5_000, "episodic_events": 4_000, "episodic_folded": 300, "memory_access_log": 4_000,
           "procedural_skills": 300, "prospective_triggers": 300, "pending_connections": 300, "recall_events": 300,
           "soul_profiles": 12, "reranker_models": 3}
 TOTAL = sum(LEGACY.values())
@@ -60,6 +60,10 @@ def seed_legacy(dsn: str) -> None:
         con.execute(f"""INSERT INTO episodic_events (id, tenant_id, session_id, content)
             SELECT md5('v' || g)::uuid, {TENANT}, 's' || mod(g, 7), 'legacy event ' || g
             FROM generate_series(1, {n['episodic_events']}) g""")
+        con.execute(f"""INSERT INTO episodic_folded (id, summary_id, run_id, tenant_id, session_id, content, created_at)
+            SELECT md5('f' || g)::uuid, md5('fs' || mod(g, 5))::uuid, md5('fr')::uuid, {TENANT}, 's' || mod(g, 7),
+                   'legacy folded event ' || g, now()
+            FROM generate_series(1, {n['episodic_folded']}) g""")
         con.execute(f"""INSERT INTO memory_access_log (tenant_id, node_id)
             SELECT {TENANT}, md5('n' || g)::uuid FROM generate_series(1, {n['memory_access_log']}) g""")
         con.execute(f"""INSERT INTO procedural_skills (id, tenant_id, name, pattern_key)

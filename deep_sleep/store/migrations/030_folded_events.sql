@@ -22,10 +22,16 @@ CREATE TABLE IF NOT EXISTS episodic_folded (
     created_at      timestamptz NOT NULL,
     folded_at       timestamptz NOT NULL DEFAULT now(),
     search          tsvector,                  -- the event's own (no index: read by summary_id only)
-    version         bigint NOT NULL DEFAULT 1  -- immutable rows; `deep-sleep reembed` guards its rewrite with it
+    version         bigint NOT NULL DEFAULT 1
 );
+-- never changed by a night; `deep-sleep reembed` and the scope backfill are the writers, version-bumped as everywhere
+CREATE TRIGGER episodic_folded_version BEFORE UPDATE ON episodic_folded FOR EACH ROW EXECUTE FUNCTION ds_bump_version();
 CREATE INDEX IF NOT EXISTS episodic_folded_summary ON episodic_folded (summary_id, created_at);
 CREATE INDEX IF NOT EXISTS episodic_folded_scope ON episodic_folded (scope_path);
+-- a legacy scope's night folds legacy events (scope_path null): the scope backfill pages them as it
+-- pages every table's (migration 005's index shape)
+CREATE INDEX IF NOT EXISTS episodic_folded_legacy_tenant ON episodic_folded (tenant_id) WHERE scope_path IS NULL;
+CREATE INDEX IF NOT EXISTS episodic_folded_legacy_key ON episodic_folded (id) INCLUDE (tenant_id) WHERE scope_path IS NULL;
 
 -- A summary node's word key is its label, its digest and its folded turns' words (properties.keywords).
 CREATE OR REPLACE FUNCTION ds_node_search() RETURNS trigger
