@@ -87,9 +87,66 @@ def test_config_files_that_cannot_be_read_name_the_file_and_the_fix(tmp_path, mo
     assert load(Model, bom).alpha.size == 3
 
 
+CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, CAP_SETPCAP = 1, 2, 8
+PR_CAPBSET_DROP = 24
+
+
+def _capabilities() -> dict[str, int]:
+    """This process's capability sets (``/proc/self/status``: CapInh, CapPrm, CapEff, CapBnd, CapAmb)."""
+    with open("/proc/self/status") as fh:
+        return {k: int(v, 16) for k, v in (line.split(":") for line in fh if line.startswith("Cap"))}
+
+
+def _as_unprivileged() -> dict:
+    """``subprocess.run`` arguments that start a child without the powers that let root read any
+    file.  Not root: none.  Root: the child keeps uid 0 (it can still execute an interpreter that
+    lives under root's home, which ``nobody`` cannot) but CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH
+    are dropped from its bounding set before it execs, so the new program never gets them and a
+    mode-000 file is EACCES to it, as to any user.  Only where that is impossible (no CAP_SETPCAP,
+    or the capabilities are inheritable or ambient, so the drop would not take) it runs as
+    ``nobody`` (uid 65534)."""
+    if os.geteuid() != 0:
+        return {}
+    dac = (1 << CAP_DAC_OVERRIDE) | (1 << CAP_DAC_READ_SEARCH)
+    try:
+        caps = _capabilities()
+    except OSError:
+        caps = {}
+    if caps and caps["CapEff"] & (1 << CAP_SETPCAP) and not (caps["CapInh"] | caps["CapAmb"]) & dac:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+
+        def drop() -> None:  # in the child, between fork and exec
+            for cap in (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH):
+                if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+                    raise OSError(ctypes.get_errno(), f"prctl(PR_CAPBSET_DROP, {cap})")
+
+        return {"preexec_fn": drop}
+    return {"user": 65534}
+
+
+def test_the_unprivileged_child_cannot_read_what_its_user_may_not():
+    """The helper below really takes root's powers away: a child it starts cannot read a mode-000
+    file (as root without the helper it could), and as root its capabilities lack both DAC bits."""
+    import subprocess
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="ds-locked-") as folder:
+        os.chmod(folder, 0o755)
+        locked = Path(folder) / "locked"
+        locked.write_text("x")
+        locked.chmod(0)
+        code = (f"try:\n    open({str(locked)!r}).read()\n    print('read')\n"
+                "except PermissionError:\n    print('denied')\n")
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, **_as_unprivileged())
+        assert (done.returncode, done.stdout.strip()) == (0, "denied"), done.stderr[-2000:]
+
+
 def test_an_unreadable_config_file_names_the_fix():
     """A file this user may not read: as root (who reads any file) the load runs in a child process
-    as the unprivileged user ``nobody``."""
+    without root's power to read any file (:func:`_as_unprivileged`)."""
     import shutil
     import subprocess
     import sys
@@ -110,8 +167,8 @@ def test_an_unreadable_config_file_names_the_fix():
                 "from tests.core.test_config import AlphaConfig\n"
                 f"try:\n    load(assemble({{'alpha': AlphaConfig}}), {str(locked)!r})\n"
                 "except ConfigError as e:\n    print(e)\n")
-        done = subprocess.run([sys.executable, "-c", code], user=65534, capture_output=True, text=True, cwd=Path.cwd(),
-                              env={**os.environ, "PYTHONPATH": str(Path.cwd())}, timeout=120)
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path.cwd(),
+                              env={**os.environ, "PYTHONPATH": str(Path.cwd())}, timeout=120, **_as_unprivileged())
         assert done.returncode == 0, done.stderr[-2000:]
         assert done.stdout.strip() == (f"config file {locked} cannot be read (permission denied); "
                                        "make it readable by this user")
