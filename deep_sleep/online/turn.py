@@ -33,7 +33,7 @@ from typing import Any
 
 import psycopg
 
-from deep_sleep.core.characters import INVISIBLE_RE
+from deep_sleep.core.characters import without_hidden
 from deep_sleep.core.embedding import EmbeddingProvider, embedder_for, node_text
 from deep_sleep.core.report import ConsolidationReport
 from deep_sleep.core.scope import Scope
@@ -187,7 +187,7 @@ def _node_text(label: str, properties: dict) -> str:
 def _short(text: str, n: int = 60) -> str:
     """One line of at most ``n`` characters that a label may hold (a thought's label is made from its
     text, which may hold line breaks and invisible characters a label must not)."""
-    text = INVISIBLE_RE.sub(" ", CONTROL.sub(" ", text)).strip()
+    text = without_hidden(CONTROL.sub(" ", text)).strip()
     return text if len(text) <= n else text[: n - 1] + "…"
 
 
