@@ -176,3 +176,24 @@ def test_an_as_of_past_the_calendar_in_utc_exits_2_naming_it(snapshot_dir, tmp_p
     _refused(result, "replay", "'9999-12-31T23:59:59-12:00' is outside years 1–9999 once converted to UTC")
     result = _cli("replay-range", "org/acme", "--from", "0001-01-01T00:00:00+01:00", "--to", "2026-01-02", "--runs-dir", str(tmp_path))
     _refused(result, "replay-range", "'0001-01-01T00:00:00+01:00' is outside years 1–9999")
+
+
+@pytest.mark.parametrize("database", ["template1", "postgres", "template0"])
+def test_a_maintenance_database_is_refused_by_name_and_nothing_is_written_there(admin_dsn, store, database):
+    """Issue 37: ``--database template1`` was migrated and seeded, so every database created on that
+    server afterwards started with 54 nodes and 2 ledger rows."""
+    import psycopg
+
+    from deep_sleep.store.db import StoreError, connect_store, with_database
+
+    expected = (f"database {database!r} is one of PostgreSQL's maintenance databases (postgres, template0, template1); "
+                "a store needs a database of its own")
+    _refused(_cli("--dsn", store.dsn, "--database", database, "held"), "held", expected)
+    with pytest.raises(StoreError, match="is one of PostgreSQL's maintenance databases"):
+        connect_store(store.dsn, database=database)
+    if database in ("template1", "postgres"):  # a DSN naming it (template0 takes no connections at all)
+        _refused(_cli("--dsn", with_database(admin_dsn, database), "held"), "held", expected)
+        for name in ("template1", "postgres"):
+            with psycopg.connect(with_database(admin_dsn, name)) as con:
+                assert con.execute("SELECT to_regclass('schema_migrations') IS NULL AND to_regclass('memory_nodes') IS NULL"
+                                   ).fetchone()[0], name
