@@ -265,10 +265,10 @@ def _check_due_at(value: Any, info: ValidationInfo) -> datetime | None:
     value = _typed(value, info.field_name, str, "an ISO 8601 timestamp", False)
     try:
         return utc(value) if value is not None else None
-    except ValueError:
-        raise OpRejected(f"field 'due_at' is {value[:40]!r}, not an ISO 8601 timestamp") from None
     except OverflowError:  # 9999-12-31T23:59:59-12:00 is year 10000 in UTC; 0001-01-01T00:00:00+01:00 is year 0
         raise OpRejected(f"field 'due_at' is {value[:40]!r}, which is outside years 1–9999 once converted to UTC") from None
+    except ValueError:
+        raise OpRejected(f"field 'due_at' is {value[:40]!r}, not an ISO 8601 timestamp") from None
 
 
 def _check_node_id(value: Any, info: ValidationInfo) -> str:

@@ -196,6 +196,11 @@ STRICT_CASES = [
     ('lookback_hours = "24"', "lookback_hours: expected a number such as 0.5, got the string '24'"
      "; write it without quotes if you mean it"),
     ("[gating]\nmin_sessions = true", "gating.min_sessions: expected an integer such as 3, got true"),
+    # issue 37: inf passed as a number (1e400 is inf in TOML), and an integer past 64 bits as an integer
+    ("lookback_hours = 1e400", "lookback_hours: expected a finite number such as 0.5, got inf"),
+    ("lookback_hours = -inf", "lookback_hours: expected a finite number such as 0.5, got -inf"),
+    ("[alpha]\nsize = 100000000000000000000", "alpha.size: expected an integer within 64 bits (-2^63 … 2^63-1), "
+     "got an integer of 21 digits; give a reasonable value"),
     ('[holds]\nmax_delete_share = "0.5"', "holds.max_delete_share: expected a number such as 0.5, got the string '0.5'"
      "; write it without quotes if you mean it"),
     ("[llm]\nenabled = 1", "llm.enabled: expected true or false, got 1"),
@@ -229,7 +234,6 @@ def test_values_of_their_own_type_are_taken(tmp_path):
     ({"DEEP_SLEEP_RATIO__SHARE": "0.75"}, ("ratio", "share", 0.75)),
     ({"DEEP_SLEEP_RATIO__SHARE": "1"}, ("ratio", "share", 1.0)),
     ({"DEEP_SLEEP_RATIO__LIMIT": "1e3"}, ("ratio", "limit", 1000.0)),
-    ({"DEEP_SLEEP_RATIO__LIMIT": "inf"}, ("ratio", "limit", float("inf"))),
     ({"DEEP_SLEEP_ALPHA__SIZE": " 7 "}, ("alpha", "size", 7)),
     ({"DEEP_SLEEP_ALPHA__ENABLED": "false"}, ("alpha", "enabled", False)),
     ({"DEEP_SLEEP_LLM__ENABLED": "TRUE"}, ("llm", "enabled", True)),
@@ -240,6 +244,13 @@ def test_environment_values_are_read_as_toml_writes_their_type(monkeypatch, env,
         monkeypatch.setenv(k, v)
     section, knob, value = expected
     assert getattr(getattr(load(assemble({"alpha": AlphaConfig, "ratio": RatioConfig})), section), knob) == value
+
+
+def test_an_infinite_number_from_the_environment_is_refused(monkeypatch):
+    monkeypatch.delenv("DEEP_SLEEP_CONFIG", raising=False)
+    monkeypatch.setenv("DEEP_SLEEP_RATIO__LIMIT", "inf")
+    with pytest.raises(ConfigError, match="ratio.limit: expected a finite number such as 0.5, got inf"):
+        load(assemble({"alpha": AlphaConfig, "ratio": RatioConfig}))
 
 
 @pytest.mark.parametrize(("variable", "text", "message"), [
