@@ -113,7 +113,9 @@ def night_stages(apply_concurrency: int) -> tuple:
 
 def _run_shard(dsn: str, scopes: list[str], as_of: datetime, config: ConsolidationConfig, runs_dir: str | None,
                started_at: datetime, stages: tuple) -> pipeline.State:
-    return pipeline.consolidate(Store(dsn), scopes, as_of, config, runs_dir=runs_dir, stages=stages, started_at=started_at)
+    # force: the gating chose these scopes (each holds rows) and the night's as_of was checked where it started
+    return pipeline.consolidate(Store(dsn), scopes, as_of, config, runs_dir=runs_dir, stages=stages, started_at=started_at,
+                                force=True)
 
 
 @task(name="consolidate-shard", retries=2, retry_delay_seconds=2,

@@ -176,3 +176,93 @@ def test_an_as_of_past_the_calendar_in_utc_exits_2_naming_it(snapshot_dir, tmp_p
     _refused(result, "replay", "'9999-12-31T23:59:59-12:00' is outside years 1–9999 once converted to UTC")
     result = _cli("replay-range", "org/acme", "--from", "0001-01-01T00:00:00+01:00", "--to", "2026-01-02", "--runs-dir", str(tmp_path))
     _refused(result, "replay-range", "'0001-01-01T00:00:00+01:00' is outside years 1–9999")
+
+
+@pytest.mark.parametrize("database", ["template1", "postgres", "template0"])
+def test_a_maintenance_database_is_refused_by_name_and_nothing_is_written_there(admin_dsn, store, database):
+    """Issue 37: ``--database template1`` was migrated and seeded, so every database created on that
+    server afterwards started with 54 nodes and 2 ledger rows."""
+    import psycopg
+
+    from deep_sleep.store.db import StoreError, connect_store, with_database
+
+    expected = (f"database {database!r} is one of PostgreSQL's maintenance databases (postgres, template0, template1); "
+                "a store needs a database of its own")
+    _refused(_cli("--dsn", store.dsn, "--database", database, "held"), "held", expected)
+    with pytest.raises(StoreError, match="is one of PostgreSQL's maintenance databases"):
+        connect_store(store.dsn, database=database)
+    if database in ("template1", "postgres"):  # a DSN naming it (template0 takes no connections at all)
+        _refused(_cli("--dsn", with_database(admin_dsn, database), "held"), "held", expected)
+        for name in ("template1", "postgres"):
+            with psycopg.connect(with_database(admin_dsn, name)) as con:
+                assert con.execute("SELECT to_regclass('schema_migrations') IS NULL AND to_regclass('memory_nodes') IS NULL"
+                                   ).fetchone()[0], name
+
+
+@pytest.mark.parametrize("days", ["nan", "inf", "1e9", "-1"])
+def test_older_than_that_is_no_number_of_days_exits_2_naming_it(store, days, capsys):
+    """Issue 37: nan passed silently, inf and 1e9 crashed with OverflowError."""
+    for command in ("held", "approve", "reject"):
+        assert main(["--dsn", store.dsn, command, "--older-than", days]) == 2
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        shown = f"{float(days):g}"
+        assert err == f"deep-sleep {command}: error: --older-than must be a number of days from 0 to 365,000, got {shown}"
+
+
+def test_a_bulk_rejection_says_rejected(store, capsys):
+    assert main(["--dsn", store.dsn, "reject", "--scope", f"org/t{uuid.uuid4().hex[:10]}"]) == 0
+    assert capsys.readouterr().out.startswith("rejected 0 phase decision(s) in 0 run(s)")
+
+
+def test_a_manifest_nested_far_too_deep_exits_2_naming_it(snapshot_dir, tmp_path):
+    deep = tmp_path / "deep"
+    deep.mkdir()
+    (deep / "manifest.json").write_text("[" * 100_000 + "]" * 100_000)
+    _refused(_cli("replay", str(deep), "--as-of", NOW.isoformat(), "--out", str(tmp_path / "out")), "replay",
+             f"{deep / 'manifest.json'}: nested far too deeply to read")
+
+
+@pytest.mark.parametrize(("version", "shown"), [(10**30, "10000000000000000000… (31 digits)"), (2, "2"), ("1", '"1"'),
+                                                 (True, "true")])
+def test_a_snapshot_of_another_schema_version_exits_2_naming_it(tmp_path, version, shown):
+    """Issue 37: schema_version 10^30 replayed silently (a shard manifest's was never checked)."""
+    import json
+
+    from deep_sleep.core.shard import Shard
+    from deep_sleep.core.snapshot import Snapshot
+
+    one = Snapshot(scope_path="org\x1fcli", taken_at=NOW, frames={}).write(tmp_path / "one")
+    many = Shard(("org\x1fa", "org\x1fb"), NOW, {"org\x1fa": None, "org\x1fb": None}, {}).write(tmp_path / "many")
+    for snap in (one, many):
+        manifest = json.loads((snap / "manifest.json").read_text())
+        manifest["schema_version"] = version
+        (snap / "manifest.json").write_text(json.dumps(manifest))
+        _refused(_cli("replay", str(snap), "--as-of", NOW.isoformat(), "--out", str(tmp_path / "out")), "replay",
+                 f"schema_version {shown} is not supported; this build reads schema_version 1 only")
+
+
+@pytest.mark.parametrize(("toml", "named"), [
+    ('lookback_hours = 1e400', "lookback_hours: expected a finite number such as 0.5, got inf"),
+    ('[episodic_summary]\nbatch_size = 100000000000000000000', "episodic_summary.batch_size: expected an integer within 64 bits"),
+    ('[embedding]\nmodel = "sys:exit"', "embedding.model 'sys:exit': calling exit() to build the provider raised SystemExit"),
+    ('[embedding]\nmodel = "nosuch"', "embedding.model 'nosuch' is not a known model"),
+])
+def test_a_config_that_would_crash_or_exit_silently_exits_2_naming_it(snapshot_dir, tmp_path, toml, named):
+    """Issue 37: ``embedding.model = "sys:exit"`` made replay exit 0 silently and the nightly fail with SystemExit."""
+    config = tmp_path / "deep-sleep.toml"
+    config.write_text(toml + "\n")
+    _refused(_cli("replay", str(snapshot_dir), "--as-of", NOW.isoformat(), "--out", str(tmp_path / "out"), "--config",
+                  str(config)), "replay", named)
+
+
+def test_a_batch_size_past_what_a_transaction_takes_exits_2_naming_it(store):
+    _refused(_cli("--dsn", store.dsn, "reembed", "--batch-size", str(10**20)), "reembed",
+             "reembed: batch_size must be an integer from 1 to 1,000,000")
+
+
+def test_a_failed_scope_shows_no_changes_in_the_nights_table():
+    from deep_sleep.cli.runs import night_rows
+
+    got = night_rows([{"scope": "org/a", "status": "failed", "changes": 26, "conflicts": 0, "quarantined": 0, "reason": "x"},
+                      {"scope": "org/b", "status": "applied", "changes": 3, "conflicts": 1, "quarantined": 0, "reason": ""}])
+    assert got == [["org/a", "failed", "—", "—", "0", "x"], ["org/b", "applied", "3", "1", "0", ""]]

@@ -65,7 +65,7 @@ import numpy as np
 import polars as pl
 
 from deep_sleep.core import lookup, tables
-from deep_sleep.core.characters import INVISIBLE
+from deep_sleep.core.characters import HIDDEN
 from deep_sleep.core.quarantine_config import QuarantineConfig
 from deep_sleep.core.duck import registered
 from deep_sleep.core.shard import Shard
@@ -74,8 +74,9 @@ from deep_sleep.core.snapshot import Snapshot, utc
 QUARANTINE_SCHEMA = {"table": pl.String(), "id": pl.String(), "reason": pl.String(), "row": pl.String()}
 SHARD_QUARANTINE_SCHEMA = {**QUARANTINE_SCHEMA, "scope_path": pl.String()}
 CONTROL = r"[\x00-\x1f\x7f]"
-# INVISIBLE (characters that make a label render as something else than it holds) is the online
-# checks' own definition (deep_sleep.core.characters): a label the live path accepts is never quarantined.
+# HIDDEN (what makes a label render as something else than it holds: invisible characters, a misplaced
+# presentation selector, a combining mark at the start) is the online checks' own definition
+# (deep_sleep.core.characters): a label the live path accepts is never quarantined.
 JSON_SHAPE = {"properties": "OBJECT", "metadata": "OBJECT", "steps": "ARRAY"}
 TIMESTAMPS = ("created_at", "updated_at", "accessed_at")
 SMALL_ROWS = 800  # JSON columns of frames up to this many rows are checked in Python (small path; crossover ~900 here)
@@ -217,7 +218,7 @@ def _rule_plan(table: str, schema: tuple[tuple[str, pl.DataType], ...],
             rules += [
                 ("expr", "empty label", pl.col(label).is_null() | (pl.col(label).str.strip_chars() == "")),
                 ("expr", "control characters in label", pl.col(label).str.contains(CONTROL)),
-                ("expr", "invisible or direction-changing characters in label", pl.col(label).str.contains(INVISIBLE)),
+                ("expr", "invisible or direction-changing characters in label", pl.col(label).str.contains(HIDDEN)),
                 ("expr", "label longer than max_label_chars", pl.col(label).str.len_chars() > config.max_label_chars),
             ]
     if "layer" in columns:

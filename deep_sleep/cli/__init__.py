@@ -248,9 +248,9 @@ def main(argv: list[str] | None = None) -> int:
         # through the environment, so that every store this command opens (and the Prefect flows it starts,
         # in other processes) is the one asked for
         if args.database is not None:
-            from deep_sleep.store.db import check_database_name
+            from deep_sleep.store.db import check_store_database
 
-            os.environ["DEEP_SLEEP_DATABASE"] = check_database_name(args.database)
+            os.environ["DEEP_SLEEP_DATABASE"] = check_store_database(args.database)
         if args.keep_server:
             os.environ["DEEP_SLEEP_KEEP_SERVER"] = "1"
         return args.func(args)

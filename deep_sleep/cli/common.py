@@ -35,6 +35,18 @@ def _as_of(value: str | None) -> datetime | None:
                          "(e.g. 2026-11-29T03:00:00Z)") from None
 
 
+def config_of(path: str | None, overrides: dict | None = None):
+    """The configuration of ``path`` (``--config``; defaults < file < environment < ``overrides``), with
+    its embedder built: a bad knob or an ``embedding.model`` that names no embedder (``sys:exit``,
+    ``nosuch``) is refused here, before any run, snapshot or flow starts (exit 2)."""
+    from deep_sleep.core.embedding import embedder_for
+    from deep_sleep.transforms.config import load_config
+
+    config = load_config(path, overrides)
+    embedder_for(config)
+    return config
+
+
 def _store(dsn: str | None):
     """Connect (checking the DSN first) and say on stderr which store this command uses."""
     from deep_sleep.store.db import connect_store, describe
@@ -163,7 +175,6 @@ def _consolidate(store, scope, as_of: datetime | None, config_file: str | None, 
     from deep_sleep.core.report import ConsolidationReport
     from deep_sleep.run.layout import runs_dir as local_runs_dir
     from deep_sleep.run.pipeline import consolidate
-    from deep_sleep.transforms.config import load_config
 
     if prefect or os.environ.get("PREFECT_API_URL"):
         _hide_dsn(dsn)
@@ -175,7 +186,8 @@ def _consolidate(store, scope, as_of: datetime | None, config_file: str | None, 
             print(f"deep-sleep run: {exc}", file=sys.stderr)
             return None
     local_runs_dir(runs_dir)  # a one-scope run keeps its files on local disk: a URL is refused by name
-    return consolidate(store, scope, as_of, load_config(config_file), runs_dir=runs_dir).report(scope.path)
+    # force: check_as_of and require_scope checked both (and --force is the operator's)
+    return consolidate(store, scope, as_of, config_of(config_file), runs_dir=runs_dir, force=True).report(scope.path)
 
 
 def _print_run(report) -> None:
@@ -194,11 +206,10 @@ def _print_run(report) -> None:
 
 def _run_flow(scope: str, as_of: datetime | None, config_file: str | None, dsn: str | None, runs_dir: str | None):
     from deep_sleep.core.scope import Scope
-    from deep_sleep.transforms.config import load_config
 
     # Bad input is refused here, before the flow starts: a failing flow run logs its traceback.
     Scope.coerce(scope)
-    load_config(config_file)
+    config_of(config_file)
     _quiet_prefect()
     from deep_sleep.flows.consolidate import DeepSleepParameters, deep_sleep
 

@@ -26,11 +26,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from deep_sleep.core.shard import Shard
     from deep_sleep.run import pipeline
     from deep_sleep.run.console import report_markdown
-    from deep_sleep.transforms.config import load_config
+    from deep_sleep.cli.common import config_of
 
     if args.explain and args.compare_config:
         raise InputError("replay: --explain prints the statements of one diff; leave out --compare-config to use it")
-    config = load_config(args.config)
+    config = config_of(args.config)
     as_of = _as_of(args.as_of)
     out = _out_dir(args.out)
     snapshot_dir = fetch_dir(args.snapshot_dir)  # a run's snapshot on an object store: a local copy
@@ -47,7 +47,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         stored = snapshot_dir
         if args.scope is not None:  # the scope's slice of a shard snapshot, written beside the diff
             stored = shard.write(out.parent / f"{out.name}.snapshot")
-        result = replay_stored(stored, config, load_config(args.compare_config), as_of=as_of, out=out)
+        result = replay_stored(stored, config, config_of(args.compare_config), as_of=as_of, out=out)
         (out / "comparison.md").write_text(comparison_markdown(result.comparison))
         print_comparison(result.comparison)
         print(f"\ndiffs, reports and the comparison written to {out}")
@@ -90,12 +90,12 @@ def _explain(state, cluster_cap: int | None = None) -> None:
 def cmd_replay_range(args: argparse.Namespace) -> int:
     """Replay every stored snapshot of a scope taken in [--from, --to]; optionally compare two configs."""
     from deep_sleep.jobs.replay_range import range_markdown, replay_range
-    from deep_sleep.transforms.config import load_config
+    from deep_sleep.cli.common import config_of
 
     _as_of(args.from_), _as_of(args.to)  # bad dates are refused here, by name, before any snapshot is read
     results = replay_range(
-        args.runs_dir, args.scope, args.from_, args.to, load_config(args.config),
-        load_config(args.compare_config) if args.compare_config else None,
+        args.runs_dir, args.scope, args.from_, args.to, config_of(args.config),
+        config_of(args.compare_config) if args.compare_config else None,
         store=_store(args.dsn) if args.ledger else None, out=args.out,
     )
     print(range_markdown(results))
@@ -139,8 +139,8 @@ def _selection(args: argparse.Namespace):
 
     from deep_sleep.run.holds import RULES
 
-    if args.older_than is not None and args.older_than < 0:
-        raise InputError(f"--older-than must be a number of days >= 0, got {args.older_than}")
+    if args.older_than is not None and not 0 <= args.older_than <= MAX_OLDER_THAN_DAYS:  # nan compares false
+        raise InputError(f"--older-than must be a number of days from 0 to {MAX_OLDER_THAN_DAYS:,}, got {args.older_than:g}")
     if args.reason is not None and args.reason not in RULES:
         raise InputError(f"--reason {args.reason!r} is no hold reason; one of {', '.join(RULES)}")
     if not any((args.reason, args.phase, args.scope, args.older_than is not None)):
@@ -148,6 +148,11 @@ def _selection(args: argparse.Namespace):
     return Selection(reason=args.reason, phase=args.phase, scope=args.scope,
                      older_than=timedelta(days=args.older_than) if args.older_than is not None else None,
                      now=datetime.now(UTC))
+
+
+PAST = {"approve": "approved", "reject": "rejected"}
+#: ``--older-than`` at most this many days (a thousand years: older than anything a store holds).
+MAX_OLDER_THAN_DAYS = 365_000
 
 
 def _decide(args: argparse.Namespace, verb: str) -> int:
@@ -173,7 +178,7 @@ def _decide(args: argparse.Namespace, verb: str) -> int:
                  progress=lambda m: print(m, file=sys.stderr))
     rows = sum(sum(n for kinds in d.held_rows.values() for n in kinds.values()) for d in out.decided)
     closure = out.closure
-    print(f"{verb}d {rows} held row(s) in {len(out.decided)} run(s): {sum(d.selected for d in out.decided)} selected, "
+    print(f"{PAST[verb]} {rows} held row(s) in {len(out.decided)} run(s): {sum(d.selected for d in out.decided)} selected, "
           f"{len(closure)} added by the closure under the graph; selection: {selection.describe()}"
           + (f"; {out.skipped_superseded} superseded (run, phase) pair(s) expired and left alone" if out.skipped_superseded else ""))
     if verb == "approve":
@@ -230,10 +235,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from deep_sleep.run import pipeline
     from deep_sleep.run.layout import runs_dir
     from deep_sleep.run.preview import Preview, held_markdown, preview_markdown
-    from deep_sleep.transforms.config import load_config
+    from deep_sleep.cli.common import config_of
 
     as_of = _as_of(args.as_of)
-    config = load_config(args.config)
+    config = config_of(args.config)
     store = _store(args.dsn)
     scope = require_scope(store, args.scope)  # an unknown scope names the nearest ones
     runs_dir(args.runs_dir)  # a plan keeps its files on local disk: a URL is refused by name
@@ -262,10 +267,10 @@ def cmd_reembed(args: argparse.Namespace) -> int:
     import json
 
     from deep_sleep.jobs.reembed import reembed
-    from deep_sleep.transforms.config import load_config
+    from deep_sleep.cli.common import config_of
 
     store = _store(args.dsn)
-    config = load_config(args.config, {"embedding": {"model": args.model}} if args.model else None)
+    config = config_of(args.config, {"embedding": {"model": args.model}} if args.model else None)
     scopes = [require_scope(store, s) for s in args.scope] if args.scope else None
     report = reembed(store, config, scopes, batch_size=args.batch_size)
     print(json.dumps(report.to_dict(), indent=2))
@@ -276,9 +281,9 @@ def cmd_health(args: argparse.Namespace) -> int:
 
     from deep_sleep.core.scope import Scope
     from deep_sleep.jobs.health import health, health_markdown
-    from deep_sleep.transforms.config import load_config
+    from deep_sleep.cli.common import config_of
 
-    config = load_config(args.config)
+    config = config_of(args.config)
     alerts = health(_store(args.dsn), _as_of(args.as_of) or datetime.now(UTC), config.health,
                     config.gating.min_interval_hours)
     if args.scope:

@@ -54,10 +54,10 @@ def _seed_fleet(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     """One scope.  Every input is checked first (scope, --as-of, config, store); then the run."""
     from deep_sleep.run.console import print_summary, report_markdown
-    from deep_sleep.transforms.config import load_config
+    from deep_sleep.cli.common import config_of
 
     as_of = _as_of(args.as_of)
-    load_config(args.config)  # a bad file fails here, not inside a flow
+    config_of(args.config)  # a bad file fails here, not inside a flow
     store = _store(args.dsn)
     scope = require_scope(store, args.scope)
     check_as_of(store, as_of, scope, force=args.force)
@@ -82,14 +82,22 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     return 0
 
 
+def night_rows(rows: list[dict]) -> list[list[str]]:
+    """The night's table on the terminal, one row per scope.  A failed scope applied nothing: its
+    changes and conflicts are "—" (its report keeps what its transform planned, which is no change)."""
+    return [[r["scope"], r["status"],
+             *(("—", "—") if r["status"] == "failed" else (str(r.get("changes", "")), str(r.get("conflicts", "")))),
+             str(r.get("quarantined", "")), r.get("reason", "")[:80]] for r in rows]
+
+
 def cmd_nightly(args: argparse.Namespace) -> int:
     """One night over the fleet (every due scope): the flow, on the Prefect server PREFECT_API_URL names
     or on a temporary one; a night with no due scope and no such server runs without Prefect
     (:mod:`deep_sleep.cli.night`)."""
-    from deep_sleep.transforms.config import load_config
+    from deep_sleep.cli.common import config_of
 
     as_of = _as_of(args.as_of)
-    config = load_config(args.config)
+    config = config_of(args.config)
     store = _store(args.dsn)
     check_as_of(store, as_of, force=args.force)  # per scope, the gate skips scopes run later
     _hide_dsn(args.dsn)
@@ -113,9 +121,7 @@ def cmd_nightly(args: argparse.Namespace) -> int:
               f"{summary['held_rows']} would be held; nothing was applied")
         return 1 if summary["failed"] else 0
 
-    rows = [[r["scope"], r["status"], str(r.get("changes", "")), str(r.get("conflicts", "")), str(r.get("quarantined", "")),
-             r.get("reason", "")[:80]] for r in summary["rows"]]
-    print(markdown_table(["scope", "status", "changes", "conflicts", "quarantined", "reason"], rows))
+    print(markdown_table(["scope", "status", "changes", "conflicts", "quarantined", "reason"], night_rows(summary["rows"])))
     held = sum(r.get("quarantined") or 0 for r in summary["rows"])
     if held:
         print(f"\nquarantined {held} row(s) in all (left untouched; per scope and reason: deep-sleep report SCOPE, "

@@ -51,8 +51,8 @@ import polars as pl
 from deep_sleep.core.errors import InputError
 from deep_sleep.core.tables import EMBEDDING_DIM
 
-__all__ = ["EmbeddingProvider", "HashingEmbedder", "WordLlamaEmbedder", "EmbeddingModelError", "embedder",
-           "embedder_for", "default_embedder", "node_text", "MODELS"]
+__all__ = ["EmbeddingProvider", "HashingEmbedder", "WordLlamaEmbedder", "EmbeddingModelError", "as_provider", "embedder",
+           "embedder_for", "default_embedder", "given", "node_text", "MODELS"]
 
 
 @runtime_checkable
@@ -241,11 +241,52 @@ class WordLlamaEmbedder:
 MODELS = {"hashing": lambda: HashingEmbedder(EMBEDDING_DIM), "wordllama": WordLlamaEmbedder}
 
 
-@lru_cache(maxsize=8)
+#: Providers handed to a call as objects (``record_turn(…, embedder=E)``), by their ``name``: a run
+#: that must embed as that call did (the turn's quick nap) names it in ``embedding.model``.
+_GIVEN: dict[str, EmbeddingProvider] = {}
+
+
+def given(provider: EmbeddingProvider) -> str:
+    """Make ``provider`` (an object a caller built) resolvable by its ``name`` in ``embedding.model`` for
+    this process, and return that name: a configuration naming it embeds with this very object."""
+    _GIVEN[as_provider(provider).name] = provider
+    return provider.name
+
+
+def as_provider(value, what: str = "embedder") -> EmbeddingProvider:
+    """``value`` as an embedder: an :class:`EmbeddingProvider` (``dim``, ``name``, ``embed``) as it is, a
+    string as :func:`embedder` names it; anything else — or a provider whose ``name`` is not a
+    non-empty string or whose ``dim`` is not the store's — is an :class:`~deep_sleep.core.errors.InputError`
+    naming ``what``."""
+    if isinstance(value, str):
+        return embedder(value)
+    if not isinstance(value, EmbeddingProvider) or isinstance(value, type):
+        raise InputError(f"{what} must be an embedding provider (an object with dim, name and embed) or the name of "
+                         f"one ({', '.join(MODELS)}, or 'package.module:attribute'), got {type(value).__name__}")
+    if not isinstance(value.name, str) or not value.name:
+        raise InputError(f"{what} {type(value).__name__}: its name must be a non-empty string (stored with every "
+                         f"vector), got {value.name!r}")
+    if value.dim != EMBEDDING_DIM:
+        raise InputError(f"{what} {value.name!r} gives {value.dim!r}-d vectors; the store holds vector({EMBEDDING_DIM})")
+    return value
+
+
 def embedder(model: str = "hashing") -> EmbeddingProvider:
-    """The embedder named ``model``: a key of :data:`MODELS`, or ``package.module:attribute`` (a
-    provider, or a callable returning one).  One instance per name and process.  Its ``dim`` must be
-    the store's :data:`~deep_sleep.core.tables.EMBEDDING_DIM`."""
+    """The embedder named ``model``: a key of :data:`MODELS`, ``package.module:attribute`` (a provider,
+    or a callable returning one), or the name of a provider a call was given (:func:`given`).  One
+    instance per name and process.  Its ``dim`` must be the store's
+    :data:`~deep_sleep.core.tables.EMBEDDING_DIM`; whatever the name resolves to must be a provider —
+    anything else, or an import or a call that fails (``sys:exit`` raises SystemExit), is an
+    :class:`~deep_sleep.core.errors.InputError` naming ``embedding.model``."""
+    if not isinstance(model, str):
+        raise InputError(f"embedding.model must be a string, got {type(model).__name__}")
+    if model in _GIVEN:
+        return _GIVEN[model]
+    return _built(model)
+
+
+@lru_cache(maxsize=8)
+def _built(model: str) -> EmbeddingProvider:
     if model in MODELS:
         provider = MODELS[model]()
     elif ":" in model:
@@ -254,8 +295,10 @@ def embedder(model: str = "hashing") -> EmbeddingProvider:
         module, _, attr = model.partition(":")
         try:
             found = getattr(importlib.import_module(module), attr)
-        except (ImportError, AttributeError) as exc:
+        except (ImportError, AttributeError, ValueError) as exc:
             raise InputError(f"embedding.model {model!r}: cannot import {attr} from {module} ({exc})") from None
+        except (Exception, SystemExit) as exc:  # importing the module ran code that failed
+            raise InputError(f"embedding.model {model!r}: importing {module} raised {type(exc).__name__}: {exc}") from None
         provider = found
         if callable(found) and not isinstance(found, EmbeddingProvider):
             try:
@@ -263,14 +306,15 @@ def embedder(model: str = "hashing") -> EmbeddingProvider:
             except TypeError as exc:
                 raise InputError(f"embedding.model {model!r}: {attr} is neither a provider (dim, name, embed) nor "
                                  f"a callable that builds one without arguments ({exc})") from None
+            except (Exception, SystemExit) as exc:  # sys:exit, os:abort-like callables: never let them end the process
+                raise InputError(f"embedding.model {model!r}: calling {attr}() to build the provider raised "
+                                 f"{type(exc).__name__}: {exc}; name a provider, or a callable that returns one") from None
     else:
         raise InputError(f"embedding.model {model!r} is not a known model ({', '.join(MODELS)}) nor an import path "
                          "'package.module:attribute'")
-    if not isinstance(provider, EmbeddingProvider):
+    if not isinstance(provider, EmbeddingProvider) or isinstance(provider, type):
         raise InputError(f"embedding.model {model!r} gave {type(provider).__name__}, which has no dim, name and embed")
-    if provider.dim != EMBEDDING_DIM:
-        raise InputError(f"embedding.model {model!r} gives {provider.dim}-d vectors; the store holds vector({EMBEDDING_DIM})")
-    return provider
+    return as_provider(provider, f"embedding.model {model!r}:")
 
 
 def embedder_for(config) -> EmbeddingProvider:

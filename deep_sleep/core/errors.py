@@ -35,6 +35,11 @@ class SnapshotError(InputError):
     """A snapshot directory is missing, malformed, or not of this schema version."""
 
 
+class TimeRangeError(InputError, OverflowError):
+    """A time outside years 1–9999 once converted to UTC (``0001-01-01T00:00:00+01:00`` is year 0 there).
+    Also an ``OverflowError``, what Python raises for it, so callers that caught that keep working."""
+
+
 class DiffError(InputError):
     """A diff is malformed (unknown table, missing key column, unreadable file)."""
 

@@ -30,7 +30,7 @@ from deep_sleep.core import tables
 from deep_sleep.core.errors import InputError, ScopeError, SnapshotError
 from deep_sleep.core.files import write_atomic
 from deep_sleep.core.scope import Scope
-from deep_sleep.core.snapshot import MANIFEST, Snapshot, iso, manifest_time, table_file, table_of, utc
+from deep_sleep.core.snapshot import MANIFEST, Snapshot, iso, manifest_time, schema_version, table_file, table_of, utc
 
 
 @dataclass(frozen=True)
@@ -207,10 +207,11 @@ class Shard:
         mpath = src / MANIFEST
         try:
             manifest = json.loads(mpath.read_text())
-        except (OSError, ValueError):  # unreadable, not UTF-8, not JSON: the single-scope reader names it
+        except (OSError, ValueError, RecursionError):  # unreadable, not UTF-8, not JSON, too deep: the single-scope reader names it
             manifest = None
         if not isinstance(manifest, dict) or "scopes" not in manifest:
             return cls.of(Snapshot.read(src))  # its errors name the problem
+        version = schema_version(mpath, manifest)
         scopes = manifest["scopes"]
         if not isinstance(scopes, list) or not scopes:
             raise SnapshotError(f"{mpath}: 'scopes' must be a non-empty list of {{scope_path, previous_run_as_of}}")
@@ -244,8 +245,7 @@ class Shard:
                                     "the snapshot is incomplete")
             frames[name] = frame
         shard = cls.from_frames(previous, taken_at, frames)
-        return Shard(shard.scope_paths, shard.taken_at, shard.previous_run_as_of, shard.frames, src,
-                     manifest.get("schema_version", tables.SCHEMA_VERSION))
+        return Shard(shard.scope_paths, shard.taken_at, shard.previous_run_as_of, shard.frames, src, version)
 
 
 def _is_sorted(frame: pl.DataFrame) -> bool:

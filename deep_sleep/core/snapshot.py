@@ -23,7 +23,7 @@ from types import MappingProxyType
 import polars as pl
 
 from deep_sleep.core import tables
-from deep_sleep.core.errors import InputError, SnapshotError
+from deep_sleep.core.errors import InputError, SnapshotError, TimeRangeError
 from deep_sleep.core.scope import Scope, ScopeError
 
 MANIFEST = "manifest.json"
@@ -71,7 +71,9 @@ def check_columns(file: Path, table: str, schema: Mapping[str, pl.DataType]) -> 
 
 
 def utc(ts: datetime | str) -> datetime:
-    """Parse/normalise to an aware UTC datetime with microsecond precision (naive means UTC)."""
+    """Parse/normalise to an aware UTC datetime with microsecond precision (naive means UTC).  A text
+    that is no ISO 8601 time is an InputError, a time outside years 1–9999 in UTC a
+    :class:`~deep_sleep.core.errors.TimeRangeError` (also an OverflowError), each naming the value."""
     if isinstance(ts, str):
         try:
             ts = datetime.fromisoformat(ts.replace("Z", "+00:00"))
@@ -79,7 +81,28 @@ def utc(ts: datetime | str) -> datetime:
             raise InputError(f"{ts!r} is not an ISO 8601 timestamp (e.g. 2026-11-29T03:00:00Z)") from None
     if ts.tzinfo is None:
         ts = ts.replace(tzinfo=UTC)
-    return ts.astimezone(UTC)  # OverflowError past the calendar: callers that take input name it (core.characters)
+    try:
+        return ts.astimezone(UTC)
+    except OverflowError:  # 9999-12-31T23:59:59-12:00 is year 10000 in UTC, 0001-01-01T00:00:00+01:00 year 0
+        raise TimeRangeError(f"{shown_time(ts)} is outside years 1–9999 once converted to UTC; give a time within "
+                             "them (e.g. 2026-11-29T03:00:00Z)") from None
+
+
+def shown_time(ts: datetime | str) -> str:
+    return repr(ts[:40]) if isinstance(ts, str) else repr(ts.isoformat())
+
+
+def schema_version(mpath: Path, manifest: dict) -> int:
+    """The manifest's ``schema_version`` (absent: this build's), or a SnapshotError naming it when it is
+    not this build's :data:`~deep_sleep.core.tables.SCHEMA_VERSION` (a later one, an unknown one, not
+    an integer): a snapshot of another layout is never read as if it were this one."""
+    version = manifest.get("schema_version", tables.SCHEMA_VERSION)
+    if type(version) is not int or version != tables.SCHEMA_VERSION:
+        shown = (f"{str(version)[:20]}… ({len(str(version))} digits)" if type(version) is int and len(str(version)) > 20
+                 else json.dumps(version)[:40])
+        raise SnapshotError(f"{mpath}: schema_version {shown} is not supported; this build reads schema_version "
+                            f"{tables.SCHEMA_VERSION} only (a snapshot written by another version of Deep Sleep)")
+    return version
 
 
 def iso(ts: datetime | None) -> str | None:
@@ -234,6 +257,9 @@ class Snapshot:
             manifest = json.loads(mpath.read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise SnapshotError(f"{mpath}: not valid UTF-8 JSON ({exc})") from None
+        except RecursionError:
+            raise SnapshotError(f"{mpath}: nested far too deeply to read; a manifest is an object of a few levels "
+                                "(scope_path, taken_at, tables, …): see README, 'Snapshot format'") from None
         if not isinstance(manifest, dict):
             raise SnapshotError(f"{mpath}: must hold a JSON object (scope_path, taken_at, tables, …), "
                                 f"found a JSON {type(manifest).__name__}; see README, 'Snapshot format'")
@@ -242,11 +268,7 @@ class Snapshot:
         for key in ("scope_path", "taken_at"):
             if not manifest.get(key):
                 raise SnapshotError(f"{mpath}: field {key!r} is required (see README, 'Snapshot format')")
-        version = manifest.get("schema_version", tables.SCHEMA_VERSION)
-        if version != tables.SCHEMA_VERSION:
-            raise SnapshotError(
-                f"{mpath}: schema_version {version} is not supported; this build reads {tables.SCHEMA_VERSION}"
-            )
+        version = schema_version(mpath, manifest)
         try:
             Scope.parse(manifest["scope_path"])
         except ScopeError as exc:

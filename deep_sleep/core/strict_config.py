@@ -2,8 +2,9 @@
 
 A boolean, integer or number knob takes only a value of its own type as TOML (or JSON) writes it:
 a string is not a number (``increment = "0.5"``), a boolean is not a number (``min_sessions =
-true``), a number is not a boolean (``enabled = 1``), a fraction is not an integer (``3.0``), and
-``nan`` is not a number; an integer is a number.  :class:`StrictScalars` checks a model's knobs and,
+true``), a number is not a boolean (``enabled = 1``), a fraction is not an integer (``3.0``),
+``nan`` is not a number and a number must be finite (``1e400`` is ``inf`` in TOML); an integer is
+a number, and must fit in 64 bits.  :class:`StrictScalars` checks a model's knobs and,
 from there, every section nested in it (so a root model makes every section strict, whatever its
 base class).  Other types — timestamps, strings, lists — are left to pydantic.
 
@@ -58,8 +59,13 @@ def _wrong(kind: type, value: Any) -> str | None:
         ok = isinstance(value, bool)
     elif kind is int:
         ok = isinstance(value, int) and not isinstance(value, bool)
+        if ok and not -2**63 <= value < 2**63:  # what every reader downstream (Polars, PostgreSQL) holds
+            return (f"expected an integer within 64 bits (-2^63 … 2^63-1), got an integer of {len(str(abs(value)))} digits; "
+                    "give a reasonable value")
     else:
         ok = isinstance(value, (int, float)) and not isinstance(value, bool) and not (isinstance(value, float) and math.isnan(value))
+        if ok and not math.isfinite(value):  # 1e400 in TOML is inf: a knob of hours or a share it would break
+            return f"expected a finite number such as 0.5, got {value!r}"
     if ok:
         return None
     if isinstance(value, str):

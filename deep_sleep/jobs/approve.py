@@ -72,16 +72,16 @@ from deep_sleep.core.report import ConsolidationReport
 from deep_sleep.core.shard import Shard
 from deep_sleep.core.snapshot import Snapshot, utc
 from deep_sleep.jobs.errors import HoldError
-from deep_sleep.jobs.ledger import RunRecord, get_run
+from deep_sleep.jobs.ledger import RunRecord, get_run, run_config
 from deep_sleep.jobs.undo_plan import without_rows
 from deep_sleep.run import holds
-from deep_sleep.run.apply import apply_batch, batch_statements
-from deep_sleep.run.layout import read_scope_diff, read_scope_report, read_scope_snapshot
+from deep_sleep.run.apply import apply_batch, batch_statements, vector_conflicts
+from deep_sleep.run.layout import read_scope_diff, read_scope_report, read_scope_snapshot, write_config
 from deep_sleep.run.pipeline import failure_messages
 from deep_sleep.run.transform import as_shard_diff
 from deep_sleep.run.statements import Statement
 from deep_sleep.store.db import Store
-from deep_sleep.transforms.config import ConsolidationConfig, load_config
+from deep_sleep.transforms.config import ConsolidationConfig
 from deep_sleep.validation import validate_diff
 
 DECISIONS_SQL = (
@@ -284,7 +284,7 @@ def _to_decide(h: Holds, phase: str | None, verb: str, reason: str | None = None
     pending phase), held for ``reason`` when given.  Refuses (HoldError) what cannot be decided."""
     run = h.run
     if run.status != "applied" or run.mode in ("approve", "undo"):
-        raise HoldError(f"run {run.run_id} is {run.status} ({run.mode}): only an applied run's held rows can be {verb}d")
+        raise HoldError(f"run {run.run_id} is {run.status} ({run.mode}): only an applied run's held rows can be {verb.rstrip('e')}ed")
     if not h.phases:
         where = f"{run.diff_uri}/{holds.HELD_DIR}" if run.diff_uri else "its diff directory (the ledger names none)"
         raise HoldError(f"run {run.run_id} holds nothing ({where} has no held rows); nothing to {verb}")
@@ -442,7 +442,9 @@ def approve(store: Store, run_id: str, phase: str | None = None, decided_by: str
     """Apply the pending held rows of ``run_id`` — every current phase's, or ``phase``'s (``phases``'),
     only those held for ``reason`` when given — plus the rows their closure under the graph needs,
     through the version guard, and record the decision (row by row) in the same transaction; see the
-    module docstring.  Rows of a superseded phase are never applied."""
+    module docstring.  Rows of a superseded phase are never applied.  ``config`` (default: the
+    configuration the run ran with, :func:`~deep_sleep.jobs.ledger.run_config`) gives the validation's
+    bounds and the ``CLUSTERS`` cap."""
     h = read_holds(store, run_id)
     todo = _to_decide(h, phase, "approve", reason, phases)  # before the snapshot: an undo or approval run is refused as such
     todo, notes = _current(h, todo, phase)
@@ -450,8 +452,11 @@ def approve(store: Store, run_id: str, phase: str | None = None, decided_by: str
     chosen, taken, closure_notes = _selection(h, todo, snapshot, "approve")
     notes = [*notes, *closure_notes]
     phases = sorted(taken.get_column("phase").unique().to_list())
-    config = config or load_config()
+    config = config or run_config(h.run)
     _validate(h, chosen, snapshot, config)
+    foreign = vector_conflicts(store, chosen)
+    if foreign:
+        raise HoldError(f"run {h.run.run_id}: {next(iter(foreign.values()))}")
     approval_id = str(uuid.uuid4())
     location = _approval_dir(h.run, approval_id)
     remote = files.is_remote(location)  # the run's files are on an object store: stage here, publish there
@@ -470,6 +475,7 @@ def approve(store: Store, run_id: str, phase: str | None = None, decided_by: str
             approval_of=h.run.run_id,
         )
         report.write(out)
+        write_config(out, config)  # an undo of the approval decides with it too
         if remote:  # before the apply: its ledger row names these files
             files.publish_dir(base, location)
         planned = batch_statements(chosen, {h.run.scope_path: report}, cluster_cap=config.meta_nodes.max_members)

@@ -128,6 +128,25 @@ def get_run(store: Store, run_id: str) -> RunRecord:
     return _record(row)
 
 
+def run_config(run: RunRecord):
+    """The configuration ``run`` ran with (``config.json`` beside its diff): what a decision on it —
+    approve, undo — uses, whatever this process's ``--config`` or environment says.  A run that recorded
+    none (before this release, a quick nap) gets the current one (:func:`~deep_sleep.transforms.config.load_config`).
+    A recorded configuration this version cannot read is a ConfigError naming the run and the file."""
+    from deep_sleep.core.errors import ConfigError
+    from deep_sleep.run.layout import CONFIG_FILE, read_config
+    from deep_sleep.transforms.config import ConsolidationConfig, load_config
+
+    recorded = read_config(run.diff_uri) if run.diff_uri else None
+    if recorded is None:
+        return load_config()
+    try:
+        return ConsolidationConfig(**recorded)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"run {run.run_id} recorded a configuration ({run.diff_uri}/{CONFIG_FILE}) this version "
+                          f"cannot read: {exc}") from None
+
+
 def last_runs(store: Store, scope: Scope | str | None = None, limit: int = 20) -> list[RunRecord]:
     """The ``limit`` most recently started runs, newest first; of one exact scope if given.
 

@@ -16,7 +16,11 @@ Each batch is one short transaction.  A row is rewritten only at the version it 
 (``version`` guard): a row a live turn changed meanwhile keeps the vector that turn wrote and is
 counted as skipped; run the job again to pick up what was skipped.  The version trigger bumps every
 rewritten row, so a night in flight that read it before conflicts on it (and retries it the next
-night) rather than overwrite it.  A text with nothing to embed gets no vector, its ``embedding_model``
+night) rather than overwrite it.  Before any vector, the job records the new model for the tenants
+of the scopes it rewrites (for every tenant, without scopes: ``embedding_models``), so from then on
+their turns and recalls must use it and a writer of the old model is refused; re-embed every scope
+of a tenant (its root scope's subtree) for its recalls to find only the new model's vectors.
+A text with nothing to embed gets no vector, its ``embedding_model``
 saying which model found nothing, and is counted as ``empty``.  Idempotent: a second run finds
 nothing to do.
 
@@ -38,6 +42,7 @@ from deep_sleep.core.embedding import EmbeddingProvider, embedder_for, node_text
 from deep_sleep.core.errors import InputError
 from deep_sleep.core.scope import Scope
 from deep_sleep.store.db import Store
+from deep_sleep.store.vectors import SET_MODEL_SQL
 
 __all__ = ["ReembedReport", "TABLES", "reembed"]
 
@@ -50,6 +55,7 @@ TABLES: dict[str, tuple[str, Callable[[tuple], str]]] = {
     "procedural_skills": ("name, description", lambda r: f"{r[0] or ''} {r[1] or ''}"),
 }
 DEFAULT_BATCH = 1000
+MAX_BATCH = 1_000_000  # rows per transaction at most (a bigger batch is one long transaction that holds its row locks)
 
 
 @dataclass
@@ -88,14 +94,22 @@ def reembed(store: Store, config=None, scopes: Iterable[Scope | str] | None = No
     from deep_sleep.online.pg import vector_text
     from deep_sleep.transforms.config import load_config
 
-    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-        raise InputError(f"reembed: batch_size must be a positive integer, got {batch_size!r}")
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or not 1 <= batch_size <= MAX_BATCH:
+        raise InputError(f"reembed: batch_size must be an integer from 1 to {MAX_BATCH:,} (rows per transaction), "
+                         f"got {batch_size!r}")
     embedder = embedder or embedder_for(config or load_config())
     paths = None if scopes is None else sorted({Scope.coerce(s).path for s in scopes})
     say = progress or (lambda msg: print(msg, file=sys.stderr))
     report = ReembedReport(embedder.name)
     started = time.perf_counter()
     with store.pg() as con:
+        # first the tenants' model (embedding_models): from here on their writers and readers use the new one
+        if paths is None:
+            con.execute("UPDATE embedding_models SET model = %s, updated_at = now() WHERE model <> %s",
+                        (embedder.name, embedder.name))
+        for tenant in sorted({Scope.parse(p).tenant_id for p in paths or ()}):
+            con.execute(SET_MODEL_SQL, (tenant, embedder.name))
+        con.commit()
         for table, (_, text_of) in TABLES.items():
             done = skipped = empty = 0
             after = "00000000-0000-0000-0000-000000000000"

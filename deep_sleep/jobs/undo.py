@@ -59,7 +59,7 @@ from deep_sleep.core import tables
 from deep_sleep.core.errors import DeepSleepError
 from deep_sleep.core.scope import Scope
 from deep_sleep.jobs.errors import UndoError
-from deep_sleep.jobs.ledger import get_run
+from deep_sleep.jobs.ledger import get_run, run_config
 from deep_sleep.jobs.undo_plan import prepare, refuse, undo_steps
 from deep_sleep.jobs.undo_sql import (
     DONE,
@@ -124,7 +124,7 @@ def _frame(cur, sql: str, params: tuple) -> pl.DataFrame:
 def undo(store: Store, run_id: str, config=None) -> UndoResult:
     """Revert run ``run_id`` where its rows are as it left them; report the rest.  See the module docstring.
 
-    ``config`` (default: :func:`~deep_sleep.transforms.config.load_config`): its ``meta_nodes.max_members``
+    ``config`` (default: the run's own, :func:`~deep_sleep.jobs.ledger.run_config`): its ``meta_nodes.max_members``
     caps the CLUSTERS edges a META node gets back.  Raises :class:`UndoError` (nothing written) for an
     unknown, failed, undone or undo run, or when the run's files holding before-images are gone.
     """
@@ -134,9 +134,7 @@ def undo(store: Store, run_id: str, config=None) -> UndoResult:
         raise UndoError(str(exc)) from None
     refuse(run)
     staged = prepare(run)
-    from deep_sleep.transforms.config import load_config
-
-    cluster_cap = (config or load_config()).meta_nodes.max_members  # a META node's CLUSTERS edges (SPEC §3)
+    cluster_cap = (config or run_config(run)).meta_nodes.max_members  # a META node's CLUSTERS edges (SPEC §3)
     scope = run.scope_path
     undo_id = str(uuid.uuid4())
     started = datetime.now(UTC)

@@ -22,7 +22,20 @@ leetspeak read as letters (``p@ssw0rd``, ``pa$$word``, ``s3cr3t``).  It is a cre
   ``sessionId`` are *not* redacted: in an agent's memory a session is the conversation, whose id
   ``record_turn`` files in its own column;
 - it contains the word for password or key in a language written without spaces (``密码``,
-  ``パスワード``, ``비밀번호``, ``令牌``…).
+  ``パスワード``, ``비밀번호``, ``令牌``…);
+- a word is a credential written as one word of several (issue 37): it holds ``password``,
+  ``passwd``, ``passphrase``, ``passcode`` or ``credential`` anywhere (``userpassword``), ends with
+  ``token(s)``, ``secret(s)`` or ``creds`` (``accesstoken``, ``apisecret``), or is made end to end of
+  credential words and the words of :data:`PARTS` that go before them — ``x``, ``api``, ``auth``,
+  ``access``, ``secret``, ``user``, ``root``, ``key``… — with at least one credential word among
+  them or ``pass``/``pw`` last (``xapikey``, ``authkey``, ``secretaccesskey``, ``rootpw``).  So
+  ``monkey``, ``keyboard``, ``tokenizer``, ``secretary``, ``credit`` and ``userkey`` are not
+  credentials (``mon``, ``board``, ``izer``, ``ary``, ``it`` are not parts; ``user`` and ``key`` are
+  no credential word);
+
+and the key is read once more without the camelCase split, so ``PaSsWoRd`` is ``password`` and
+``userPassword`` a compound of it (the one-word cookie names count only as written: ``sessionId``
+stays a session id).
 
 **Values.**  Any string a turn stores — property values under any key, event contents, thoughts,
 labels, skill steps — has the secrets of well-known formats replaced by ``[REDACTED]``
@@ -34,7 +47,8 @@ style assignment.
 
 Over-redaction, on purpose (a lost value costs less than a stored secret): ``max_tokens`` and
 ``token_count`` (``token``), ``auth_method`` (``auth``), ``password_policy`` (``password``),
-``api_key_id`` (``api key``), ``boarding_pass`` and ``first_pass`` (last word ``pass``), a Russian
+``api_key_id`` (``api key``), ``boarding_pass`` and ``first_pass`` (last word ``pass``), ``topsecret``
+and ``street_cred``, a Russian
 ``пароль`` that is a countersign, and free text that happens to match a format (``sk-`` followed by
 20 letters and digits, ``x://a:b@c``).
 
@@ -50,7 +64,8 @@ import re
 import unicodedata
 from functools import lru_cache
 
-__all__ = ["CREDENTIAL_WORDS", "LAST_WORDS", "REDACTED", "SOLO_WORDS", "is_credential_key", "redact_text"]
+__all__ = ["CONTAINED", "CREDENTIAL_WORDS", "ENDINGS", "LAST_WORDS", "PARTS", "REDACTED", "SOLO_WORDS", "is_credential_key",
+           "redact_text"]
 
 REDACTED = "[REDACTED]"
 
@@ -65,7 +80,7 @@ def _fold(text: str) -> str:
 #: Words (and two or three adjacent words joined) that make a key a credential, folded as keys are.
 CREDENTIAL_WORDS = frozenset(_fold(w) for w in
     """password passwords passwd passphrase passcode passcodes pwd secret secrets token tokens credential
-    credentials authorization auth cookie cookies bearer pin otp totp hotp cvv cvc dsn jwt jwts apikey apikeys
+    credentials cred creds authorization auth cookie cookies bearer pin otp totp hotp cvv cvc dsn jwt jwts apikey apikeys
     privatekey privkey accesskey secretkey sessionkey clientsecret connectionstring sshkey signingkey
     encryptionkey decryptionkey masterkey hmackey deploykey licensekey databaseurl databaseuri dburl dburi
     passwort kennwort motdepasse contrasena senha wachtwoord haslo hasło losenord passord adgangskode kodeord
@@ -75,6 +90,43 @@ CREDENTIAL_WORDS = frozenset(_fold(w) for w in
 LAST_WORDS = frozenset({"pass", "pw", "pswd"})
 #: Credentials only when written as one word (web session cookies), never as a join of words.
 SOLO_WORDS = frozenset({"sessionid", "jsessionid", "phpsessid", "sessid"})
+#: Credential words a longer word may hold anywhere (``userpassword``, ``adminpasswd``): no other word contains them.
+CONTAINED = ("password", "passwd", "passphrase", "passcode", "credential")
+#: Credential words a longer word may end with (``accesstoken``, ``apisecret``, ``awscreds``); ``tokenizer`` and
+#: ``secretary`` do not end with them.
+ENDINGS = ("token", "tokens", "secret", "secrets", "creds")
+#: Words that go before a credential word in a key written as one word (``xapikey``, ``authkey``,
+#: ``secretaccesskey``, ``rootpw``): a word that is these and credential words end to end (at least one of
+#: them a credential word, or ending with ``pass``/``pw``) is a credential — ``monkey`` and ``keyboard``
+#: are not (``mon`` and ``board`` are not among them).
+PARTS = frozenset("""x my user users admin root access refresh session bearer api oauth id client app service account db
+    database master private public secret signing ssh aws gcp azure login web hook webhook bot csrf xsrf personal github
+    gitlab slack stripe google openai anthropic new old current temp reset recovery backup wifi smtp ftp ldap vault shared
+    encryption decryption deploy license hmac basic key keys pass pw pswd""".split())
+_PIECES = CREDENTIAL_WORDS | PARTS | LAST_WORDS
+_LONGEST_PIECE = max(map(len, _PIECES))
+#: Longer words are not taken apart (a key is a name, not a text).
+_MAX_COMPOUND = 64
+
+
+def _compound(word: str) -> bool:
+    """Is ``word`` (folded, one word) a credential written as one word of several (``userpassword``,
+    ``accesstoken``, ``xapikey``, ``secretaccesskey``, ``authkey``)?"""
+    if len(word) < 4 or len(word) > _MAX_COMPOUND or word in _PIECES:  # one piece: the word rules decide
+        return False
+    if any(w in word for w in CONTAINED) or word.endswith(ENDINGS):
+        return True
+    # end to end: reach[i] = how word[:i] can be read as pieces: (holds a credential word, ends with a LAST_WORDS piece)
+    reach: list[set[tuple[bool, bool]]] = [set() for _ in range(len(word) + 1)]
+    reach[0].add((False, False))
+    for i in range(len(word)):
+        for j in range(i + 1, min(len(word), i + _LONGEST_PIECE) + 1) if reach[i] else ():
+            piece = word[i:j]
+            if piece in _PIECES:
+                reach[j] |= {(cred or piece in CREDENTIAL_WORDS, piece in LAST_WORDS) for cred, _ in reach[i]}
+    return any(cred or last for cred, last in reach[-1])
+
+
 # Words of languages written without spaces: matched anywhere in the folded key.
 _UNSPACED = tuple(_fold(w) for w in ("密码", "密碼", "口令", "密钥", "密鑰", "令牌", "パスワード", "暗証番号", "秘密鍵", "トークン", "비밀번호", "토큰"))
 
@@ -94,11 +146,13 @@ def _camel(text: str) -> str:
     return "".join(out)
 
 
-def _is_credential(words: list[str]) -> bool:
+def _is_credential(words: list[str], solo: bool = True) -> bool:
     for n in (1, 2, 3):
         if any("".join(words[i:i + n]) in CREDENTIAL_WORDS for i in range(len(words) - n + 1)):
             return True
-    if any(w in SOLO_WORDS for w in words):
+    if solo and any(w in SOLO_WORDS for w in words):
+        return True
+    if any(_compound(w) for w in words):
         return True
     named = [w for w in words if not w.isdigit()]
     return bool(named) and named[-1] in LAST_WORDS
@@ -111,13 +165,17 @@ def is_credential_key(key: str) -> bool:
     >>> [k for k in ("api_key", "apiKey", "X-Api-Key", "AWS_SECRET_ACCESS_KEY", "author", "tokenizer", "password_hash") if is_credential_key(k)]
     ['api_key', 'apiKey', 'X-Api-Key', 'AWS_SECRET_ACCESS_KEY', 'password_hash']
     """
-    folded = _fold(_camel(unicodedata.normalize("NFKC", key)))
+    normal = unicodedata.normalize("NFKC", key)
+    folded = _fold(_camel(normal))
     if any(word in folded for word in _UNSPACED):
         return True
     for text in (folded, *(folded.translate(leet) for leet in _LEET)):
         if _is_credential([w for w in _SPLIT.split(text) if w]):
             return True
-    return False
+    # once more without the camelCase split: ``PaSsWoRd`` is password, ``userPassword`` a compound of it;
+    # ``sessionId`` stays a session id (the cookie names of SOLO_WORDS count only as written)
+    whole = _fold(normal)
+    return _is_credential([w for w in _SPLIT.split(whole) if w], solo=False)
 
 
 _SECRET_FORMATS = re.compile("|".join((

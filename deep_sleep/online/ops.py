@@ -22,9 +22,13 @@ Limits (a reason names the one broken): :data:`MAX_OPS_PER_TURN` operations per 
 :data:`MAX_OP_BYTES` bytes of JSON per operation; labels and names :data:`MAX_LABEL_CHARS`
 characters (fewer if the ``quarantine`` section's ``max_label_chars`` says so), at most
 :data:`MAX_INDEXED_BYTES` bytes of UTF-8 together with the scope path (PostgreSQL indexes a label
-and a skill name with it), with no control characters and none of the invisible or
+and a skill name with it), with no control characters, none of the invisible or
 direction-changing characters of :data:`~deep_sleep.core.characters.INVISIBLE` (U+200B, U+2028,
-U+202E…: the night would quarantine the row, every night; the reason shows their code points);
+U+202E, U+00AD, U+061C, tag characters U+E0000–E007F, U+3164, U+2800…), no presentation selector
+U+FE0E/FE0F but right after a symbol or a keycap base (``❤️`` is fine, ``hello\ufe0f`` is not), and
+no combining mark at the start (a label of marks alone) — refused, never stripped: the stored label
+is what the agent sent or nothing (the night would quarantine such a row, every night; the reason
+shows the code points, :data:`~deep_sleep.core.characters.HIDDEN`);
 texts :data:`MAX_TEXT_CHARS` characters; JSON nesting :data:`MAX_DEPTH` levels; no NUL characters or
 lone surrogates anywhere (PostgreSQL cannot store them); numbers finite, integers within 64 bits
 (:data:`MAX_INT`; larger ones do not survive the night's JSON readers — send them as strings);
@@ -75,7 +79,7 @@ from pydantic import (
     model_validator,
 )
 
-from deep_sleep.core.characters import codepoints, invisible
+from deep_sleep.core.characters import hidden
 from deep_sleep.core.snapshot import utc
 from deep_sleep.online.credentials import REDACTED, is_credential_key, redact_text
 from deep_sleep.online.errors import OpRejected
@@ -185,7 +189,7 @@ def check_label(value: Any, name: str, max_chars: int = MAX_LABEL_CHARS, max_byt
     >>> check_label("user:\u202eAda", "label")
     Traceback (most recent call last):
     ...
-    deep_sleep.online.errors.OpRejected: field 'label' contains invisible or direction-changing character(s) U+202E RIGHT-TO-LEFT OVERRIDE at position 5; a label must read as what it holds (the nightly run quarantines such rows)
+    deep_sleep.online.errors.OpRejected: field 'label' contains invisible or direction-changing character(s) U+202E RIGHT-TO-LEFT OVERRIDE at position 5; a label must read as what it holds (the nightly run quarantines such rows): remove them
     """
     value = _typed(value, name, str, "a string", True)
     if not value.strip():
@@ -195,10 +199,10 @@ def check_label(value: Any, name: str, max_chars: int = MAX_LABEL_CHARS, max_byt
     bad = CONTROL.search(value)
     if bad:
         raise OpRejected(f"field {name!r} contains control character {bad.group()!r} at position {bad.start()}")
-    hidden = invisible(value)
-    if hidden:
-        raise OpRejected(f"field {name!r} contains invisible or direction-changing character(s) {codepoints(value, hidden)}; "
-                         "a label must read as what it holds (the nightly run quarantines such rows)")
+    problem = hidden(value)
+    if problem:
+        raise OpRejected(f"field {name!r} {problem}; a label must read as what it holds (the nightly run quarantines "
+                         "such rows): remove them")
     value = _storable(value, f"field {name!r}")
     if max_bytes is not None:
         size = max(len(value.encode()), len(value.lower().encode()))
@@ -261,10 +265,10 @@ def _check_due_at(value: Any, info: ValidationInfo) -> datetime | None:
     value = _typed(value, info.field_name, str, "an ISO 8601 timestamp", False)
     try:
         return utc(value) if value is not None else None
-    except ValueError:
-        raise OpRejected(f"field 'due_at' is {value[:40]!r}, not an ISO 8601 timestamp") from None
     except OverflowError:  # 9999-12-31T23:59:59-12:00 is year 10000 in UTC; 0001-01-01T00:00:00+01:00 is year 0
         raise OpRejected(f"field 'due_at' is {value[:40]!r}, which is outside years 1–9999 once converted to UTC") from None
+    except ValueError:
+        raise OpRejected(f"field 'due_at' is {value[:40]!r}, not an ISO 8601 timestamp") from None
 
 
 def _check_node_id(value: Any, info: ValidationInfo) -> str:

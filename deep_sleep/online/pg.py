@@ -11,16 +11,31 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import psycopg
 
-from deep_sleep.online.errors import OnlineArgumentTypeError
+from deep_sleep.core.embedding import EmbeddingProvider, as_provider, embedder_for
+from deep_sleep.core.errors import InputError
+from deep_sleep.core.rank import SEED_PER_K
+from deep_sleep.online.errors import OnlineArgumentError, OnlineArgumentTypeError
 from deep_sleep.store.db import Store
+from deep_sleep.store.vectors import STORE_MODEL_SQL, model_conflict
 
-__all__ = ["connection", "dumps", "pipelined_transaction", "store_of", "vector_text", "visible"]
+__all__ = ["MAX_K", "checked_embedder", "connection", "dumps", "pipelined_transaction", "store_model", "store_of",
+           "vector_text", "visible"]
+
+#: pgvector's ``hnsw.ef_search`` takes at most this many candidates.
+HNSW_EF_SEARCH_MAX = 1000
+#: The most hits a recall may ask for: each order takes ``n_seeds(k)`` candidates, at most what HNSW searches.
+MAX_K = HNSW_EF_SEARCH_MAX // SEED_PER_K
+#: A tenant's model, once seen equal to a call's, is not read again for this long (only ``deep-sleep reembed``
+#: changes it; a recall that meets another model's vectors meanwhile still refuses them, row by row).
+MODEL_CHECK_SECONDS = 30.0
+_seen: dict[tuple[str, str, str], float] = {}
 
 _local = threading.local()
 
@@ -115,3 +130,36 @@ def vector_text(row: np.ndarray) -> str | None:
     if not row.any():
         return None
     return "[" + ",".join(map(repr, row.tolist())) + "]"
+
+
+def store_model(target: Store | psycopg.Connection, tenant: str) -> str | None:
+    """The embedding model the store records for ``tenant`` (``embedding_models``), None while it holds no
+    vector.  A read of its own: on an idle connection the transaction it opens is ended; in the caller's
+    transaction it joins it."""
+    with connection(target) as conn:
+        idle = conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE and not conn.autocommit
+        row = conn.execute(STORE_MODEL_SQL, (tenant,)).fetchone()
+        if idle:
+            conn.rollback()
+    return row[0] if row else None
+
+
+def checked_embedder(target: Store | psycopg.Connection, embedder: EmbeddingProvider | str | None, config,
+                     call: str, tenant: str) -> EmbeddingProvider:
+    """The embedder of an online call — ``embedder`` (a provider, or a name as ``embedding.model`` takes
+    it) or the configuration's — once it is known to be the model the store records for ``tenant``:
+    anything that is no embedder is an :class:`OnlineArgumentError` naming ``call``, another model
+    than the tenant's an :class:`~deep_sleep.core.embedding.EmbeddingModelError`."""
+    try:
+        provider = embedder_for(config) if embedder is None else as_provider(embedder, "embedder")
+    except InputError as exc:
+        raise OnlineArgumentError(f"{call}: {exc}") from None
+    key = (target.dsn, tenant, provider.name) if isinstance(target, Store) else None
+    if key is not None and time.monotonic() - _seen.get(key, -MODEL_CHECK_SECONDS) < MODEL_CHECK_SECONDS:
+        return provider
+    stored = store_model(target, tenant)
+    if stored is not None and stored != provider.name:
+        raise model_conflict(stored, provider.name, call, tenant)
+    if key is not None and stored is not None:
+        _seen[key] = time.monotonic()
+    return provider

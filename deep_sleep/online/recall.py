@@ -22,15 +22,15 @@ from typing import Any
 
 import psycopg
 
-from deep_sleep.core.embedding import EmbeddingModelError, EmbeddingProvider, embedder_for, well_formed
 from deep_sleep.core import rank as _rank
+from deep_sleep.core.embedding import EmbeddingModelError, EmbeddingProvider, well_formed
 from deep_sleep.core.rank import FAN_OUT, n_seeds
 from deep_sleep.core.scope import Scope
 from deep_sleep.core.snapshot import utc
 from deep_sleep.online import reranker
 from deep_sleep.online.errors import OnlineArgumentError, OnlineArgumentTypeError
 from deep_sleep.online.ops import MAX_TEXT_CHARS
-from deep_sleep.online.pg import connection, pipelined_transaction, vector_text, visible
+from deep_sleep.online.pg import MAX_K, checked_embedder, connection, pipelined_transaction, vector_text, visible
 from deep_sleep.store.db import Store
 from deep_sleep.transforms.label_recalls import WORD_RE, query_words
 
@@ -305,9 +305,10 @@ def recall(
     scope = Scope.coerce(scope)
     if not isinstance(query, str):
         raise OnlineArgumentTypeError(f"recall: query must be a string, got {type(query).__name__}")
-    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-        raise OnlineArgumentError(f"recall: k must be a positive integer, got {k!r}")
+    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_K:
+        raise OnlineArgumentError(f"recall: k must be an integer from 1 to {MAX_K}, got {k!r}")
     config = config or default_config()
+    embedder = checked_embedder(store_or_conn, embedder, config, "recall", scope.tenant_id)
     settings = config.recall
     budget = settings.budget_chars if budget_chars is None else budget_chars
     if not isinstance(budget, int) or isinstance(budget, bool) or budget < 1:
@@ -315,7 +316,6 @@ def recall(
     max_passage = min(settings.max_passage_chars, budget)
     query = well_formed(query.replace("\x00", "")[:MAX_TEXT_CHARS])
     now = utc(now or datetime.now(UTC))
-    embedder = embedder or embedder_for(config)
     qvec = vector_text(embedder.embed([query])[0])
     wq = _lexical_words(query) if settings.lexical else []
     if qvec is None and not wq:

@@ -33,8 +33,10 @@ from typing import Any
 
 import psycopg
 
-from deep_sleep.core.characters import INVISIBLE_RE
-from deep_sleep.core.embedding import EmbeddingProvider, embedder_for, node_text
+from deep_sleep.core.characters import without_hidden
+from deep_sleep.core.config import EmbeddingConfig
+from deep_sleep.core.embedding import EmbeddingProvider, as_provider, embedder_for, given, node_text
+from deep_sleep.core.errors import InputError
 from deep_sleep.core.report import ConsolidationReport
 from deep_sleep.core.scope import Scope
 from deep_sleep.core.snapshot import utc
@@ -63,6 +65,7 @@ from deep_sleep.online.pg import (
     visible,
 )
 from deep_sleep.store.db import Store
+from deep_sleep.store.vectors import CLAIM_MODEL_SQL, STORE_MODEL_SQL, model_conflict
 from deep_sleep.transforms import new_report
 from deep_sleep.transforms.config import ConsolidationConfig
 
@@ -187,7 +190,7 @@ def _node_text(label: str, properties: dict) -> str:
 def _short(text: str, n: int = 60) -> str:
     """One line of at most ``n`` characters that a label may hold (a thought's label is made from its
     text, which may hold line breaks and invisible characters a label must not)."""
-    text = INVISIBLE_RE.sub(" ", CONTROL.sub(" ", text)).strip()
+    text = without_hidden(CONTROL.sub(" ", text)).strip()
     return text if len(text) <= n else text[: n - 1] + "…"
 
 
@@ -222,7 +225,15 @@ def record_turn(
                                   f"scope may have at most {MAX_SCOPE_PATH_BYTES} (PostgreSQL indexes it with a label, "
                                   f"at most {MAX_INDEXED_BYTES} bytes together): use fewer or shorter levels")
     config = config or default_config()
-    embedder = embedder or embedder_for(config)
+    nap_config = config
+    try:
+        if embedder is None:
+            embedder = embedder_for(config)
+        else:  # the nap embeds as the turn did: its configuration names this very provider
+            embedder = as_provider(embedder, "embedder")
+            nap_config = config.model_copy(update={"embedding": EmbeddingConfig(model=given(embedder))})
+    except InputError as exc:
+        raise OnlineArgumentError(f"record_turn: {exc}") from None
     try:
         now = utc(now or datetime.now(UTC))
     except OverflowError:
@@ -277,9 +288,10 @@ def record_turn(
 
     # Pipeline mode: BEGIN and the three reads go in one round trip, the writes and COMMIT in one more.
     with connection(store_or_conn) as conn, pipelined_transaction(conn):
-        cur, found_cur, read_cur = conn.cursor(), conn.cursor(), conn.cursor()
+        cur, found_cur, read_cur, model_cur = conn.cursor(), conn.cursor(), conn.cursor(), conn.cursor()
         if not durable:
             cur.execute("SET LOCAL synchronous_commit = off")
+        model_cur.execute(STORE_MODEL_SQL, (tenant,))
         cur.execute(_TURN_SQL, (path, tenant, now))
         if upserts:
             found_cur.execute(_EXISTING_SQL, (path, sorted({k[1] for k in upserts}), sorted({k[0] for k in upserts})))
@@ -287,6 +299,12 @@ def record_turn(
             sql = f"SELECT id::text, scope_path FROM memory_nodes n WHERE n.id = ANY(%(ids)s::uuid[]) AND {visible('n', scope.levels[0][0] == 'tenant')}"
             read_cur.execute(sql, {"ids": [r[1] for r in reads], "paths": scope.ancestor_paths(), "tenant": tenant})
         turn = cur.fetchone()[0]
+        stored = model_cur.fetchone()
+        if stored is None:  # the tenant's first vectors: this turn's model becomes the tenant's (of two at once, one wins)
+            model_cur.execute(CLAIM_MODEL_SQL, (tenant, embedder.name))
+            stored = model_cur.execute(STORE_MODEL_SQL, (tenant,)).fetchone()
+        if stored[0] != embedder.name:  # raised inside the transaction: it rolls back, nothing of the turn is stored
+            raise model_conflict(stored[0], embedder.name, "record_turn", tenant)
         existing: dict[tuple[str, str], tuple[str, dict]] = {}
         for nid, layer, label, props in found_cur.fetchall() if upserts else ():
             existing.setdefault((layer, label), (nid, props if isinstance(props, dict) else {}))
@@ -404,7 +422,7 @@ def record_turn(
     )
     if nap and turn % config.quick_nap_interval == 0:
         try:
-            report = quick_nap(store_or_conn, scope, config=config, as_of=now)
+            report = quick_nap(store_or_conn, scope, config=nap_config, as_of=now)
         except Exception as exc:  # the turn is stored; a failed nap is retried by the next one
             log.exception("quick nap of %s after turn %d failed", scope, turn)
             report = new_report(path, now.isoformat(), status="failed", errors=[f"quick nap failed: {exc}"])

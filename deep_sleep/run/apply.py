@@ -343,6 +343,9 @@ def apply(
     _check_run_ids(reports)
     started_at = started_at or datetime.now(UTC)
     scopes = sorted(reports, key=str.encode)
+    reports = dict(reports)
+    for s, error in vector_conflicts(store, diff, [s for s in scopes if reports[s].status != "failed"]).items():
+        reports[s] = reports[s].with_(status="failed", errors=[*reports[s].errors, error])
     marked = {s for s, r in reports.items() if r.status == "failed"}
     diffs, held = _batches(diff, quarantined, scopes, batch_scopes, marked)
     out: dict[str, ScopeApplied] = {}
@@ -380,6 +383,35 @@ def apply(
     return out
 
 
+def vector_conflicts(store: Store, diff: Diff, scopes: list[str] | None = None) -> dict[str, str]:
+    """Scope path → why its rows may not be applied, for the scopes (of ``scopes``, default all) whose
+    rows write vectors of another model than the one the store records for their tenant
+    (``embedding_models``; the first writer of a tenant's vectors claims it).  Empty when the diff
+    writes no vector — then nothing is read."""
+    td = diff.tables.get("memory_nodes")
+    frames = [f for f in (td.inserts, td.updates) if "embedding_model" in f.columns and "scope_path" in f.columns
+              and f.get_column("embedding_model").null_count() < f.height] if td is not None else []
+    if not frames:
+        return {}
+    written = (pl.concat([f.select("scope_path", "embedding_model") for f in frames]).drop_nulls()
+               .unique().sort("scope_path", "embedding_model"))
+    if scopes is not None:
+        written = written.filter(pl.col("scope_path").is_in(pl.Series(scopes, dtype=pl.String).implode()))
+    if not written.height:
+        return {}
+    from deep_sleep.core.scope import Scope
+    from deep_sleep.store.vectors import claim_models, model_conflict
+
+    tenant = {s: Scope.parse(s).tenant_id for s in written.get_column("scope_path").unique().to_list()}
+    wanted = {tenant[s]: m for s, m in written.iter_rows()}
+    stored = claim_models(store, wanted)
+    out = {}
+    for s, m in written.iter_rows():
+        if s not in out and stored.get(tenant[s], m) != m:
+            out[s] = f"{model_conflict(stored[tenant[s]], m, 'this run', tenant[s])}; none of this scope's rows were applied"
+    return out
+
+
 def _with_scope(diff: Diff, scope_path: str) -> Diff:
     """One scope's part (as :meth:`Diff.by_scope` gives it) with its ``scope_path`` back on every row."""
     from deep_sleep.run.transform import as_shard_diff
@@ -387,5 +419,5 @@ def _with_scope(diff: Diff, scope_path: str) -> Diff:
     return as_shard_diff(diff, scope_path)
 
 
-__all__ = ["apply", "apply_batch", "ScopeApplied", "record_run", "batch_statements", "ledger_rows", "apply_work_mem", "stage",
+__all__ = ["apply", "apply_batch", "vector_conflicts", "ScopeApplied", "record_run", "batch_statements", "ledger_rows", "apply_work_mem", "stage",
            "TRANSIENT_ATTEMPTS", "FAST_INSERTS_PER_BATCH"]

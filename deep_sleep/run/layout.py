@@ -103,6 +103,33 @@ def publish(snapshot_dir: Path | None, diff_dir: Path | None, location: str) -> 
             files.publish_dir(local, files.join(location, part))
 
 
+# -- the run's configuration ------------------------------------------------------------------------
+#: The whole configuration a run ran with, beside its diff (``<diff>/config.json``): what an approval or
+#: an undo of the run decides with (``meta_nodes.max_members``, the holds, the embedder…).
+CONFIG_FILE = "config.json"
+
+
+def write_config(out: Path, config) -> None:
+    """``config`` (a configuration model) as ``out/config.json`` (every knob, JSON; written atomically)."""
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / f".{CONFIG_FILE}.tmp"
+    tmp.write_text(json.dumps(config.model_dump(mode="json"), sort_keys=True, indent=1) + "\n", encoding="utf-8")
+    tmp.replace(out / CONFIG_FILE)
+
+
+def read_config(directory: str | Path) -> dict | None:
+    """The configuration a run recorded beside its diff (a URL is fetched first), None when it recorded
+    none (runs of earlier releases, the quick nap) or its files are gone."""
+    try:
+        path = files.fetch_dir(directory) / CONFIG_FILE
+        if not path.is_file():
+            return None
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, InputError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 # -- reports -------------------------------------------------------------------------------------
 def write_reports(out: Path, reports: dict[str, ConsolidationReport]) -> None:
     """A shard of one's ``report.json``, or a shard of many's ``reports.parquet`` (written atomically)."""
@@ -160,6 +187,6 @@ def read_scope_snapshot(directory: str | Path, scope_path: str | None = None) ->
     return replace(shard.scope(scope_path), source=Path(directory))
 
 
-__all__ = ["REPORTS_FILE", "QUARANTINE_FILE", "VALIDATION_FILE", "DEFAULT_RUNS_DIR", "runs_location", "runs_dir", "scope_dir_name",
+__all__ = ["CONFIG_FILE", "write_config", "read_config", "REPORTS_FILE", "QUARANTINE_FILE", "VALIDATION_FILE", "DEFAULT_RUNS_DIR", "runs_location", "runs_dir", "scope_dir_name",
            "run_location", "run_dir", "publish", "write_reports", "is_shard_diff", "read_scope_report",
            "read_scope_diff", "read_scope_snapshot"]

@@ -44,7 +44,7 @@ from deep_sleep.run import holds as held_rows
 from deep_sleep.run.apply import ScopeApplied, apply
 from deep_sleep.run.gate import not_run, recall_gate
 from deep_sleep.run.holds import HoldSplit, split_holds
-from deep_sleep.run.layout import QUARANTINE_FILE, VALIDATION_FILE, publish, write_reports
+from deep_sleep.run.layout import QUARANTINE_FILE, VALIDATION_FILE, publish, write_config, write_reports
 from deep_sleep.run.transform import Transformed, transform
 from deep_sleep.store.db import Store
 from deep_sleep.transforms.config import ConsolidationConfig
@@ -251,12 +251,15 @@ class Hold:
     """Split the diff into what applies tonight and what waits for approval
     (:func:`~deep_sleep.run.holds.split_holds`: the configuration's holds policy and each scope's gate
     verdict), closed under the graph; the held rows go to ``<diff>/held/`` and each holding scope's
-    report says what and why (``held``, ``status: pending``).  A context without holds (the quick nap)
+    report says what and why (``held``, ``status: pending``).  The run's whole configuration goes to
+    ``<diff>/config.json``: approve and undo decide with it.  A context without holds (the quick nap)
     splits nothing."""
 
     name: ClassVar[str] = "hold"
 
     def run(self, ctx: Context, state: State) -> State:
+        if ctx.diff_dir is not None:  # what an approval or an undo of this run decides with (layout.CONFIG_FILE)
+            write_config(ctx.diff_dir, ctx.config)
         out = ctx.diff_dir / held_rows.HELD_DIR if ctx.diff_dir is not None else None
         if out is not None and out.exists():
             shutil.rmtree(out)  # a re-run on the same files
@@ -425,7 +428,8 @@ def new_run_id() -> str:
 def consolidate(store: Store, scopes: list[Scope | str] | Scope | str, as_of: datetime | str | None = None,
                 config: ConsolidationConfig | None = None, *, runs_dir: str | Path | None = None, stages: tuple = NIGHT,
                 mode: str = "nightly", phases: tuple[str, ...] | None = None, summarizer: Summarizer | None = None,
-                run_id: str | None = None, started_at: datetime | None = None, embedder: str | None = None) -> State:
+                run_id: str | None = None, started_at: datetime | None = None, embedder: str | None = None,
+                force: bool = False) -> State:
     """Run a night for one scope or a shard of scopes (``stages``: :data:`NIGHT`; :data:`PLAN` stops
     before the apply) with its files in a run directory of its own under ``runs_dir``
     (:func:`~deep_sleep.run.layout.run_location`; default ``$DEEP_SLEEP_RUNS_DIR`` or
@@ -442,6 +446,14 @@ def consolidate(store: Store, scopes: list[Scope | str] | Scope | str, as_of: da
     (``hashing``, ``wordllama``, ``package.module:attribute``), in place of ``config.embedding.model``;
     it must be the model of the store's vectors and of the live path's (the Gate stage refuses a scope
     holding another model's vectors).  Also ``from deep_sleep import consolidate``.
+
+    Refused before anything is read or written (:class:`~deep_sleep.core.errors.InputError`), as the
+    CLI refuses them, unless ``force``: an ``as_of`` more than ``DEEP_SLEEP_AS_OF_MARGIN_HOURS`` (1 h)
+    past the wall clock (a run there decays and prunes as if that time had come, and the scope is then
+    never due) — when ``stages`` apply — and a scope that holds no row of any table (nothing to
+    consolidate: a run would only leave a ledger row that makes the scope look consolidated).  The
+    nightly passes ``force``: its gating chose the scopes and its caller checked the ``as_of``.  An
+    ``as_of`` outside years 1–9999 in UTC is a :class:`~deep_sleep.core.errors.TimeRangeError`.
     """
     import tempfile
 
@@ -454,6 +466,10 @@ def consolidate(store: Store, scopes: list[Scope | str] | Scope | str, as_of: da
 
         config = (config or load_config()).model_copy(update={"embedding": EmbeddingConfig(model=embedder)})
     ctx = Context.of(as_of, config, scopes=scopes, store=store, mode=mode, phases=phases, started_at=started_at)
+    if not force:
+        if any(isinstance(s, Apply) for s in stages):
+            check_not_ahead(ctx.as_of, "consolidate: as_of", "pass force=True if you mean it")
+        _check_scopes_hold_rows(store, ctx.scopes)
     ctx = replace(ctx, summarizer=summarizer if summarizer is not None else summarizer_for(ctx.config, store))
     run_id = run_id or str(uuid.uuid4())
     location = run_location(runs_dir, ctx.scopes, ctx.as_of, run_id)
@@ -468,6 +484,55 @@ def consolidate(store: Store, scopes: list[Scope | str] | Scope | str, as_of: da
             shutil.rmtree(base, ignore_errors=True)
 
 
+def as_of_margin_hours() -> float:
+    """How far past the wall clock an ``as_of`` may be (``DEEP_SLEEP_AS_OF_MARGIN_HOURS``, default 1 h)."""
+    import os
+
+    from deep_sleep.core.errors import ConfigError
+
+    text = os.environ.get("DEEP_SLEEP_AS_OF_MARGIN_HOURS", "1")
+    try:
+        margin = float(text)
+    except ValueError:
+        margin = float("nan")
+    if not 0 <= margin < 1e6:  # nan compares false
+        raise ConfigError(f"DEEP_SLEEP_AS_OF_MARGIN_HOURS={text!r}: expected a number of hours such as 1")
+    return margin
+
+
+def check_not_ahead(as_of: datetime, what: str, fix: str, *, margin_hours: float | None = None,
+                    now: datetime | None = None) -> None:
+    """Refuse an ``as_of`` more than ``margin_hours`` (:func:`as_of_margin_hours`) past the wall clock, naming ``what`` and ``fix``."""
+    margin = as_of_margin_hours() if margin_hours is None else margin_hours
+    now = now or datetime.now(UTC)
+    if as_of > now + timedelta(hours=margin):
+        raise InputError(f"{what} {as_of.isoformat()} is {(as_of - now).total_seconds() / 3600:.1f} h after the wall clock "
+                         f"(the margin is {margin:g} h, DEEP_SLEEP_AS_OF_MARGIN_HOURS); a run there would decay and prune "
+                         f"as if that time had come, and the scope would not be due again until then. {fix}")
+
+
+#: The tables a scope's rows live in: a scope with a row in none of them has nothing to consolidate.
+SCOPED_TABLES = ("memory_nodes", "episodic_events", "memory_edges", "recall_events", "procedural_skills", "soul_profiles",
+                 "pending_connections", "prospective_triggers", "memory_access_log")
+
+
+def _check_scopes_hold_rows(store: Store, paths: tuple[str, ...]) -> None:
+    """Refuse the scopes of ``paths`` that hold no row at all (one query, an index probe per table and scope)."""
+    if not paths:
+        return
+    probes = " OR ".join(f"EXISTS (SELECT 1 FROM {t} WHERE scope_path = p)" for t in SCOPED_TABLES)
+    legacy = ("EXISTS (SELECT 1 FROM memory_nodes WHERE scope_path IS NULL AND tenant_id = split_part(p, chr(31), 2)"
+              " AND p = 'tenant' || chr(31) || split_part(p, chr(31), 2))")  # tenant/<id> reads the legacy rows
+    with store.pg() as con:
+        empty = [r[0] for r in con.execute(f"SELECT p FROM unnest(%s::text[]) p WHERE NOT ({probes} OR {legacy})",
+                                           (list(paths),))]
+    if empty:
+        shown = ", ".join(str(Scope.parse(p)) for p in empty[:5]) + (f" and {len(empty) - 5} more" if len(empty) > 5 else "")
+        raise InputError(f"consolidate: scope(s) {shown} hold no rows in this store; nothing to consolidate (no run "
+                         "and no ledger row is written for them). Check the scope's spelling (`deep-sleep report` "
+                         "lists the scopes that ran), or pass force=True to record an empty run")
+
+
 def failure_messages(failures: pl.DataFrame) -> list[str]:
     """One line per (check, table, kind, phase) of a scope's failing checks, with example ids."""
     summary = (failures.group_by("check", "table", "kind", "phase")
@@ -477,4 +542,5 @@ def failure_messages(failures: pl.DataFrame) -> list[str]:
 
 
 __all__ = ["Context", "State", "Extract", "Transform", "Gate", "Hold", "Validate", "Publish", "Apply", "NIGHT", "PLAN",
-           "REPLAY", "NAP", "run", "step", "finish", "explain", "consolidate", "new_run_id", "failure_messages"]
+           "REPLAY", "NAP", "run", "step", "finish", "explain", "consolidate", "new_run_id", "failure_messages",
+           "as_of_margin_hours", "check_not_ahead", "SCOPED_TABLES"]

@@ -184,6 +184,24 @@ def check_database_name(database: str) -> str:
     return database
 
 
+#: PostgreSQL's own databases: ``postgres`` (the default one for tools and users), ``template0`` and
+#: ``template1`` (every ``CREATE DATABASE`` copies ``template1``).  Deep Sleep's schema and rows never go
+#: there: migrated into ``template1``, every database created on that server afterwards would start with
+#: them (issue 37: 54 nodes and 2 ledger rows in each).
+MAINTENANCE_DATABASES = ("postgres", "template0", "template1")
+
+
+def check_store_database(database: str) -> str:
+    """A database that may hold a store: :func:`check_database_name`, and not one of
+    :data:`MAINTENANCE_DATABASES` (a :class:`StoreError` naming it and the fix)."""
+    check_database_name(database)
+    if database in MAINTENANCE_DATABASES:
+        raise StoreError(f"database {database!r} is one of PostgreSQL's maintenance databases ({', '.join(MAINTENANCE_DATABASES)}); "
+                         "a store needs a database of its own (every database created on the server copies template1): "
+                         f"give another name, e.g. --database {DEFAULT_DATABASE}")
+    return database
+
+
 def with_database(dsn: str, database: str) -> str:
     """``dsn`` with its database replaced (a ``postgresql://`` URL or ``key=value`` pairs)."""
     check_database_name(database)
@@ -261,13 +279,17 @@ def _reaching(dsn: str) -> Iterator[None]:
 
 
 def migrate(dsn: str) -> list[str]:
-    """Apply the packaged ``migrations/NNN_*.sql`` files not yet applied; return their names."""
+    """Apply the packaged ``migrations/NNN_*.sql`` files not yet applied; return their names.  A
+    maintenance database (:data:`MAINTENANCE_DATABASES`) is refused before anything is written."""
     files = sorted(
         (f for f in resources.files("deep_sleep.store.migrations").iterdir() if f.name.endswith(".sql")),
         key=lambda f: f.name,
     )
     applied: list[str] = []
     with psycopg.connect(dsn, autocommit=True) as con:
+        current = con.execute("SELECT current_database()").fetchone()[0]
+        if current in MAINTENANCE_DATABASES:  # e.g. a DSN naming no database: libpq takes the user's name, often postgres
+            check_store_database(current)
         con.execute("SELECT pg_advisory_lock(%s)", (_MIGRATION_LOCK,))
         try:
             con.execute(
@@ -387,7 +409,12 @@ class Store:
 
 def connect_store(dsn: str | None = None, database: str | None = None) -> Store:
     """Resolve the DSN (:func:`resolve_dsn`: ``database`` picks a database on its server), make sure
-    the schema is current, and return the store.  Also ``from deep_sleep import connect_store``."""
+    the schema is current, and return the store.  Also ``from deep_sleep import connect_store``.  A
+    maintenance database (``postgres``, ``template0``, ``template1``) is refused by name, whether
+    ``database`` or the DSN names it."""
+    named = database or os.environ.get("DEEP_SLEEP_DATABASE")
+    if named:
+        check_store_database(named)
     resolved = resolve_dsn(dsn, database)
     with _reaching(resolved):
         migrate(resolved)

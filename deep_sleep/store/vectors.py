@@ -22,12 +22,14 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
+from deep_sleep.core.embedding import EmbeddingModelError
 from deep_sleep.core.scope import Scope
 from deep_sleep.core.tables import EMBEDDING_DIM
 from deep_sleep.store.db import Store
 from deep_sleep.store.extract import decode_vectors, pg_array
 
-__all__ = ["NODE_EMBEDDINGS_SQL", "decode_contiguous", "foreign_models", "node_embeddings"]
+__all__ = ["CLAIM_MODEL_SQL", "NODE_EMBEDDINGS_SQL", "SET_MODEL_SQL", "STORE_MODEL_SQL", "claim_models", "decode_contiguous",
+           "foreign_models", "model_conflict", "node_embeddings"]
 
 NODE_EMBEDDINGS_SQL = (
     "SELECT n.id::text AS id, n.embedding, n.scope_path, n.embedding_model FROM memory_nodes n"
@@ -86,3 +88,35 @@ def foreign_models(store: Store, scopes: Iterable[Scope | str], model: str) -> d
             " WHERE scope_path = ANY(%s) AND embedding IS NOT NULL AND embedding_model IS DISTINCT FROM %s"
             " AND embedding_model IS NOT NULL GROUP BY scope_path", (paths, model)).fetchall()
     return {path: list(models) for path, models in rows}
+
+
+# -- each tenant's embedding model (embedding_models, migration 029) ------------------------------
+#: The model of the vectors a tenant holds, as the store records it (psycopg parameters: tenant_id).
+STORE_MODEL_SQL = "SELECT model FROM embedding_models WHERE tenant_id = %s"
+#: Claim it for a tenant that has none yet (parameters: tenant_id, model); of two first writers one wins.
+CLAIM_MODEL_SQL = "INSERT INTO embedding_models (tenant_id, model) VALUES (%s, %s) ON CONFLICT (tenant_id) DO NOTHING"
+_CLAIM_MANY_SQL = ("INSERT INTO embedding_models (tenant_id, model) SELECT t, m FROM unnest($1::text[], $2::text[]) AS x(t, m)"
+                   " ON CONFLICT (tenant_id) DO NOTHING")
+_MODELS_SQL = "SELECT tenant_id, model FROM embedding_models WHERE tenant_id = ANY($1::text[])"
+#: Set it (parameters: tenant_id, model): ``deep-sleep reembed``.
+SET_MODEL_SQL = ("INSERT INTO embedding_models (tenant_id, model) VALUES (%s, %s)"
+                 " ON CONFLICT (tenant_id) DO UPDATE SET model = EXCLUDED.model, updated_at = now()")
+
+
+def model_conflict(stored: str, model: str, what: str, tenant: str) -> EmbeddingModelError:
+    """The error of a writer or reader whose embedder is not the tenant's (``what`` names the call)."""
+    return EmbeddingModelError(
+        f"{what}: tenant {tenant!r} holds vectors of model {stored} (embedding_models) and {what} embeds with {model}; "
+        f"vectors of two models cannot be compared, so nothing was stored. Use the tenant's model (embedding.model, "
+        f"or the embedder passed), or switch the tenant to {model} with `deep-sleep reembed`, which re-embeds its vectors")
+
+
+def claim_models(store: Store, wanted: dict[str, str]) -> dict[str, str]:
+    """Tenant → its recorded model, for the tenants of ``wanted`` (tenant → the model a writer would
+    write), each set to the wanted model if it had none (two short ADBC transactions)."""
+    tenants = sorted(wanted)
+    with store.transaction() as cur:
+        cur.execute(_CLAIM_MANY_SQL, parameters=(tenants, [wanted[t] for t in tenants]))
+    with store.transaction() as cur:
+        cur.execute(_MODELS_SQL, parameters=(tenants,))
+        return dict(cur.fetchall())

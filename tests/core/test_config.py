@@ -87,9 +87,66 @@ def test_config_files_that_cannot_be_read_name_the_file_and_the_fix(tmp_path, mo
     assert load(Model, bom).alpha.size == 3
 
 
+CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, CAP_SETPCAP = 1, 2, 8
+PR_CAPBSET_DROP = 24
+
+
+def _capabilities() -> dict[str, int]:
+    """This process's capability sets (``/proc/self/status``: CapInh, CapPrm, CapEff, CapBnd, CapAmb)."""
+    with open("/proc/self/status") as fh:
+        return {k: int(v, 16) for k, v in (line.split(":") for line in fh if line.startswith("Cap"))}
+
+
+def _as_unprivileged() -> dict:
+    """``subprocess.run`` arguments that start a child without the powers that let root read any
+    file.  Not root: none.  Root: the child keeps uid 0 (it can still execute an interpreter that
+    lives under root's home, which ``nobody`` cannot) but CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH
+    are dropped from its bounding set before it execs, so the new program never gets them and a
+    mode-000 file is EACCES to it, as to any user.  Only where that is impossible (no CAP_SETPCAP,
+    or the capabilities are inheritable or ambient, so the drop would not take) it runs as
+    ``nobody`` (uid 65534)."""
+    if os.geteuid() != 0:
+        return {}
+    dac = (1 << CAP_DAC_OVERRIDE) | (1 << CAP_DAC_READ_SEARCH)
+    try:
+        caps = _capabilities()
+    except OSError:
+        caps = {}
+    if caps and caps["CapEff"] & (1 << CAP_SETPCAP) and not (caps["CapInh"] | caps["CapAmb"]) & dac:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+
+        def drop() -> None:  # in the child, between fork and exec
+            for cap in (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH):
+                if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+                    raise OSError(ctypes.get_errno(), f"prctl(PR_CAPBSET_DROP, {cap})")
+
+        return {"preexec_fn": drop}
+    return {"user": 65534}
+
+
+def test_the_unprivileged_child_cannot_read_what_its_user_may_not():
+    """The helper below really takes root's powers away: a child it starts cannot read a mode-000
+    file (as root without the helper it could), and as root its capabilities lack both DAC bits."""
+    import subprocess
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="ds-locked-") as folder:
+        os.chmod(folder, 0o755)
+        locked = Path(folder) / "locked"
+        locked.write_text("x")
+        locked.chmod(0)
+        code = (f"try:\n    open({str(locked)!r}).read()\n    print('read')\n"
+                "except PermissionError:\n    print('denied')\n")
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, **_as_unprivileged())
+        assert (done.returncode, done.stdout.strip()) == (0, "denied"), done.stderr[-2000:]
+
+
 def test_an_unreadable_config_file_names_the_fix():
     """A file this user may not read: as root (who reads any file) the load runs in a child process
-    as the unprivileged user ``nobody``."""
+    without root's power to read any file (:func:`_as_unprivileged`)."""
     import shutil
     import subprocess
     import sys
@@ -110,8 +167,8 @@ def test_an_unreadable_config_file_names_the_fix():
                 "from tests.core.test_config import AlphaConfig\n"
                 f"try:\n    load(assemble({{'alpha': AlphaConfig}}), {str(locked)!r})\n"
                 "except ConfigError as e:\n    print(e)\n")
-        done = subprocess.run([sys.executable, "-c", code], user=65534, capture_output=True, text=True, cwd=Path.cwd(),
-                              env={**os.environ, "PYTHONPATH": str(Path.cwd())}, timeout=120)
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path.cwd(),
+                              env={**os.environ, "PYTHONPATH": str(Path.cwd())}, timeout=120, **_as_unprivileged())
         assert done.returncode == 0, done.stderr[-2000:]
         assert done.stdout.strip() == (f"config file {locked} cannot be read (permission denied); "
                                        "make it readable by this user")
@@ -139,6 +196,11 @@ STRICT_CASES = [
     ('lookback_hours = "24"', "lookback_hours: expected a number such as 0.5, got the string '24'"
      "; write it without quotes if you mean it"),
     ("[gating]\nmin_sessions = true", "gating.min_sessions: expected an integer such as 3, got true"),
+    # issue 37: inf passed as a number (1e400 is inf in TOML), and an integer past 64 bits as an integer
+    ("lookback_hours = 1e400", "lookback_hours: expected a finite number such as 0.5, got inf"),
+    ("lookback_hours = -inf", "lookback_hours: expected a finite number such as 0.5, got -inf"),
+    ("[alpha]\nsize = 100000000000000000000", "alpha.size: expected an integer within 64 bits (-2^63 … 2^63-1), "
+     "got an integer of 21 digits; give a reasonable value"),
     ('[holds]\nmax_delete_share = "0.5"', "holds.max_delete_share: expected a number such as 0.5, got the string '0.5'"
      "; write it without quotes if you mean it"),
     ("[llm]\nenabled = 1", "llm.enabled: expected true or false, got 1"),
@@ -172,7 +234,6 @@ def test_values_of_their_own_type_are_taken(tmp_path):
     ({"DEEP_SLEEP_RATIO__SHARE": "0.75"}, ("ratio", "share", 0.75)),
     ({"DEEP_SLEEP_RATIO__SHARE": "1"}, ("ratio", "share", 1.0)),
     ({"DEEP_SLEEP_RATIO__LIMIT": "1e3"}, ("ratio", "limit", 1000.0)),
-    ({"DEEP_SLEEP_RATIO__LIMIT": "inf"}, ("ratio", "limit", float("inf"))),
     ({"DEEP_SLEEP_ALPHA__SIZE": " 7 "}, ("alpha", "size", 7)),
     ({"DEEP_SLEEP_ALPHA__ENABLED": "false"}, ("alpha", "enabled", False)),
     ({"DEEP_SLEEP_LLM__ENABLED": "TRUE"}, ("llm", "enabled", True)),
@@ -183,6 +244,13 @@ def test_environment_values_are_read_as_toml_writes_their_type(monkeypatch, env,
         monkeypatch.setenv(k, v)
     section, knob, value = expected
     assert getattr(getattr(load(assemble({"alpha": AlphaConfig, "ratio": RatioConfig})), section), knob) == value
+
+
+def test_an_infinite_number_from_the_environment_is_refused(monkeypatch):
+    monkeypatch.delenv("DEEP_SLEEP_CONFIG", raising=False)
+    monkeypatch.setenv("DEEP_SLEEP_RATIO__LIMIT", "inf")
+    with pytest.raises(ConfigError, match="ratio.limit: expected a finite number such as 0.5, got inf"):
+        load(assemble({"alpha": AlphaConfig, "ratio": RatioConfig}))
 
 
 @pytest.mark.parametrize(("variable", "text", "message"), [

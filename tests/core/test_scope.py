@@ -77,6 +77,14 @@ def test_128_characters_is_allowed():
         (lambda: Scope.root("org", "acme").child("brand", "b\u03bf1"), "level 1: id 'bο1' mixes scripts (Latin b at position 0; Greek U+03BF GREEK SMALL LETTER OMICRON"),
         (lambda: Scope.from_path([("org", "acme"), ("agent", "\u202eevil")]), "level 1: id"),
         (lambda: Scope.coerce("org/\u0430cme").check_new(), "U+0430 CYRILLIC SMALL LETTER A"),
+        (lambda: Scope.coerce("org/acme ").check_new(), "scope level 0: id 'acme ' has leading or trailing white space "
+                                                        "('acme '); a scope that differs from another only by spaces would "
+                                                        "look like it: write it 'acme'"),
+        (lambda: Scope.root("org", " acme"), "level 0: id ' acme' has leading or trailing white space"),
+        (lambda: Scope.root("org ", "acme"), "level 0: kind 'org ' has leading or trailing white space"),
+        (lambda: Scope.root("org", "acme").child("brand", "  "), "level 1: id '  ' is only white space"),
+        (lambda: Scope.root("org", "hello\ufe0f"), "U+FE0F VARIATION SELECTOR-16 at position 5"),
+        (lambda: Scope.root("org", "a\u3164"), "U+3164 HANGUL FILLER at position 1"),
     ],
 )
 def test_lookalike_kinds_and_ids_are_refused_naming_the_level_and_the_code_points(build, needle):

@@ -83,3 +83,48 @@ def test_no_listed_credential_reaches_the_store(store, scope):
             for table in ("memory_nodes", "episodic_events"):
                 n = con.execute(f"SELECT count(*) FROM {table} t WHERE t::text LIKE %s", (f"%{secret}%",)).fetchone()[0]
                 assert n == 0, (secret, table)
+
+
+# Issue 37: keys written as one word, or in mixed case, that were stored in clear
+COMPOUNDS = ["PaSsWoRd", "userpassword", "adminpassword", "rootpassword", "accesstoken", "ACCESSTOKEN", "authtoken",
+             "refreshtoken", "sessiontoken", "bearertoken", "apitoken", "oauthtoken", "idtoken", "apisecret",
+             "secretaccesskey", "xapikey", "authkey", "creds", "cred", "userPassword", "rootpw", "dbpass", "awscreds"]
+# …and words a compound reading must leave alone
+NOT_COMPOUNDS = ["hockey", "turkey", "donkey", "whiskey", "keynote", "keyword", "tokenize", "credit", "credits", "sacred",
+                 "incredible", "accredited", "cookbook", "spinner", "passkey", "publickey", "keyId", "primaryKey",
+                 "author_name", "SessionID", "userkey", "secretive"]
+
+
+@pytest.mark.parametrize("key", COMPOUNDS)
+def test_credential_words_joined_to_other_words_or_in_mixed_case_are_credentials(key):
+    assert is_credential_key(key)
+
+
+@pytest.mark.parametrize("key", NOT_COMPOUNDS)
+def test_words_that_merely_hold_key_token_or_cred_are_not_credentials(key):
+    assert not is_credential_key(key)
+
+
+def test_no_compound_credential_reaches_the_store_in_properties_metadata_or_steps(store, scope):
+    """Each of issue 37's spellings, in node properties, event metadata and a skill's steps (nested in
+    a step object): redacted in the receipt and nowhere in the store in clear; non-credentials kept."""
+    secrets = {key: f"clear-{i:03d}-value" for i, key in enumerate(COMPOUNDS)}
+    keep = {key: f"kept-{i:03d}" for i, key in enumerate(NOT_COMPOUNDS)}
+    receipt = record_turn(store, scope, [
+        {"op": "upsert_node", "label": "service: billing", "properties": {**secrets, **keep}},
+        {"op": "create_event", "content": "deployed billing", "metadata": {**secrets, **keep}},
+        {"op": "register_skill", "name": "rotate billing creds", "steps": [{"run": "rotate", **secrets, **keep}]},
+    ], now=NOW, nap=False)
+    assert not receipt.rejected
+    assert sorted(receipt.redacted) == sorted([f"ops[0].properties.{k}" for k in COMPOUNDS]
+                                              + [f"ops[1].metadata.{k}" for k in COMPOUNDS]
+                                              + [f"ops[2].steps[0].{k}" for k in COMPOUNDS])
+    expected = {**dict.fromkeys(COMPOUNDS, REDACTED), **keep}
+    assert scalar(store, "SELECT properties FROM memory_nodes WHERE id = %s", receipt.ids("upsert_node")[0]) == expected
+    assert scalar(store, "SELECT metadata FROM episodic_events WHERE id = %s", receipt.ids("create_event")[0]) == expected
+    assert scalar(store, "SELECT steps FROM procedural_skills WHERE id = %s", receipt.ids("register_skill")[0]) == [
+        {"run": "rotate", **expected}]
+    with store.pg() as con:
+        for table in ("memory_nodes", "episodic_events", "procedural_skills"):
+            n = con.execute(f"SELECT count(*) FROM {table} t WHERE t::text LIKE %s", ("%clear-%",)).fetchone()[0]
+            assert n == 0, table

@@ -83,7 +83,7 @@ def test_recall_on_a_tenant_root_sees_that_tenants_legacy_rows(store):
 
 
 def test_recall_rejects_bad_arguments_and_blank_queries(store, scope):
-    with pytest.raises(ValueError, match="k must be a positive integer"):
+    with pytest.raises(ValueError, match="k must be an integer from 1 to 1000, got 0"):
         recall(store, scope, "x", k=0)
     with pytest.raises(TypeError):
         recall(store, scope, None)  # type: ignore[arg-type]

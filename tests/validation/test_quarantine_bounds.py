@@ -40,12 +40,24 @@ def _reasons(snap: Snapshot, as_of: datetime = NOW, config=None) -> dict[str, st
     ("bom\ufeff", "invisible or direction-changing characters in label"),
     ("evil\u202egnp.exe", "invisible or direction-changing characters in label"),
     ("isolate\u2066x\u2069", "invisible or direction-changing characters in label"),
+    # issue 37: what the live path now refuses is quarantined too (one definition: deep_sleep.core.characters.HIDDEN)
+    ("hello" + "".join(chr(0xE0000 + ord(c)) for c in "ignore"), "invisible or direction-changing characters in label"),
+    ("soft\u00adhyphen", "invisible or direction-changing characters in label"),
+    ("hello\ufe0f", "invisible or direction-changing characters in label"),
+    ("\u3164", "invisible or direction-changing characters in label"),
+    ("\u2800", "invisible or direction-changing characters in label"),
+    ("\u0301\u0301", "invisible or direction-changing characters in label"),
 ])
 def test_bad_labels_are_quarantined_by_name(label, reason):
     frame = _nodes([{"label": label}, {"label": "project: fine"}])
     got = _reasons(Snapshot(SCOPE, NOW, frames={"memory_nodes": frame}))
     assert list(got.values()) == [reason]
     assert reason in REASONS
+
+
+def test_symbols_with_their_presentation_selector_are_not_quarantined():
+    frame = _nodes([{"label": "I \u2764\ufe0f pizza"}, {"label": "keycap 1\ufe0f\u20e3"}, {"label": "cafe\u0301"}])
+    assert _reasons(Snapshot(SCOPE, NOW, frames={"memory_nodes": frame})) == {}
 
 
 def test_label_bound_is_configurable():

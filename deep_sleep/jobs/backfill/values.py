@@ -15,6 +15,7 @@ DEFAULT_BATCH_SIZE = 5_000
 DEFAULT_LOCK_TIMEOUT_MS = 200
 MIN_BATCH_SIZE = 100
 LIST_LIMIT = 1_000  # ids listed per table and check; counts are always exact
+MAX_OPTION = 100_000_000  # no option is larger (PostgreSQL's LIMIT and lock_timeout take 32-bit values past here)
 
 
 @dataclass(frozen=True)
@@ -33,11 +34,10 @@ class BackfillOptions:
     dry_run: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("batch_size", "lock_timeout_ms", "max_retries", "max_passes"):
-            if getattr(self, name) < 1:
-                raise InputError(f"BackfillOptions.{name} must be >= 1, got {getattr(self, name)}")
-        if self.pause_ms < 0:
-            raise InputError(f"BackfillOptions.pause_ms must be >= 0, got {self.pause_ms}")
+        for name in ("batch_size", "lock_timeout_ms", "max_retries", "max_passes", "pause_ms"):
+            value, low = getattr(self, name), 0 if name == "pause_ms" else 1
+            if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= MAX_OPTION:
+                raise InputError(f"BackfillOptions.{name} must be an integer from {low} to {MAX_OPTION:,}, got {value!r}")
         if not self.job:
             raise InputError("BackfillOptions.job must be a non-empty name")
 
