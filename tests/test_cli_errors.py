@@ -211,7 +211,7 @@ def test_older_than_that_is_no_number_of_days_exits_2_naming_it(store, days, cap
 
 def test_a_bulk_rejection_says_rejected(store, capsys):
     assert main(["--dsn", store.dsn, "reject", "--scope", f"org/t{uuid.uuid4().hex[:10]}"]) == 0
-    assert capsys.readouterr().out.startswith("rejected 0 phase decision(s) in 0 run(s)")
+    assert capsys.readouterr().out.startswith("rejected 0 held row(s) in 0 run(s)")
 
 
 def test_a_manifest_nested_far_too_deep_exits_2_naming_it(snapshot_dir, tmp_path):
