@@ -89,7 +89,8 @@ def _uses_hnsw(con: psycopg.Connection, scope, query: str) -> bool:
         con.execute("SELECT set_config('hnsw.iterative_scan', 'relaxed_order', true), set_config('hnsw.ef_search', '40', true)")
         plan = con.execute(
             "EXPLAIN " + candidates_sql(scope.levels[0][0] == "tenant"),
-            {"q": q, "paths": scope.ancestor_paths(), "tenant": scope.tenant_id, "n_seed": 20, "n_top": 5, "fan": 8, "deg": 100},
+            {"q": q, "paths": scope.ancestor_paths(), "tenant": scope.tenant_id, "n_seed": 20, "n_top": 5, "fan": 8, "deg": 100,
+             "per_passage": 8, "per_passage_vector": 4, "big_scope": 4000, "word_cap": 500, "event_window": 1000},
         ).fetchall()
     return any("memory_nodes_embedding_hnsw" in row[0] for row in plan)
 

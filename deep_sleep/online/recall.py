@@ -45,6 +45,17 @@ SUMMARY_LABEL = "META:episodic_summary"
 DF_CAP = 5000
 #: A summary's folded turns the candidate query returns, best first (a passage quotes those that fit).
 LINES_PER_PASSAGE = 8
+#: A scope of this many rows or more (nodes and events, counted up to DF_CAP each) is *big*: its word
+#: match enumerates each of the first BIG_SCOPE_WORDS query words' rows apart, up to WORD_CAP a table
+#: (a common word's rows are then a sample, and its document frequency is counted up to the cap), so
+#: that the rows read follow the query, not the scope.  A smaller scope's rows are all read in one pass.
+BIG_SCOPE = 4000
+#: The events the vector order ranks: the scope's (each reader path's) latest this many.  Phase 10
+#: keeps a scope's hot events near its threshold (100); an older event of a backlog is still found by
+#: its words, and by its summary's turns once folded.
+EVENT_WINDOW = 1000
+BIG_SCOPE_WORDS = 8
+WORD_CAP = 100
 #: The words of a query that word matching uses (the first ones): a live turn's text may be long, and
 #: each word costs a test per matching row.
 MAX_WORDS = 24
@@ -144,8 +155,13 @@ def candidates_sql(legacy: bool, words: int = 0, events: bool = True) -> str:
          + (SELECT count(*) FROM (SELECT 1 FROM episodic_events v WHERE {v} LIMIT %(df_cap)s) b)""" if events else "")
         match_events = (f"""
     UNION ALL
-    SELECT 'e', v.id, {has("v")} FROM episodic_events v, q WHERE v.search @@ (%(sq)s::tsquery && q.qany) AND {v}"""
-                        if events else "")
+    SELECT 'e', v.id, {has("v")} FROM episodic_events v, q
+    WHERE NOT (SELECT is_big FROM big) AND v.search @@ (%(sq)s::tsquery && q.qany) AND {v}""" if events else "")
+        tabs = [("n", "memory_nodes", n)] + ([("e", "episodic_events", v)] if events else [])
+        capped = "\n    UNION ALL ".join(
+            f"SELECT {i} AS w, '{t}' AS t, x.id FROM (SELECT {t_}.id FROM {table} {t_}, q WHERE (SELECT is_big FROM big)"
+            f" AND {t_}.search @@ q.q{i} AND {vis} LIMIT %(word_cap)s) x"
+            for i in ws if i < BIG_SCOPE_WORDS for t, table, vis in tabs for t_ in ["n" if t == "n" else "v"])
         idf = lambda i: (f"ln(1 + (d.n - least(f.d{i}, d.n) + 0.5) / (least(f.d{i}, d.n) + 0.5)) AS i{i}")  # noqa: E731
         lex_ctes = f"""
 q AS (
@@ -155,8 +171,15 @@ q AS (
 docs AS MATERIALIZED (  -- counted once (inlined, each use of n in idf counted again), on the scope index
     SELECT greatest(1, (SELECT count(*) FROM (SELECT 1 FROM memory_nodes n WHERE {n} LIMIT %(df_cap)s) a){count_events}) AS n
 ),
+big AS (SELECT n >= %(big_scope)s AS is_big FROM docs),
+capped AS MATERIALIZED (  -- a big scope: each word's rows, up to word_cap a table (a common word's are a sample)
+    {capped}
+),
 matched AS MATERIALIZED (
-    SELECT 'n' AS t, n.id, {has("n")} FROM memory_nodes n, q WHERE n.search @@ (%(sq)s::tsquery && q.qany) AND {n}{match_events}
+    SELECT 'n' AS t, n.id, {has("n")} FROM memory_nodes n, q
+    WHERE NOT (SELECT is_big FROM big) AND n.search @@ (%(sq)s::tsquery && q.qany) AND {n}{match_events}
+    UNION ALL
+    SELECT c.t, c.id, {", ".join(f"bool_or(c.w = {i}) AS h{i}" for i in ws)} FROM capped c GROUP BY c.t, c.id
 ),
 freq AS (SELECT {", ".join(f"count(*) FILTER (WHERE h{i}) AS d{i}" for i in ws)} FROM matched),
 idf AS (SELECT {", ".join(idf(i) for i in ws)} FROM freq f, docs d),
@@ -169,14 +192,22 @@ lexn AS (SELECT id, lex FROM scored WHERE t = 'n' ORDER BY lex DESC, id LIMIT %(
                  else "lexn AS (SELECT NULL::uuid AS id, 0::float8 AS lex WHERE false),")
     event_ctes = ""
     event_rows = ""
+    legacy_recent = ("""
+    UNION ALL
+    SELECT * FROM (SELECT v.id, v.embedding FROM episodic_events v WHERE v.scope_path IS NULL AND v.tenant_id = %(tenant)s
+                   AND v.embedding IS NOT NULL ORDER BY v.created_at DESC LIMIT %(event_window)s) l""" if legacy else "")
     if events:
         lex_events = ("""
 lexe AS (SELECT id, lex FROM scored WHERE t = 'e' ORDER BY lex DESC, id LIMIT %(n_seed)s),""" if words
                       else "lexe AS (SELECT NULL::uuid AS id, 0::float8 AS lex WHERE false),")
         event_ctes = f"""{lex_events}
+recent AS (  -- the scope's latest events, path by path on (scope_path, created_at): what the vector order ranks
+    SELECT r.id, r.embedding FROM unnest(%(paths)s::text[]) p(path), LATERAL (
+        SELECT v.id, v.embedding FROM episodic_events v WHERE v.scope_path = p.path AND v.embedding IS NOT NULL
+        ORDER BY v.created_at DESC LIMIT %(event_window)s) r{legacy_recent}
+),
 nearv AS (
-    SELECT v.id FROM episodic_events v WHERE {v} AND v.embedding IS NOT NULL AND %(q)s::vector IS NOT NULL
-    ORDER BY v.embedding <=> %(q)s::vector, v.id LIMIT %(n_seed)s
+    SELECT id FROM recent WHERE %(q)s::vector IS NOT NULL ORDER BY embedding <=> %(q)s::vector, id LIMIT %(n_seed)s
 ),
 evs AS (SELECT id FROM nearv UNION SELECT id FROM lexe),"""
         event_rows = f"""
@@ -329,7 +360,8 @@ def recall(
         cur.execute(_SETTINGS_SQL, (str(max(40, n_seed)),))
         model_cur.execute(_MODEL_SQL, (scope.path, scope.tenant_id))
         cur.execute(candidates_sql(legacy, len(wq), settings.events), {
-            **{f"w{i}": w for i, w in enumerate(wq)}, "df_cap": DF_CAP,
+            **{f"w{i}": w for i, w in enumerate(wq)}, "df_cap": DF_CAP, "big_scope": BIG_SCOPE, "word_cap": WORD_CAP,
+            "event_window": EVENT_WINDOW,
             "q": qvec, "paths": scope.ancestor_paths(), "tenant": scope.tenant_id,
             "sq": _scope_query(scope, legacy), "n_seed": n_seed, "n_top": k, "fan": FAN_OUT, "deg": reranker.DEGREE_LIMIT,
             "per_passage": LINES_PER_PASSAGE, "per_passage_vector": LINES_PER_PASSAGE // 2,
