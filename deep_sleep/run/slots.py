@@ -27,10 +27,12 @@ import socket
 import sys
 import time
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from deep_sleep.core.errors import DeepSleepError
-from deep_sleep.run import pipeline
+
+if TYPE_CHECKING:  # imported where used: a quiet night checks the night lock without importing the pipeline
+    from deep_sleep.run import pipeline
 
 APPLY_SLOT_CLASS = 0x0D5EE9 + 1  # pg advisory lock class of the apply slots
 NIGHT_LOCK_CLASS = 0x0D5EE9 + 2  # pg advisory lock class of the night lock (key 0)
@@ -138,6 +140,8 @@ def check_no_night(dsn: str) -> None:
 def in_slots(stages: tuple, slots: int) -> tuple:
     """``stages`` with the apply holding one of ``slots`` apply slots (:class:`ApplyInSlot` in place of
     :class:`~deep_sleep.run.pipeline.Apply`)."""
+    from deep_sleep.run import pipeline
+
     return tuple(ApplyInSlot(slots) if isinstance(s, pipeline.Apply) else s for s in stages)
 
 
@@ -152,10 +156,14 @@ class ApplyInSlot:
     writes_reports: ClassVar[bool] = True
 
     def run(self, ctx: pipeline.Context, state: pipeline.State) -> pipeline.State:
+        from deep_sleep.run import pipeline
+
         with apply_slot(ctx.store.dsn, self.slots):
             return pipeline.Apply().run(ctx, state)
 
     def describe(self, ctx: pipeline.Context) -> str:
+        from deep_sleep.run import pipeline
+
         return f"{pipeline.Apply().describe(ctx)}, holding one of {self.slots} apply slot(s)"
 
 
