@@ -1,5 +1,7 @@
 """``deep_sleep_nightly``: every due scope of the fleet, with bounded concurrency and isolated failures.
 
+0. The store's night lock (:func:`deep_sleep.run.slots.night_lock`), held to the end: a second night
+   on the store refuses at once, naming this one (a plan takes none).
 1. Gate (one set-based query): which scopes are due (SPEC §3); the rest are reported as skipped
    with the reason.
 2. The due scopes are grouped into *shards* (at most ``shard_rows`` rows and ``shard_scopes``
@@ -73,7 +75,7 @@ from deep_sleep.jobs.night import (  # noqa: F401 - NightlyParameters and gate_d
     status_counts,
 )
 from deep_sleep.run import pipeline
-from deep_sleep.run.slots import APPLY_SLOT_CLASS, ApplyInSlot, apply_slot, slot_holders  # noqa: F401 - re-exported
+from deep_sleep.run.slots import APPLY_SLOT_CLASS, ApplyInSlot, apply_slot, in_slots, night_lock, night_name, slot_holders  # noqa: F401 - re-exported
 from deep_sleep.run.layout import runs_location
 from deep_sleep.run.preview import Preview, PreviewDigest, night_plan_markdown
 from deep_sleep.store.db import Store, connect_store
@@ -108,7 +110,7 @@ def _row(report: ConsolidationReport, worker_pid: int) -> dict:
 
 def night_stages(apply_concurrency: int) -> tuple:
     """The nightly's stages: :data:`~deep_sleep.run.pipeline.NIGHT` with the apply in a slot."""
-    return tuple(ApplyInSlot(apply_concurrency) if isinstance(s, pipeline.Apply) else s for s in pipeline.NIGHT)
+    return in_slots(pipeline.NIGHT, apply_concurrency)
 
 
 def _run_shard(dsn: str, scopes: list[str], as_of: datetime, config: ConsolidationConfig, runs_dir: str | None,
@@ -278,13 +280,21 @@ def _error_of(future) -> str:
 # The flow's own runner runs nothing: the shards go to shard_runner(params, kind), built inside the run.
 @flow(name="deep_sleep_nightly", log_prints=True, task_runner=ThreadPoolTaskRunner(max_workers=1))
 def deep_sleep_nightly(params: NightlyParameters) -> dict[str, Any]:
-    """Consolidate every due scope; returns the night's summary (counts and one row per scope)."""
+    """Consolidate every due scope; returns the night's summary (counts and one row per scope).
+
+    The night holds the store's night lock from its gate to its summary (:func:`~deep_sleep.run.slots.night_lock`):
+    a second night on the store refuses at once, naming this one (a plan applies nothing and takes no lock)."""
+    store = connect_store(params.dsn)
+    night_id = str(uuid.uuid4())
+    with contextlib.nullcontext() if params.plan else night_lock(store.dsn, night_name(night_id)):
+        return _night(params, store, night_id)
+
+
+def _night(params: NightlyParameters, store: Store, night_id: str) -> dict[str, Any]:
     logger = get_run_logger()
     started = datetime.now(UTC)
     as_of = utc(params.as_of or started)
     config = load_config(params.config_file, params.config)
-    store = connect_store(params.dsn)
-    night_id = str(uuid.uuid4())
     if params.prefect_apply_limit:
         ensure_apply_limit(params.apply_concurrency)
 

@@ -186,8 +186,13 @@ def _consolidate(store, scope, as_of: datetime | None, config_file: str | None, 
             print(f"deep-sleep run: {exc}", file=sys.stderr)
             return None
     local_runs_dir(runs_dir)  # a one-scope run keeps its files on local disk: a URL is refused by name
-    # force: check_as_of and require_scope checked both (and --force is the operator's)
-    return consolidate(store, scope, as_of, config_of(config_file), runs_dir=runs_dir, force=True).report(scope.path)
+    from deep_sleep.run.pipeline import NIGHT
+    from deep_sleep.run.slots import DEFAULT_APPLY_SLOTS, in_slots
+
+    # its apply holds one of the store's apply slots, as a nightly's and the deep_sleep flow's do; force:
+    # check_as_of and require_scope checked both (and --force is the operator's)
+    return consolidate(store, scope, as_of, config_of(config_file), runs_dir=runs_dir, force=True,
+                       stages=in_slots(NIGHT, DEFAULT_APPLY_SLOTS)).report(scope.path)
 
 
 def _print_run(report) -> None:

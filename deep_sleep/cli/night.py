@@ -160,6 +160,10 @@ def run_night(params, config, store) -> dict[str, Any]:
     """One night (``params``: :class:`~deep_sleep.jobs.night.NightlyParameters`; ``config``: its configuration; ``store``: its store): a quiet night without Prefect when no scope
     is due and no standing server is configured, else the flow — on the standing server, or on a
     :class:`TemporaryServer` that boots while the flow module is imported.  The night's summary."""
+    if not params.plan:  # a night already running is named before any Prefect server starts (the flow locks)
+        from deep_sleep.run.slots import check_no_night
+
+        check_no_night(store.dsn)
     api = standing_api_url()
     if api is None and not params.plan:
         from deep_sleep.jobs.night import considered_scopes, quiet_night

@@ -77,9 +77,10 @@ from deep_sleep.jobs.undo_plan import without_rows
 from deep_sleep.run import holds
 from deep_sleep.run.apply import apply_batch, batch_statements, vector_conflicts
 from deep_sleep.run.layout import read_scope_diff, read_scope_report, read_scope_snapshot, write_config
+from deep_sleep.run.slots import DEFAULT_APPLY_SLOTS, apply_slot
 from deep_sleep.run.pipeline import failure_messages
 from deep_sleep.run.transform import as_shard_diff
-from deep_sleep.run.statements import Statement
+from deep_sleep.run.statements import LOCK_SQL, Statement
 from deep_sleep.store.db import Store
 from deep_sleep.transforms.config import ConsolidationConfig
 from deep_sleep.validation import validate_diff
@@ -483,8 +484,9 @@ def approve(store: Store, run_id: str, phase: str | None = None, decided_by: str
         at = next(i for i, s in enumerate(planned.statements) if s.step == "lock") + 1
         planned = replace(planned, statements=(*planned.statements[:at], *decide, *planned.statements[at:]))
         try:
-            applied, conflicts = apply_batch(store, planned, {h.run.scope_path: report}, "approve",
-                                             datetime.now(UTC))[h.run.scope_path]
+            with apply_slot(store.dsn, DEFAULT_APPLY_SLOTS):  # an approval's apply holds a slot as any apply does
+                applied, conflicts = apply_batch(store, planned, {h.run.scope_path: report}, "approve",
+                                                 datetime.now(UTC))[h.run.scope_path]
         except Exception as exc:
             if _is_unique_violation(exc):
                 raise _raced(h, phases) from None
@@ -552,6 +554,8 @@ def reject(store: Store, run_id: str, phase: str | None = None, decided_by: str 
         held_rows = _row_counts(taken)
     try:
         with store.transaction() as cur:
+            cur.execute(LOCK_SQL, parameters=(json.dumps([h.run.scope_path]),))  # the scope's apply lock, as every decision
+            cur.fetch_arrow_table()
             for s in statements:
                 cur.execute(s.sql, parameters=s.params)
     except Exception as exc:

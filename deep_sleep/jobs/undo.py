@@ -134,6 +134,8 @@ def undo(store: Store, run_id: str, config=None) -> UndoResult:
         raise UndoError(str(exc)) from None
     refuse(run)
     staged = prepare(run)
+    from deep_sleep.run.slots import DEFAULT_APPLY_SLOTS, apply_slot
+
     cluster_cap = (config or run_config(run)).meta_nodes.max_members  # a META node's CLUSTERS edges (SPEC §3)
     scope = run.scope_path
     undo_id = str(uuid.uuid4())
@@ -141,7 +143,7 @@ def undo(store: Store, run_id: str, config=None) -> UndoResult:
     reverted: dict[str, dict[str, int]] = {}
     missed: list[pl.DataFrame] = []
 
-    with store.transaction() as cur:
+    with apply_slot(store.dsn, DEFAULT_APPLY_SLOTS), store.transaction() as cur:  # a slot, as every apply
         cur.execute("DISCARD TEMP")  # staging tables an earlier undo or apply left on this pooled connection
         _scalar(cur, "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))::text", (scope,))
         # Re-read under the lock: a racing undo (or a second click) sees the first one's verdict.

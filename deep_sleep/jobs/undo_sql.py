@@ -29,11 +29,14 @@ HAS_EDGES = "an edge of the store still touches it (added or changed since the r
 
 # The graph stays whole through an undo (issue 31): a node the run inserted goes only when no edge
 # touches it any more (the run's own inserted edges are removed first), and an edge the run deleted
-# comes back only when both of its nodes are in the store (nodes are re-inserted first).
+# comes back only when both of its nodes are in the store (nodes are re-inserted first), each taken
+# FOR KEY SHARE as the apply's edge inserts take them (issue 37): a live delete of the node cannot
+# commit between the probe and the re-insert.
 _NODE_FREE = ("NOT EXISTS (SELECT 1 FROM memory_edges e WHERE e.scope_path = t.scope_path AND e.source_id = t.id)"
               " AND NOT EXISTS (SELECT 1 FROM memory_edges e WHERE e.scope_path = t.scope_path AND e.target_id = t.id)")
-_ENDPOINTS = ("EXISTS (SELECT 1 FROM memory_nodes n WHERE n.id = {r}.source_id AND n.scope_path = {r}.scope_path)"
-              " AND EXISTS (SELECT 1 FROM memory_nodes n WHERE n.id = {r}.target_id AND n.scope_path = {r}.scope_path)")
+_ENDPOINTS = ("EXISTS (SELECT 1 FROM memory_nodes n WHERE n.id = {r}.source_id AND n.scope_path = {r}.scope_path{lock})"
+              " AND EXISTS (SELECT 1 FROM memory_nodes n WHERE n.id = {r}.target_id AND n.scope_path = {r}.scope_path{lock})")
+_KEY_SHARE = " FOR KEY SHARE"
 
 
 def stage_name(table: str, kind: str) -> str:
@@ -101,7 +104,7 @@ def reinsert_deletes_sql(table: str, cluster_cap: int | None = None) -> str:
     if table == "memory_edges" and cluster_cap is not None:
         return (
             src + f" cand AS (SELECT r FROM src, LATERAL jsonb_populate_record(NULL::{table}, src.row) r"
-            f" WHERE NOT EXISTS (SELECT 1 FROM {table} x WHERE x.id = r.id) AND {_ENDPOINTS.format(r='r')}),"
+            f" WHERE NOT EXISTS (SELECT 1 FROM {table} x WHERE x.id = r.id) AND {_ENDPOINTS.format(r='r', lock=_KEY_SHARE)}),"
             " ranked AS (SELECT c.r, CASE WHEN (c.r).relation = 'CLUSTERS' THEN row_number() OVER"
             " (PARTITION BY (c.r).relation, (c.r).source_id ORDER BY (c.r).id) END AS k FROM cand c),"
             f" ins AS (INSERT INTO {table} OVERRIDING SYSTEM VALUE SELECT (q.r).* FROM ranked q WHERE q.k IS NULL"
@@ -116,7 +119,7 @@ def reinsert_deletes_sql(table: str, cluster_cap: int | None = None) -> str:
         src + f" ins AS (INSERT INTO {table} OVERRIDING SYSTEM VALUE SELECT r.* FROM src,"
         f" LATERAL jsonb_populate_record(NULL::{table}, src.row) r"
         f" WHERE NOT EXISTS (SELECT 1 FROM {table} x WHERE x.id = r.id)"
-        + (" AND " + _ENDPOINTS.format(r="r") if table == "memory_edges" else "")
+        + (" AND " + _ENDPOINTS.format(r="r", lock=_KEY_SHARE) if table == "memory_edges" else "")
         + " ON CONFLICT DO NOTHING RETURNING id),"
         + unfold
         + _mark(table, "deletes", "id::text FROM ins")
@@ -130,7 +133,7 @@ def not_restored_sql(table: str, kind: str, cluster_cap: int | None = None) -> s
         endpoint = ""
         if table == "memory_edges":
             gone = _ENDPOINTS.replace("{r}.source_id", "(a.row->>'source_id')::uuid").replace(
-                "{r}.target_id", "(a.row->>'target_id')::uuid").replace("{r}.scope_path", "(a.row->>'scope_path')")
+                "{r}.target_id", "(a.row->>'target_id')::uuid").replace("{r}.scope_path", "(a.row->>'scope_path')").replace("{lock}", "")
             endpoint = f" WHEN x.id IS NULL AND NOT ({gone}) THEN {_lit(ENDPOINT_GONE)}"
             if cluster_cap is not None:
                 full = _clusters("(a.row->>'scope_path')", "(a.row->>'source_id')::uuid")

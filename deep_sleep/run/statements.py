@@ -20,7 +20,9 @@ it (:func:`explain`); the golden files under ``tests/run/golden_sql/`` pin it.  
 5. Updates, one write per row (all phases' changes folded), guarded the same way; only the changed
    columns are set, ``updated_at`` is left alone.
 6. Inserts with ``ON CONFLICT DO NOTHING``, one per column signature (the columns a scope's rows give
-   values for; the rest take the store's defaults, as a scope alone would).
+   values for; the rest take the store's defaults, as a scope alone would); nodes before edges, and
+   an edge only while both of its nodes are in the store, each taken ``FOR KEY SHARE`` as a foreign
+   key's check does (:func:`_endpoints`), so no write of the apply leaves an edge without its node.
 7. The quarantined rows, if any, into ``consolidation_quarantine``; the ledger rows in
    ``consolidation_runs`` — with what each run held for approval, so the holds are in the ledger the
    moment the apply commits (a kill after the commit cannot lose them).
@@ -290,6 +292,22 @@ def _cluster_room(table: str, present: list[str], cluster_cap: int | None) -> st
             f" WHERE e.scope_path = s.scope_path AND e.source_id = {source} AND e.relation = 'CLUSTERS') <= {int(cluster_cap)})")
 
 
+def _endpoints(table: str, present: list[str]) -> str:
+    """The condition that keeps the graph whole at apply time (issue 37): an edge is inserted only
+    while both of its nodes are in the store, in its scope — not one a live writer deleted since the
+    snapshot (the row is then a conflict).  Each probe is one primary-key lookup that takes the node
+    ``FOR KEY SHARE``, as a foreign key's check does: a delete of the node that has not committed when
+    the probe runs is waited for (and, once committed, makes the probe find nothing), and one that
+    starts later waits until this transaction ends — so no delete can commit between the probe and
+    the insert.  The lock conflicts only with a delete (or a key update) of the node, never with a live
+    writer's update of its other columns.  Empty for other tables."""
+    if table != "memory_edges" or not {"source_id", "target_id"} <= set(present):
+        return ""
+    cols = tables.diff_columns(table)
+    return "".join(f" AND EXISTS (SELECT 1 FROM memory_nodes n WHERE n.id = {cols[c].cast_sql('s.' + c)}"
+                   " AND n.scope_path = s.scope_path FOR KEY SHARE)" for c in ("source_id", "target_id"))
+
+
 def _insert(table: str, present: list[str], signature: int, source: str, guard: str, cluster_cap: int | None = None) -> str:
     cols = tables.diff_columns(table)
     names = ", ".join(present)
@@ -300,7 +318,7 @@ def _insert(table: str, present: list[str], signature: int, source: str, guard: 
                   f" AS {CLUSTER_RANK} FROM {source} r)")
     return (
         f"WITH done AS (INSERT INTO {table} ({names}) SELECT {values} FROM {source} s"
-        f" WHERE s.{SIGNATURE_COLUMN} = {int(signature)}{room}{guard} RETURNING scope_path)"
+        f" WHERE s.{SIGNATURE_COLUMN} = {int(signature)}{room}{_endpoints(table, present)}{guard} RETURNING scope_path)"
     )
 
 
@@ -469,10 +487,12 @@ def statements(
         out += [stage_statement(stage_name(t, k), body, small_rows, t, k) for (t, k), body in fed_bodies.items()]
         if fed_bodies:
             out += [Statement("planner", sql) for sql in PLANNER_SQL]
-    # edge deletes before node deletes (a node goes only once no edge touches it); then the rest
+    # edge deletes before node deletes (a node goes only once no edge touches it), node inserts before
+    # edge inserts (an edge lands only while both of its nodes are in the store); then the rest
+    graph = {"deletes": ("memory_edges", "memory_nodes"), "updates": ("memory_edges", "memory_nodes"),
+             "inserts": ("memory_nodes", "memory_edges")}
     order = sorted(fed_bodies, key=lambda tk: (("deletes", "updates", "inserts").index(tk[1]),
-                                               ("memory_edges", "memory_nodes").index(tk[0]) if tk[0] in ("memory_edges", "memory_nodes") else 2,
-                                               tk[0]))
+                                               graph[tk[1]].index(tk[0]) if tk[0] in graph[tk[1]] else 2, tk[0]))
     node_deletes = fed_bodies.get(("memory_nodes", "deletes"))
     fed = []
     for table, kind in order:

@@ -11,13 +11,16 @@ so that delete-share, delete-count, used-node and gate-failed holds all happen. 
 sequence of steps:
 
 - ``night``: :func:`pipeline.consolidate` over the fleet (or one scope of it) at a later ``as_of``;
-  or a *racing* night — the plan, a write between snapshot and apply (a live write as below, or a
-  change to a row the night deletes), then the apply; or a racing *swap* — a node lifted into the
+  or a *racing* night — the plan, a write between snapshot and apply (a live write as below, a
+  change to a row the night deletes, or a plain SQL delete of a node that an edge the night inserts
+  needs), then the apply; or a racing *swap* — a node lifted into the
   top of its label group first (so phase 4 swaps a META node's members), the plan, a change to every
   edge the night deletes, then the apply;
 - ``live write``: by SQL (a new edge between existing nodes of a scope, a new node with an edge to
   an existing one, a node's properties or importance changed, a node lifted into the top of its
-  label group, an edge's weight bumped — often a CLUSTERS edge) or through the online API
+  label group, an edge's weight bumped — often a CLUSTERS edge, a node deleted with its edges, so
+  that a held insert of an edge to it is approved, or a deleted edge to it undone, after it went)
+  or through the online API
   (:func:`record_turn` upserting an existing label, which bumps the node's version);
 - ``approve`` (a random pending run, all its phases or one), ``reject`` (likewise), ``undo`` (a random
   run of the fleet's ledger: a night, an approval, or — refused — an undo);
@@ -391,15 +394,18 @@ def step_night(store, fleet: Fleet, data) -> str:
     planned = pipeline.run(pipeline.PLAN, ctx)
     doomed = sorted((t, i) for t in ("memory_nodes", "memory_edges")
                     for i in planned.tonight.table(t).deletes.get_column("id").cast(str).to_list())
+    ends = _new_edge_ends(store, planned) if mode == "racing" else []
+    rows, what = None, None
     if mode == "swap":
         rows = [(t, i) for t, i in doomed if t == "memory_edges"]
+    elif ends and data.draw(st.booleans(), label="delete a node a new edge needs"):
+        _delete_node(store, data.draw(st.sampled_from(ends), label="node a new edge needs"))
+        what = "deleted a node a new edge needs"
     elif doomed and data.draw(st.booleans(), label="touch a row it deletes"):
         rows = [data.draw(st.sampled_from(doomed), label="doomed row")]
-    else:
-        rows = None
-    if rows is None:
+    if what is None and rows is None:
         what = step_live(store, fleet, data)
-    else:
+    elif rows is not None:
         with store.pg() as con:
             for table, rid in rows:
                 con.execute(f"UPDATE {table} SET properties = properties || '{{\"touched\": 1}}' WHERE id = %s", (rid,))
@@ -407,6 +413,28 @@ def step_night(store, fleet: Fleet, data) -> str:
         what = f"touched {len(rows)} row(s) it deletes"
     _check_reports(pipeline.run((pipeline.Apply(),), ctx, planned))
     return f"{mode} night({len(scopes)}, {lifted}{what})"
+
+
+def _new_edge_ends(store, planned) -> list[str]:
+    """The stored nodes (not ones the night inserts) that an edge the night inserts needs."""
+    new = planned.tonight.table("memory_edges").inserts
+    if not new.height:
+        return []
+    ends = sorted(set(new.get_column("source_id").cast(str).to_list()) | set(new.get_column("target_id").cast(str).to_list()))
+    if not ends:
+        return []
+    with store.pg() as con:
+        return [r[0] for r in con.execute("SELECT id::text FROM memory_nodes WHERE id = ANY(%s::uuid[]) ORDER BY id", (ends,))]
+
+
+def _delete_node(store, node_id: str) -> None:
+    """A live writer deletes a node by plain SQL, with the edges that touch it (one that deleted only
+    the node would leave its own edges dangling); any edge a night, an approval or an undo would add to
+    it later must then be a conflict (issue 37)."""
+    with store.pg() as con:
+        con.execute("DELETE FROM memory_edges WHERE source_id = %s OR target_id = %s", (node_id, node_id))
+        con.execute("DELETE FROM memory_nodes WHERE id = %s", (node_id,))
+        con.commit()
 
 
 def step_live(store, fleet: Fleet, data, kind: str | None = None) -> str:
@@ -425,7 +453,7 @@ def step_live(store, fleet: Fleet, data, kind: str | None = None) -> str:
             " AND NOT EXISTS (SELECT 1 FROM memory_edges e WHERE e.scope_path = n.scope_path AND e.target_id = n.id"
             " AND e.relation = 'CLUSTERS') ORDER BY EXISTS (SELECT 1 FROM memory_nodes m WHERE m.scope_path = n.scope_path"
             " AND m.label = 'META:' || split_part(n.label, ':', 1)) DESC, n.label, n.id", (scope.path,))]
-    kinds = (["new node"] + (["new edge", "node bump", "turn"] if nodes else []) + (["lift"] if members else [])
+    kinds = (["new node"] + (["new edge", "node bump", "turn", "node delete"] if nodes else []) + (["lift"] if members else [])
              + (["edge bump"] if edges else []))
     kind = kind if kind in kinds else data.draw(st.sampled_from(kinds), label="live write")
     with store.pg() as con:
@@ -456,6 +484,9 @@ def step_live(store, fleet: Fleet, data, kind: str | None = None) -> str:
                 st.sampled_from(members), label="lifted")  # members: nodes of groups with a META node first
             con.execute("UPDATE memory_nodes SET importance = %s WHERE id = %s",
                         (data.draw(st.sampled_from([9.5, 9.7]), label="importance"), lifted))
+        elif kind == "node delete":  # by plain SQL, with its edges: later inserts of edges to it are conflicts
+            con.commit()
+            _delete_node(store, data.draw(st.sampled_from(nodes), label="deleted node"))
         elif kind == "edge bump":  # often a CLUSTERS edge: the one a night may be about to drop
             pool = clusters if clusters and data.draw(st.booleans(), label="a CLUSTERS edge") else edges
             con.execute("UPDATE memory_edges SET weight = weight + 0.5 WHERE id = %s", (data.draw(st.sampled_from(pool), label="edge"),))
