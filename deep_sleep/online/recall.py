@@ -302,7 +302,19 @@ def recall(
     config=None,
     budget_chars: int | None = None,
 ) -> list[Hit]:
-    """The ``k`` best memories for ``query`` visible from ``scope``, each logged to ``recall_events``.
+    """The ``k`` best memories for ``query`` visible from ``scope`` as passages within ``budget_chars``
+    characters, each logged to ``recall_events``.
+
+    **The contract** (SPEC §5 as amended 2026-12-06): a hit's :attr:`Hit.text` is a passage a caller can
+    hand to a model and :attr:`Hit.chars` its length — a node's label or an event's content, cut around
+    the query's words at ``recall.max_passage_chars``; a summary's gist (the dates its turns span) and
+    the folded turns that best match the query, one a line; a cluster's label and member count and the
+    members sharing the query's words — each quoted line in :attr:`Hit.lines` with the id it came from.
+    Hits come in rank order until their passages hold ``budget_chars`` characters (default
+    ``recall.budget_chars``): the one that does not fit whole is cut to what is left (unless fewer than
+    :data:`MIN_PASSAGE_CHARS` are), none after it is returned, and the budget is never exceeded.  A
+    summary is ranked by its folded turns (:func:`_with_turns`): each competes like an event, and the
+    summary takes the place of its best one.
 
     Visible: rows whose ``scope_path = ANY(scope.ancestor_paths())`` (never a string prefix).
     Candidates (:func:`candidates_sql`), ``n = max(k, 10)`` of each order
