@@ -24,30 +24,39 @@ from deep_sleep.cli.common import (
 
 
 def cmd_seed(args: argparse.Namespace) -> int:
+    """A synthetic store as the live path writes it: every node, event and skill with the configured
+    embedder's vector (``embedding.model`` of ``--config``), the recall log with explicit feedback."""
     from deep_sleep.dev.seed import SeedSpec, scopes_of, seed_store
+    from deep_sleep.transforms.config import load_config
 
+    model = load_config(args.config).embedding.model
     if args.fleet is not None:
-        return _seed_fleet(args)
+        return _seed_fleet(args, model)
     spec = SeedSpec(tenants=args.tenants, scopes_per_tenant=args.scopes_per_tenant, nodes_per_scope=args.nodes,
-                    seed=args.seed, now=_as_of(args.now) or datetime.now(UTC).replace(microsecond=0))
+                    seed=args.seed, now=_as_of(args.now) or datetime.now(UTC).replace(microsecond=0),
+                    embedding_model=model)
     store = _store(args.dsn)
+    t = time.perf_counter()
     counts = seed_store(store, spec)
     for table, n in counts.items():
         print(f"{table:24s} {n:>10,d}")
-    print("scopes:", ", ".join(s.display() for s in scopes_of(spec)))
+    scopes = scopes_of(spec)
+    shown = ", ".join(s.display() for s in scopes[:3]) + (f", … {scopes[-1].display()}" if len(scopes) > 3 else "")
+    print(f"{len(scopes):,} scope{'s' if len(scopes) != 1 else ''} ({shown}), vectors of {model}: "
+          f"{sum(counts.values()):,} rows in {time.perf_counter() - t:.1f}s")
     return 0
 
 
-def _seed_fleet(args: argparse.Namespace) -> int:
+def _seed_fleet(args: argparse.Namespace, model: str) -> int:
     from deep_sleep.dev.fleet import FleetSpec, fleet_scope, seed_fleet
 
-    spec = FleetSpec(scopes=args.fleet, nodes=args.nodes, seed=args.seed, recalls=args.recalls,
+    spec = FleetSpec(scopes=args.fleet, nodes=args.nodes, seed=args.seed, recalls=True, embedding_model=model,
                      now=_as_of(args.now) or datetime.now(UTC).replace(microsecond=0))
     store = _store(args.dsn)
     t = time.perf_counter()
     counts = seed_fleet(store, spec, progress=lambda line: print(f"  {line}", flush=True))
-    print(f"fleet of {spec.scopes:,} scopes ({fleet_scope(0).display()} … {fleet_scope(spec.scopes - 1).display()}): "
-          f"{sum(counts.values()):,} rows in {time.perf_counter() - t:.1f}s")
+    print(f"fleet of {spec.scopes:,} scopes ({fleet_scope(0).display()} … {fleet_scope(spec.scopes - 1).display()}), "
+          f"vectors of {model}: {sum(counts.values()):,} rows in {time.perf_counter() - t:.1f}s")
     return 0
 
 
