@@ -68,13 +68,14 @@ from deep_sleep.jobs.night import (  # noqa: F401 - NightlyParameters and gate_d
     gate_distribution,
     health_alerts,
     night_rows,
+    night_dir,
     night_summary,
+    write_scope_table,
     retention,
     status_counts,
 )
 from deep_sleep.run import pipeline
 from deep_sleep.run.slots import APPLY_SLOT_CLASS, ApplyInSlot, apply_slot, slot_holders  # noqa: F401 - re-exported
-from deep_sleep.run.layout import runs_location
 from deep_sleep.run.preview import Preview, PreviewDigest, night_plan_markdown
 from deep_sleep.store.db import Store, connect_store
 from deep_sleep.store.errors import is_transient
@@ -103,7 +104,13 @@ def _row(report: ConsolidationReport, worker_pid: int) -> dict:
         "run_id": report.run_id, "worker_pid": worker_pid, "diff_uri": report.diff_uri, "diff_hash": report.diff_hash,
         "gate": report.gate or None,
         "held": sum(sum(k.values()) for k in (report.held or {}).get("rows", {}).values()) if report.held else 0,
+        "held_reasons": dict((report.held or {}).get("reasons", {})),
+        # the shard's stages (every scope of a shard shares them): the console's slowest shards
+        "seconds": round(sum(report.timings.get(s, 0.0) for s in _STAGES), 3),
     }
+
+
+_STAGES = ("extract", "transform", "gate", "hold", "validate", "publish", "apply")
 
 
 def night_stages(apply_concurrency: int) -> tuple:
@@ -319,7 +326,7 @@ def deep_sleep_nightly(params: NightlyParameters) -> dict[str, Any]:
                 if params.plan:  # the rows and the shard's preview digest
                     digests.append(out["digest"])
                     out = out["rows"]
-                results.update({r["scope_path"]: r for r in out})
+                results.update({r["scope_path"]: {**r, "shard": index[fut.task_run_id]} for r in out})
             if params.progress:
                 _progress_line(done, len(shards), len(results) + len(failed_shard), len(due), results, clock)
 
@@ -330,8 +337,7 @@ def deep_sleep_nightly(params: NightlyParameters) -> dict[str, Any]:
     counts = status_counts(rows)
     quality = None
     if params.data_quality and counts["applied"]:  # not after a night that applied nothing: see the docstring
-        out = files.join(runs_location(params.runs_dir), "_nightly",
-                         f"{as_of.strftime('%Y%m%dT%H%M%SZ')}_{night_id}", "data_quality")
+        out = files.join(night_dir(params.runs_dir, as_of, night_id), "data_quality")
         quality = data_quality_task(store.dsn, out, night_id)
 
     # Alerts about the scopes this night considered (all of the store's, or the listed ones).
@@ -340,6 +346,7 @@ def deep_sleep_nightly(params: NightlyParameters) -> dict[str, Any]:
 
     summary = night_summary(night_id=night_id, as_of=as_of, gates=gates, shards=len(shards), task_runner=kind,
                             rows=rows, results=results, quality=quality, alerts=alerts, removed=removed)
+    write_scope_table(summary, params.runs_dir)
     create_table_artifact(
         key="deep-sleep-nightly",
         table=_artifact_rows(rows),

@@ -216,6 +216,8 @@ def build_parser() -> argparse.ArgumentParser:
                          ">= 2, else threads), threads (one process), processes (--max-workers worker processes: "
                          "no shared GIL, faster for large nights) or dask")
     ni.add_argument("--dask-address", default=None)
+    ni.add_argument("--table", action="store_true",
+                    help="also print the per-scope table (one row per scope; always written to the night's scopes.csv)")
     ni.set_defaults(func=cmd_nightly)
 
     bf = sub.add_parser("backfill", help="write scope_path for legacy rows (resumable, small batches)")

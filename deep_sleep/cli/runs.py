@@ -122,22 +122,11 @@ def cmd_nightly(args: argparse.Namespace) -> int:
               f"{summary['held_rows']} would be held; nothing was applied")
         return 1 if summary["failed"] else 0
 
-    rows = [[r["scope"], r["status"], str(r.get("changes", "")), str(r.get("conflicts", "")), str(r.get("quarantined", "")),
-             r.get("reason", "")[:80]] for r in summary["rows"]]
-    print(markdown_table(["scope", "status", "changes", "conflicts", "quarantined", "reason"], rows))
-    held = sum(r.get("quarantined") or 0 for r in summary["rows"])
-    if held:
-        print(f"\nquarantined {held} row(s) in all (left untouched; per scope and reason: deep-sleep report SCOPE, "
-              "or consolidation_quarantine)")
-    dq = summary["data_quality"]
-    print(f"\n{summary['scopes']} scopes: {summary['due']} due, {summary['applied']} applied, {summary['failed']} failed, "
-          f"{summary['skipped']} skipped" + (f"; data quality {'passed' if dq['success'] else 'FAILED'} ({dq['data_docs_path']})" if dq else ""))
-    if summary.get("gate"):
-        from deep_sleep.jobs.night import gate_line
+    from deep_sleep.run.console import night_lines, scope_table
 
-        print(gate_line(summary["gate"]))
-    if summary.get("held_rows"):
-        print(f"held for approval: {summary['held_rows']} row(s) (deep-sleep plan / approve / reject RUN_ID)")
+    if args.table:
+        print(markdown_table(*scope_table(summary["rows"])) + "\n")
+    print("\n".join(night_lines(summary)))
     if summary.get("health"):
         from deep_sleep.jobs.health import Alert, health_markdown
 
