@@ -152,6 +152,23 @@ def plan_shard_task(dsn: str, scopes: list[str], as_of: datetime, config: Consol
     return {"rows": rows, "digest": found.digest(set(state.ok), plan_scopes, plan_per_phase)}
 
 
+def _prewarm_data_quality() -> None:
+    """Import great-expectations (~5 s here, more under load) in a daemon thread while the shards run,
+    so the suite after them starts at once: the main process only waits on the shards then.  A
+    failure is left for the suite itself to raise."""
+    import threading
+
+    def load() -> None:
+        try:
+            from deep_sleep.validation.store_suite import _import_gx
+
+            _import_gx()
+        except Exception:  # noqa: BLE001 - the data-quality task imports it again and reports the error
+            pass
+
+    threading.Thread(target=load, name="deep-sleep-prewarm-gx", daemon=True).start()
+
+
 @task(name="data-quality", cache_policy=NO_CACHE)
 def data_quality_task(dsn: str, out_dir: str, night_id: str) -> dict:
     """The data-quality suite over the store, its results under ``out_dir`` (a local path, or an
@@ -316,6 +333,8 @@ def deep_sleep_nightly(params: NightlyParameters) -> dict[str, Any]:
                                                              "apply_concurrency": params.apply_concurrency})
                        for scopes in shards]
         index = {fut.task_run_id: i for i, fut in enumerate(futures)}
+        if futures and params.data_quality and not params.plan:
+            _prewarm_data_quality()
         for done, fut in enumerate(as_completed(futures), 1):
             scopes = shards[index[fut.task_run_id]]
             error = _error_of(fut)
@@ -335,17 +354,25 @@ def deep_sleep_nightly(params: NightlyParameters) -> dict[str, Any]:
         return _night_plan(as_of, night_id, gates, due, rows, results, failed_shard, digests, params)
 
     counts = status_counts(rows)
+    seconds = {"shards": time.perf_counter() - clock}
     quality = None
     if params.data_quality and counts["applied"]:  # not after a night that applied nothing: see the docstring
         out = files.join(night_dir(params.runs_dir, as_of, night_id), "data_quality")
+        clock = time.perf_counter()
         quality = data_quality_task(store.dsn, out, night_id)
+        seconds["data_quality"] = time.perf_counter() - clock
 
     # Alerts about the scopes this night considered (all of the store's, or the listed ones).
+    clock = time.perf_counter()
     alerts = health_task(store.dsn, as_of, config, [g.scope_path for g in gates]) if config.health.enabled else []
+    seconds["health"] = time.perf_counter() - clock
+    clock = time.perf_counter()
     removed = retention_task(store.dsn, params.runs_dir, config) if config.retention.keep_days is not None else None
+    seconds["retention"] = time.perf_counter() - clock
 
     summary = night_summary(night_id=night_id, as_of=as_of, gates=gates, shards=len(shards), task_runner=kind,
-                            rows=rows, results=results, quality=quality, alerts=alerts, removed=removed)
+                            rows=rows, results=results, quality=quality, alerts=alerts, removed=removed,
+                            seconds=seconds)
     write_scope_table(summary, params.runs_dir)
     create_table_artifact(
         key="deep-sleep-nightly",

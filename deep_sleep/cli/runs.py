@@ -97,6 +97,7 @@ def cmd_nightly(args: argparse.Namespace) -> int:
     (:mod:`deep_sleep.cli.night`)."""
     from deep_sleep.transforms.config import load_config
 
+    started = time.perf_counter()
     as_of = _as_of(args.as_of)
     config = load_config(args.config)
     store = _store(args.dsn)
@@ -126,6 +127,7 @@ def cmd_nightly(args: argparse.Namespace) -> int:
 
     if args.table:
         print(markdown_table(*scope_table(summary["rows"])) + "\n")
+    summary["seconds"] = {"all": time.perf_counter() - started, **summary.get("seconds", {})}  # this command's, too
     print("\n".join(night_lines(summary)))
     if summary.get("health"):
         from deep_sleep.jobs.health import Alert, health_markdown

@@ -21,6 +21,7 @@ benchmarks/README.md, "a night's floor").
 
 from __future__ import annotations
 
+import time
 import uuid
 from datetime import datetime
 from typing import Any, Literal
@@ -166,8 +167,11 @@ def retention(dsn: str, runs_dir: str | None, config) -> dict[str, int]:
 
 def night_summary(*, night_id: str, as_of: datetime, gates: list[Gate], shards: int, task_runner: str,
                   rows: list[dict[str, Any]], results: dict[str, dict], quality: dict | None,
-                  alerts: list[dict[str, str]], removed: dict[str, int] | None) -> dict[str, Any]:
-    """The night's summary (what ``deep-sleep nightly`` prints and the flow returns)."""
+                  alerts: list[dict[str, str]], removed: dict[str, int] | None,
+                  seconds: dict[str, float] | None = None) -> dict[str, Any]:
+    """The night's summary (what ``deep-sleep nightly`` prints and the flow returns); ``seconds``: the
+    night's time in its steps (``shards``: from the first shard's submission to the last's end,
+    ``data_quality``, ``health``, ``retention``)."""
     due = sum(g.due for g in gates)
     by_reason: dict[str, int] = {}
     for r in results.values():
@@ -178,7 +182,8 @@ def night_summary(*, night_id: str, as_of: datetime, gates: list[Gate], shards: 
             "gate": gate_distribution(list(results.values())),
             "held_rows": sum(r.get("held") or 0 for r in results.values()),
             "held_by_reason": dict(sorted(by_reason.items())),
-            "data_quality": quality, "health": alerts, "retention": removed, "rows": rows}
+            "data_quality": quality, "health": alerts, "retention": removed,
+            "seconds": {k: round(v, 3) for k, v in (seconds or {}).items()}, "rows": rows}
 
 
 def night_dir(runs_dir: str | None, as_of: datetime, night_id: str) -> str:
@@ -229,11 +234,16 @@ def quiet_night(params: NightlyParameters, config, store: Store, gates: list[Gat
     if due:
         raise InputError(f"quiet_night is for a night with no due scope; {len(due)} are due")
     as_of = utc(params.as_of)
+    clock = time.perf_counter()
     alerts = health_alerts(store.dsn, as_of, config, [g.scope_path for g in gates]) if config.health.enabled else []
+    seconds = {"health": time.perf_counter() - clock}
+    clock = time.perf_counter()
     removed = retention(store.dsn, params.runs_dir, config) if config.retention.keep_days is not None else None
+    seconds["retention"] = time.perf_counter() - clock
     summary = night_summary(night_id=str(uuid.uuid4()), as_of=as_of, gates=gates, shards=0,
                             task_runner="threads" if params.task_runner == "auto" else params.task_runner,
-                            rows=night_rows(gates, {}, {}), results={}, quality=None, alerts=alerts, removed=removed)
+                            rows=night_rows(gates, {}, {}), results={}, quality=None, alerts=alerts, removed=removed,
+                            seconds=seconds)
     write_scope_table(summary, params.runs_dir)
     return summary
 

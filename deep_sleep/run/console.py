@@ -160,6 +160,9 @@ def night_lines(summary: dict[str, Any], top: int = NIGHT_TOP) -> list[str]:
         lines += [f"  {r['scope']}: {_cut(r.get('reason', ''))}" for r in failed[:top]]
         if len(failed) > top:
             lines.append(f"  … {len(failed) - top:,} more in the per-scope table")
+    if summary.get("seconds"):
+        names = {"all": "in all", "shards": "in the shards", "data_quality": "data quality"}
+        lines.append("time: " + ", ".join(f"{v:.1f} s {names.get(k, k)}" for k, v in summary["seconds"].items()))
     if summary.get("table"):
         lines.append(f"per-scope table ({len(rows):,} rows): {summary['table']} (or: deep-sleep nightly --table)")
     return lines
