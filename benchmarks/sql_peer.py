@@ -25,7 +25,10 @@ scope and ``as_of``, on the store's own indexes:
 8. **one summary batch** — the scope's 50 oldest events older than 7 days become one
    ``META:episodic_summary`` node (their text, ids and mean vector) and are deleted.
 
-No snapshot, no diff, no validation, no holds, no ledger, no undo: the peer is the floor that the
+Written as the night writes (benchmarks/README.md, FACTS): strengthen, risk tags and decay leave
+``updated_at`` (an indexed column) alone, so their updates stay heap-only — touching it made every
+updated row a new entry in every index, the HNSW one included (strengthen 148 s of a 379 s peer on
+the 3,000-scope fleet).  No snapshot, no diff, no validation, no holds, no ledger, no undo: the peer is the floor that the
 night's guarantees are measured against.  It runs on a clone of the fleet (``CREATE DATABASE …
 TEMPLATE``: the fleet itself is left as it was), and prints ms/scope; with ``--night`` it also runs
 ``deep-sleep nightly`` on a second clone (a child process, timed as a whole, its stage times read
@@ -54,7 +57,7 @@ PHASES: tuple[tuple[str, str], ...] = (
                       WHERE scope_path = %(s)s AND accessed_at > %(t)s - interval '24 hours' AND accessed_at <= %(t)s
                       GROUP BY node_id)
         UPDATE memory_nodes n SET importance = least(10.0, n.importance + 0.5 * ln(1 + acc.c)),
-               access_count = n.access_count + acc.c, updated_at = %(t)s
+               access_count = n.access_count + acc.c
           FROM acc WHERE n.id = acc.node_id AND n.scope_path = %(s)s"""),
     ("cooccurrence", """
         WITH acc AS (SELECT DISTINCT node_id, accessed_at FROM memory_access_log
@@ -71,8 +74,7 @@ PHASES: tuple[tuple[str, str], ...] = (
         DO UPDATE SET weight = e.weight + 0.1, updated_at = EXCLUDED.updated_at"""),
     ("risk_tags", f"""
         UPDATE memory_nodes SET properties = properties || jsonb_build_object('risk_node', true,
-                                                                              'risk_tagged_at', %(t)s::text),
-               updated_at = %(t)s
+                                                                              'risk_tagged_at', %(t)s::text)
          WHERE scope_path = %(s)s AND NOT (properties ? 'risk_node') AND label ~* '{RISK}'"""),
     ("prune", f"""
         WITH weak AS (SELECT n.id FROM memory_nodes n
