@@ -70,7 +70,7 @@ def seed(admin_dsn: str, spec, reuse: bool):
     name = "deep_sleep_fleet"
     tag = json.dumps({"scopes": spec.scopes, "nodes": spec.nodes, "templates": spec.templates, "seed": spec.seed,
                       "recalls": spec.recalls, "recall_queries": spec.recall_queries,
-                      "feedback_share": spec.feedback_share})
+                      "feedback_share": spec.feedback_share, "embedding_model": spec.embedding_model})
     if reuse:
         store = create_database(admin_dsn, name, replace=False)  # migrated, rows kept
         with store.pg() as con:
@@ -387,10 +387,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--day-vacuum", action=argparse.BooleanOptionalAction, default=True,
                     help="with --next-day: VACUUM (ANALYZE) the clone after the day, as autovacuum would over it "
                          "(not timed as part of the night)")
-    ap.add_argument("--recalls", action=argparse.BooleanOptionalAction, default=None,
-                    help="seed node embeddings and recall events with feedback (FleetSpec.recalls; default: with --safety)")
+    ap.add_argument("--recalls", action=argparse.BooleanOptionalAction, default=True,
+                    help="seed the fleet as the live path writes it: every node and event with the hashing embedder's "
+                         "vector, recall events with feedback on a tenth (FleetSpec.recalls; default on; --no-recalls: "
+                         "the bare fleet of issue 12, no vectors)")
     args = ap.parse_args(argv)
-    recalls = args.safety if args.recalls is None else args.recalls
+    recalls = args.recalls
 
     from deep_sleep.dev.fleet import FleetSpec
     from deep_sleep.store.db import embedded_dsn

@@ -70,13 +70,14 @@ from deep_sleep.jobs.night import (  # noqa: F401 - NightlyParameters and gate_d
     gate_distribution,
     health_alerts,
     night_rows,
+    night_dir,
     night_summary,
+    write_scope_table,
     retention,
     status_counts,
 )
 from deep_sleep.run import pipeline
 from deep_sleep.run.slots import APPLY_SLOT_CLASS, ApplyInSlot, apply_slot, in_slots, night_lock, night_name, slot_holders  # noqa: F401 - re-exported
-from deep_sleep.run.layout import runs_location
 from deep_sleep.run.preview import Preview, PreviewDigest, night_plan_markdown
 from deep_sleep.store.db import Store, connect_store
 from deep_sleep.store.errors import is_transient
@@ -105,7 +106,13 @@ def _row(report: ConsolidationReport, worker_pid: int) -> dict:
         "run_id": report.run_id, "worker_pid": worker_pid, "diff_uri": report.diff_uri, "diff_hash": report.diff_hash,
         "gate": report.gate or None,
         "held": sum(sum(k.values()) for k in (report.held or {}).get("rows", {}).values()) if report.held else 0,
+        "held_reasons": dict((report.held or {}).get("reasons", {})),
+        # the shard's stages (every scope of a shard shares them): the console's slowest shards
+        "seconds": round(sum(report.timings.get(s, 0.0) for s in _STAGES), 3),
     }
+
+
+_STAGES = ("extract", "transform", "gate", "hold", "validate", "publish", "apply")
 
 
 def night_stages(apply_concurrency: int) -> tuple:
@@ -147,6 +154,23 @@ def plan_shard_task(dsn: str, scopes: list[str], as_of: datetime, config: Consol
              "records": counts.get(s, (0, 0))[0], "held": counts.get(s, (0, 0))[1]}
             for s, r in state.reports.items()]
     return {"rows": rows, "digest": found.digest(set(state.ok), plan_scopes, plan_per_phase)}
+
+
+def _prewarm_data_quality() -> None:
+    """Import great-expectations (~5 s here, more under load) in a daemon thread while the shards run,
+    so the suite after them starts at once: the main process only waits on the shards then.  A
+    failure is left for the suite itself to raise."""
+    import threading
+
+    def load() -> None:
+        try:
+            from deep_sleep.validation.store_suite import _import_gx
+
+            _import_gx()
+        except Exception:  # noqa: BLE001 - the data-quality task imports it again and reports the error
+            pass
+
+    threading.Thread(target=load, name="deep-sleep-prewarm-gx", daemon=True).start()
 
 
 @task(name="data-quality", cache_policy=NO_CACHE)
@@ -321,6 +345,8 @@ def _night(params: NightlyParameters, store: Store, night_id: str) -> dict[str, 
                                                              "apply_concurrency": params.apply_concurrency})
                        for scopes in shards]
         index = {fut.task_run_id: i for i, fut in enumerate(futures)}
+        if futures and params.data_quality and not params.plan:
+            _prewarm_data_quality()
         for done, fut in enumerate(as_completed(futures), 1):
             scopes = shards[index[fut.task_run_id]]
             error = _error_of(fut)
@@ -331,7 +357,7 @@ def _night(params: NightlyParameters, store: Store, night_id: str) -> dict[str, 
                 if params.plan:  # the rows and the shard's preview digest
                     digests.append(out["digest"])
                     out = out["rows"]
-                results.update({r["scope_path"]: r for r in out})
+                results.update({r["scope_path"]: {**r, "shard": index[fut.task_run_id]} for r in out})
             if params.progress:
                 _progress_line(done, len(shards), len(results) + len(failed_shard), len(due), results, clock)
 
@@ -340,18 +366,26 @@ def _night(params: NightlyParameters, store: Store, night_id: str) -> dict[str, 
         return _night_plan(as_of, night_id, gates, due, rows, results, failed_shard, digests, params)
 
     counts = status_counts(rows)
+    seconds = {"shards": time.perf_counter() - clock}
     quality = None
     if params.data_quality and counts["applied"]:  # not after a night that applied nothing: see the docstring
-        out = files.join(runs_location(params.runs_dir), "_nightly",
-                         f"{as_of.strftime('%Y%m%dT%H%M%SZ')}_{night_id}", "data_quality")
+        out = files.join(night_dir(params.runs_dir, as_of, night_id), "data_quality")
+        clock = time.perf_counter()
         quality = data_quality_task(store.dsn, out, night_id)
+        seconds["data_quality"] = time.perf_counter() - clock
 
     # Alerts about the scopes this night considered (all of the store's, or the listed ones).
+    clock = time.perf_counter()
     alerts = health_task(store.dsn, as_of, config, [g.scope_path for g in gates]) if config.health.enabled else []
+    seconds["health"] = time.perf_counter() - clock
+    clock = time.perf_counter()
     removed = retention_task(store.dsn, params.runs_dir, config) if config.retention.keep_days is not None else None
+    seconds["retention"] = time.perf_counter() - clock
 
     summary = night_summary(night_id=night_id, as_of=as_of, gates=gates, shards=len(shards), task_runner=kind,
-                            rows=rows, results=results, quality=quality, alerts=alerts, removed=removed)
+                            rows=rows, results=results, quality=quality, alerts=alerts, removed=removed,
+                            seconds=seconds)
+    write_scope_table(summary, params.runs_dir)
     create_table_artifact(
         key="deep-sleep-nightly",
         table=_artifact_rows(rows),

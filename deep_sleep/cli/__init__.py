@@ -69,7 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--prefect", action="store_true", help="run each scope through the Prefect flow")
     d.set_defaults(func=cmd_demo)
 
-    s = sub.add_parser("seed", help="generate and bulk-load synthetic scopes")
+    s = sub.add_parser("seed", help="generate and bulk-load synthetic scopes, as the live path writes them: every node "
+                                    "and event with the configured embedder's vector, the recall log with feedback")
     s.add_argument("--tenants", type=int, default=3)
     s.add_argument("--scopes-per-tenant", type=int, default=2)
     s.add_argument("--nodes", type=int, default=200, help="nodes per scope")
@@ -79,9 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="instead: a fleet of SCOPES small scopes (org/fNNNNNN/agent/aNNNNNNN, 20 to a tenant; --nodes "
                         "each, e.g. --fleet 100000 --nodes 100), generated vectorized and bulk-loaded in chunks of "
                         "10,000 scopes in one transaction")
-    s.add_argument("--recalls", action="store_true",
-                   help="with --fleet: node embeddings and recall events with explicit feedback, so the recall-quality "
-                        "gate has used queries to replay (slower to load: the vector index is built)")
+    s.add_argument("--config", default=None, help="TOML configuration file: its embedding.model embeds (default hashing)")
     s.set_defaults(func=cmd_seed)
 
     r = sub.add_parser("run", help="run the deep_sleep flow for one scope")
@@ -218,6 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
                          ">= 2, else threads), threads (one process), processes (--max-workers worker processes: "
                          "no shared GIL, faster for large nights) or dask")
     ni.add_argument("--dask-address", default=None)
+    ni.add_argument("--table", action="store_true",
+                    help="also print the per-scope table (one row per scope; always written to the night's scopes.csv)")
     ni.set_defaults(func=cmd_nightly)
 
     bf = sub.add_parser("backfill", help="write scope_path for legacy rows (resumable, small batches)")

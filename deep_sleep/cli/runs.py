@@ -24,30 +24,39 @@ from deep_sleep.cli.common import (
 
 
 def cmd_seed(args: argparse.Namespace) -> int:
+    """A synthetic store as the live path writes it: every node, event and skill with the configured
+    embedder's vector (``embedding.model`` of ``--config``), the recall log with explicit feedback."""
     from deep_sleep.dev.seed import SeedSpec, scopes_of, seed_store
+    from deep_sleep.transforms.config import load_config
 
+    model = load_config(args.config).embedding.model
     if args.fleet is not None:
-        return _seed_fleet(args)
+        return _seed_fleet(args, model)
     spec = SeedSpec(tenants=args.tenants, scopes_per_tenant=args.scopes_per_tenant, nodes_per_scope=args.nodes,
-                    seed=args.seed, now=_as_of(args.now) or datetime.now(UTC).replace(microsecond=0))
+                    seed=args.seed, now=_as_of(args.now) or datetime.now(UTC).replace(microsecond=0),
+                    embedding_model=model)
     store = _store(args.dsn)
+    t = time.perf_counter()
     counts = seed_store(store, spec)
     for table, n in counts.items():
         print(f"{table:24s} {n:>10,d}")
-    print("scopes:", ", ".join(s.display() for s in scopes_of(spec)))
+    scopes = scopes_of(spec)
+    shown = ", ".join(s.display() for s in scopes[:3]) + (f", … {scopes[-1].display()}" if len(scopes) > 3 else "")
+    print(f"{len(scopes):,} scope{'s' if len(scopes) != 1 else ''} ({shown}), vectors of {model}: "
+          f"{sum(counts.values()):,} rows in {time.perf_counter() - t:.1f}s")
     return 0
 
 
-def _seed_fleet(args: argparse.Namespace) -> int:
+def _seed_fleet(args: argparse.Namespace, model: str) -> int:
     from deep_sleep.dev.fleet import FleetSpec, fleet_scope, seed_fleet
 
-    spec = FleetSpec(scopes=args.fleet, nodes=args.nodes, seed=args.seed, recalls=args.recalls,
+    spec = FleetSpec(scopes=args.fleet, nodes=args.nodes, seed=args.seed, recalls=True, embedding_model=model,
                      now=_as_of(args.now) or datetime.now(UTC).replace(microsecond=0))
     store = _store(args.dsn)
     t = time.perf_counter()
     counts = seed_fleet(store, spec, progress=lambda line: print(f"  {line}", flush=True))
-    print(f"fleet of {spec.scopes:,} scopes ({fleet_scope(0).display()} … {fleet_scope(spec.scopes - 1).display()}): "
-          f"{sum(counts.values()):,} rows in {time.perf_counter() - t:.1f}s")
+    print(f"fleet of {spec.scopes:,} scopes ({fleet_scope(0).display()} … {fleet_scope(spec.scopes - 1).display()}), "
+          f"vectors of {model}: {sum(counts.values()):,} rows in {time.perf_counter() - t:.1f}s")
     return 0
 
 
@@ -82,20 +91,13 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     return 0
 
 
-def night_rows(rows: list[dict]) -> list[list[str]]:
-    """The night's table on the terminal, one row per scope.  A failed scope applied nothing: its
-    changes and conflicts are "—" (its report keeps what its transform planned, which is no change)."""
-    return [[r["scope"], r["status"],
-             *(("—", "—") if r["status"] == "failed" else (str(r.get("changes", "")), str(r.get("conflicts", "")))),
-             str(r.get("quarantined", "")), r.get("reason", "")[:80]] for r in rows]
-
-
 def cmd_nightly(args: argparse.Namespace) -> int:
     """One night over the fleet (every due scope): the flow, on the Prefect server PREFECT_API_URL names
     or on a temporary one; a night with no due scope and no such server runs without Prefect
     (:mod:`deep_sleep.cli.night`)."""
     from deep_sleep.cli.common import config_of
 
+    started = time.perf_counter()
     as_of = _as_of(args.as_of)
     config = config_of(args.config)
     store = _store(args.dsn)
@@ -121,20 +123,12 @@ def cmd_nightly(args: argparse.Namespace) -> int:
               f"{summary['held_rows']} would be held; nothing was applied")
         return 1 if summary["failed"] else 0
 
-    print(markdown_table(["scope", "status", "changes", "conflicts", "quarantined", "reason"], night_rows(summary["rows"])))
-    held = sum(r.get("quarantined") or 0 for r in summary["rows"])
-    if held:
-        print(f"\nquarantined {held} row(s) in all (left untouched; per scope and reason: deep-sleep report SCOPE, "
-              "or consolidation_quarantine)")
-    dq = summary["data_quality"]
-    print(f"\n{summary['scopes']} scopes: {summary['due']} due, {summary['applied']} applied, {summary['failed']} failed, "
-          f"{summary['skipped']} skipped" + (f"; data quality {'passed' if dq['success'] else 'FAILED'} ({dq['data_docs_path']})" if dq else ""))
-    if summary.get("gate"):
-        from deep_sleep.jobs.night import gate_line
+    from deep_sleep.run.console import night_lines, scope_table
 
-        print(gate_line(summary["gate"]))
-    if summary.get("held_rows"):
-        print(f"held for approval: {summary['held_rows']} row(s) (deep-sleep plan / approve / reject RUN_ID)")
+    if args.table:
+        print(markdown_table(*scope_table(summary["rows"])) + "\n")
+    summary["seconds"] = {"all": time.perf_counter() - started, **summary.get("seconds", {})}  # this command's, too
+    print("\n".join(night_lines(summary)))
     if summary.get("health"):
         from deep_sleep.jobs.health import Alert, health_markdown
 

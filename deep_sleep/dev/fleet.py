@@ -16,7 +16,6 @@ id), and foreign keys (edge ends, access-log and recall node ids) remapped to th
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Iterator
@@ -27,14 +26,13 @@ import numpy as np
 import polars as pl
 
 from deep_sleep.core.config import GateConfig
-from deep_sleep.core.embedding import default_embedder
+from deep_sleep.core.embedding import embedder
 from deep_sleep.core.scope import Scope
 from deep_sleep.core.snapshot import Snapshot
 from deep_sleep.core.tables import EMBEDDING_DIM, TABLES, conform
 from deep_sleep.dev.arrays import _HOUR, _h64, _mix64, _rng, _uuid_text
 from deep_sleep.dev.errors import SeedError
 from deep_sleep.dev.seed import SeedSpec, generate, load
-from deep_sleep.online.turn import _node_text
 from deep_sleep.run.gate import ranked_hits
 
 log = logging.getLogger(__name__)
@@ -51,10 +49,12 @@ _PROTECTED = ("SOUL:", "AGENT_IDENTITY:", "META:")
 class FleetSpec:
     """What fleet to build.  ``now`` None: the wall clock truncated to the second, read once.
 
-    recalls: node embeddings and realistic recall events with explicit feedback (module docstring);
-        off, nodes have no embedding and the recall events are the seed generator's.
-    recall_queries: queries per scope (with ``recalls``); ``feedback_share``: the probability that
-        a (scope, query) has explicit feedback."""
+    recalls: the store as the live path writes it — every node, event and skill with the vector of
+        ``embedding_model`` (and the model's name), and realistic recall events with explicit feedback
+        (module docstring); off, nothing has a vector and the recall events are the seed generator's.
+    recall_queries: queries per scope (with ``recalls``); ``feedback_share``: the share of each
+        scope's queries that have explicit feedback (the ``max(1, round(share × queries))`` of a
+        splitmix64 draw of (seed, scope, query); none at 0)."""
 
     scopes: int = 1000
     nodes: int = 100
@@ -62,8 +62,9 @@ class FleetSpec:
     seed: int = 11
     now: datetime | None = None
     recalls: bool = False
-    recall_queries: int = 4
-    feedback_share: float = 0.5
+    recall_queries: int = 20
+    feedback_share: float = 0.1
+    embedding_model: str = "hashing"
 
     def __post_init__(self) -> None:
         if self.now is None:
@@ -106,17 +107,10 @@ def _uuids(seed: int, table: str, scope: np.ndarray, row: np.ndarray) -> pl.Seri
 
 
 def _templates(spec: FleetSpec) -> list[dict[str, pl.DataFrame]]:
+    model = spec.embedding_model if spec.recalls else None  # vectors as record_turn writes them (dev.live)
     out = [generate(SeedSpec(tenants=1, scopes_per_tenant=0, nodes_per_scope=spec.nodes,
-                             seed=spec.seed * 1000 + k, now=spec.now)) for k in range(spec.templates)]
+                             seed=spec.seed * 1000 + k, now=spec.now, embedding_model=model)) for k in range(spec.templates)]
     return [_with_recalls(spec, k, frames) for k, frames in enumerate(out)] if spec.recalls else out
-
-
-def _node_embeddings(nodes: pl.DataFrame) -> np.ndarray:
-    """Each node's embedding as :func:`deep_sleep.online.turn.record_turn` writes it: the default
-    embedder's vector of its label and string property values."""
-    texts = [_node_text(label, json.loads(props) if props else {})
-             for label, props in nodes.select("label", "properties").iter_rows()]
-    return default_embedder().embed(texts)
 
 
 def _targets(spec: FleetSpec, k: int, nodes: pl.DataFrame, edges: pl.DataFrame) -> np.ndarray:
@@ -148,14 +142,13 @@ def _targets(spec: FleetSpec, k: int, nodes: pl.DataFrame, edges: pl.DataFrame) 
 
 
 def _with_recalls(spec: FleetSpec, k: int, frames: dict[str, pl.DataFrame]) -> dict[str, pl.DataFrame]:
-    """Template ``k`` with node embeddings and the recall events of its queries (module docstring):
-    one row per hit, with ``_qi`` (the query's index) and ``_fb`` (the explicit label the hit gets
-    when its (scope, query) has feedback) for :func:`_feedback`."""
+    """Template ``k`` (its vectors the embedder's, :mod:`deep_sleep.dev.live`) with the recall events
+    of its queries (module docstring): one row per hit, with ``_qi`` (the query's index) and ``_fb``
+    (the explicit label the hit gets when its (scope, query) has feedback) for :func:`_feedback`."""
     nodes = frames["memory_nodes"]
-    vec = _node_embeddings(nodes)
-    emb = pl.DataFrame({"id": nodes.get_column("id"), "embedding": vec},
-                       schema={"id": pl.String, "embedding": pl.Array(pl.Float32, EMBEDDING_DIM)})
-    nodes = nodes.with_columns(emb.get_column("embedding"))
+    model = embedder(spec.embedding_model)
+    emb = nodes.select("id", "embedding")
+    vec = emb.get_column("embedding").to_numpy().reshape(nodes.height, EMBEDDING_DIM)
     targets = _targets(spec, k, nodes, frames["memory_edges"])
     words = nodes.get_column("label").gather(targets).str.split(" ").list.slice(1, 2).list.join(" ")
     wanted = (pl.DataFrame({"query": ("what about " + words).to_list(), "target": nodes.get_column("id").gather(targets)})
@@ -168,13 +161,13 @@ def _with_recalls(spec: FleetSpec, k: int, frames: dict[str, pl.DataFrame]) -> d
     probe = asked.select(pl.lit(path).alias("scope_path"), "query", pl.col("target").alias("node_id"),
                          pl.lit(1.0).alias("label"), pl.lit("explicit").alias("label_source"), "created_at")
     tables = {n: conform(n, f.drop("tenant_id", strict=False)) for n, f in frames.items() if n != "recall_events"}
-    tables["memory_nodes"] = conform("memory_nodes", nodes.drop("tenant_id", "embedding"))
+    tables["memory_nodes"] = conform("memory_nodes", nodes.drop("tenant_id", "embedding", "embedding_model"))
     tables["recall_events"] = conform("recall_events", probe)
     hits = ranked_hits(Snapshot(path, spec.now, None, tables), GateConfig(k=RECALL_K, max_queries=len(targets)),
-                       emb, now=spec.now, with_scores=True)
+                       emb, now=spec.now, with_scores=True, embedder=model)
     hits = hits.join(asked, on="query").sort("_qi", "rank")
     # similarity as cosine (the live recall's 1 − distance), 0 for a node reached by spreading only
-    qvec = default_embedder().embed(hits.get_column("query").to_list())
+    qvec = model.embed(hits.get_column("query").to_list())
     row = dict(zip(nodes.get_column("id").to_list(), range(nodes.height)))
     hit_rows = np.array([row[n] for n in hits.get_column("node_id").to_list()], dtype=np.int64)
     sim = np.clip(np.einsum("ij,ij->i", qvec, vec[hit_rows]).astype(np.float64), 0.0, 1.0).round(4)
@@ -197,12 +190,19 @@ def _with_recalls(spec: FleetSpec, k: int, frames: dict[str, pl.DataFrame]) -> d
 
 
 def _feedback(spec: FleetSpec, recalls: pl.DataFrame, owner: np.ndarray) -> pl.DataFrame:
-    """Explicit labels on the hits of the (scope, query) pairs that have feedback (a splitmix64 draw
-    of (seed, scope, query) below ``feedback_share``); the helper columns dropped."""
+    """Explicit labels on the hits of the (scope, query) pairs that have feedback: of each scope's
+    queries, the ``max(1, round(feedback_share × queries))`` of the smallest splitmix64 draws of
+    (seed, scope, query) (none at share 0); the helper columns dropped."""
     qi = recalls.get_column("_qi").to_numpy().astype(np.uint64)
     with np.errstate(over="ignore"):
         draw = _mix64((owner.astype(np.uint64) << np.uint64(16) | qi) ^ np.uint64(_h64(spec.seed, "fleet-feedback")))
-    give = (draw >> np.uint64(11)).astype(np.float64) / float(1 << 53) < spec.feedback_share
+    pairs = pl.DataFrame({"o": owner, "q": qi, "d": draw >> np.uint64(11)})
+    queries = pairs.unique(["o", "q"]).with_columns(
+        pl.col("d").rank("ordinal").over("o").alias("r"), pl.len().over("o").alias("n"))
+    wanted = 0 if spec.feedback_share == 0 else pl.max_horizontal(
+        (pl.col("n") * spec.feedback_share).round(0).cast(pl.Int64), pl.lit(1))
+    chosen = queries.filter(pl.col("r") <= wanted).select("o", "q", pl.lit(True).alias("g"))
+    give = pairs.join(chosen, on=["o", "q"], how="left", maintain_order="left").get_column("g").fill_null(False).to_numpy()
     label = pl.when(pl.Series(give)).then(pl.col("_fb")).otherwise(None)
     return recalls.with_columns(label.alias("label"),
                                 pl.when(pl.Series(give)).then(pl.lit("explicit")).otherwise(None).alias("label_source"),

@@ -62,11 +62,13 @@ from datetime import timedelta
 
 import polars as pl
 
+from deep_sleep.core.embedding import embedder
 from deep_sleep.core.scope import SEP
 from deep_sleep.core.tables import EMBEDDING_DIM, TABLES
 from deep_sleep.dev.arrays import _EPOCH, ScopeCtx
 from deep_sleep.dev.edges import gen_edges
 from deep_sleep.dev.events import gen_access, gen_episodic
+from deep_sleep.dev.live import recall_log, with_vectors
 from deep_sleep.dev.nodes import gen_nodes
 from deep_sleep.dev.small_tables import gen_small
 from deep_sleep.dev.spec import SeedSpec, nodes_in, scopes_of, tenant_name
@@ -97,7 +99,10 @@ def generate(spec: SeedSpec) -> dict[str, pl.DataFrame]:
 
     Frames carry the snapshot columns of :data:`deep_sleep.core.tables.TABLES` (memory_access_log:
     without ``id``, plus ``tenant_id``); with ``spec.embeddings``, memory_nodes and
-    episodic_events also carry ``embedding`` (fixed-size float32 unit vectors).
+    episodic_events also carry ``embedding`` (fixed-size float32 unit vectors); with
+    ``spec.embedding_model``, memory_nodes, episodic_events and procedural_skills carry that
+    embedder's ``embedding`` and ``embedding_model``, and recall_events is the live recall's log
+    (:mod:`deep_sleep.dev.live`).
     """
     now = (spec.now - _EPOCH) // timedelta(microseconds=1)
     parts: dict[str, list[pl.DataFrame]] = {t: [] for t in TABLES}
@@ -123,4 +128,9 @@ def generate(spec: SeedSpec) -> dict[str, pl.DataFrame]:
             if edges.height:
                 parts["memory_edges"].append(edges.head(n))
             parts["episodic_events"].append(gen_episodic(c, nodes, info).head(max(1, n // 2)))
-    return {t: _shape(t, parts[t], spec.embeddings) for t in TABLES}
+    frames = {t: _shape(t, parts[t], spec.embeddings) for t in TABLES}
+    if spec.embedding_model is not None:  # as the live path writes it (deep_sleep.dev.live)
+        model = embedder(spec.embedding_model)
+        frames = with_vectors(frames, model)
+        frames["recall_events"] = recall_log(frames["memory_nodes"], model, seed=spec.seed, now_us=now)
+    return frames

@@ -79,7 +79,9 @@ class BulkLoad:
         self.counts: dict[str, int] = {}
         self._restore: dict[str, list[str]] = {}  # table → DDL that rebuilds what was dropped
         cur.execute("DISCARD TEMP")  # staging tables an earlier load, apply or undo left on this pooled connection
-        cur.execute("SET LOCAL maintenance_work_mem = '256MB'")
+        # The HNSW index over the node vectors is built in memory when its graph fits (a seeded fleet's
+        # 300k vectors need ~0.6 GB; past maintenance_work_mem pgvector's build slows several-fold).
+        cur.execute("SET LOCAL maintenance_work_mem = '1GB'")
 
     def add(self, table: str, df: pl.DataFrame, expected_rows: int | None = None) -> int:
         """Insert ``df`` into ``table``; rows inserted."""

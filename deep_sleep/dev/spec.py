@@ -81,7 +81,16 @@ COLORS = ("teal", "amber", "crimson", "indigo")
 @dataclass(frozen=True)
 class SeedSpec:
     """What to generate.  ``now`` None means the wall clock truncated to the second, read once
-    when the spec is built (so :func:`generate` stays a pure function of the spec)."""
+    when the spec is built (so :func:`generate` stays a pure function of the spec).
+
+    embedding_model: a store as the live path writes it (:mod:`deep_sleep.dev.live`): every node,
+        event and skill with this embedder's vector (``embedding.model``: ``hashing``, ``wordllama``,
+        ``package.module:attribute``) and ``embedding_model``, and the recall log of the live recall
+        with explicit feedback on a tenth of it.  None (the default): no vectors, a few random recall
+        rows (what the benchmarks' diff hashes were measured on).
+    embeddings: random unit vectors clustered by label prefix on nodes, events and skills (no model;
+        ``embedding_model`` stays NULL), for tests and benchmarks that need vectors fast; not with
+        ``embedding_model``."""
 
     tenants: int = 3
     scopes_per_tenant: int = 2
@@ -91,6 +100,7 @@ class SeedSpec:
     days: int = 90
     embeddings: bool = False
     legacy_rows: int = 0
+    embedding_model: str | None = None
 
     def __post_init__(self) -> None:
         now = self.now
@@ -102,6 +112,9 @@ class SeedSpec:
         for name in ("tenants", "nodes_per_scope", "days"):
             if getattr(self, name) < 1:
                 raise SeedError(f"SeedSpec.{name} must be >= 1, got {getattr(self, name)}")
+        if self.embeddings and self.embedding_model is not None:
+            raise SeedError(f"SeedSpec: embeddings (random vectors) and embedding_model={self.embedding_model!r} "
+                            "exclude each other; pass one")
         for name in ("scopes_per_tenant", "legacy_rows"):
             if getattr(self, name) < 0:
                 raise SeedError(f"SeedSpec.{name} must be >= 0, got {getattr(self, name)}")

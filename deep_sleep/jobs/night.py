@@ -21,6 +21,7 @@ benchmarks/README.md, "a night's floor").
 
 from __future__ import annotations
 
+import time
 import uuid
 from datetime import datetime
 from typing import Any, Literal
@@ -33,6 +34,7 @@ from deep_sleep.core.scope import Scope
 from deep_sleep.core.snapshot import utc
 from deep_sleep.jobs.gating import Gate, due_scopes
 from deep_sleep.jobs.health import health
+from deep_sleep.run.console import gate_line  # noqa: F401  (its home was here)
 from deep_sleep.store.db import Store, connect_store
 
 
@@ -104,7 +106,10 @@ def night_rows(gates: list[Gate], results: dict[str, dict], failed_shard: dict[s
             "worker_pid": r["worker_pid"],
             "diff_hash": r["diff_hash"],
             "diff_uri": r["diff_uri"],
-            **({"records": r.get("records", 0), "held": r.get("held", 0)} if plan else {}),
+            "held": r.get("held", 0),
+            "shard": r.get("shard"),
+            "seconds": r.get("seconds"),
+            **({"records": r.get("records", 0)} if plan else {}),
         })
     return rows
 
@@ -142,20 +147,6 @@ def gate_distribution(results: list[dict]) -> dict[str, Any] | None:
             "recall_before": spread("recall_before"), "recall_after": spread("recall_after"), "drop_pp": spread("drop_pp")}
 
 
-def gate_line(g: dict[str, Any]) -> str:
-    """The night summary's gate sentence: what could not be measured comes first when it is most of
-    the fleet, so "0 failed" never reads as a pass nobody measured."""
-    unmeasured = {k: v for k, v in g.get("by_status", {}).items() if k != "measured"}
-    why = ", ".join(f"{k} {v}" for k, v in sorted(unmeasured.items(), key=lambda kv: -kv[1]))
-    measured = (f"{g['scopes']} scope(s) measured, {g['failed']} failed" +
-                (f"; recall@k before {g['recall_before']}, after {g['recall_after']}, drop (pp) {g['drop_pp']}"
-                 if g["scopes"] else ""))
-    gated = g.get("gated", g["scopes"])
-    if unmeasured and 2 * sum(unmeasured.values()) >= gated:
-        return f"recall-quality gate: could NOT measure {sum(unmeasured.values())} of {gated} scope(s) ({why}); {measured}"
-    return f"recall-quality gate: {measured}" + (f"; not measured: {why}" if why else "")
-
-
 def health_alerts(dsn: str, as_of: datetime, config, scopes: list[str]) -> list[dict[str, str]]:
     """The run-health alerts of ``scopes`` after the night (set-based, once per night); ``config``: the
     whole :class:`~deep_sleep.transforms.config.ConsolidationConfig`."""
@@ -176,14 +167,59 @@ def retention(dsn: str, runs_dir: str | None, config) -> dict[str, int]:
 
 def night_summary(*, night_id: str, as_of: datetime, gates: list[Gate], shards: int, task_runner: str,
                   rows: list[dict[str, Any]], results: dict[str, dict], quality: dict | None,
-                  alerts: list[dict[str, str]], removed: dict[str, int] | None) -> dict[str, Any]:
-    """The night's summary (what ``deep-sleep nightly`` prints and the flow returns)."""
+                  alerts: list[dict[str, str]], removed: dict[str, int] | None,
+                  seconds: dict[str, float] | None = None) -> dict[str, Any]:
+    """The night's summary (what ``deep-sleep nightly`` prints and the flow returns); ``seconds``: the
+    night's time in its steps (``shards``: from the first shard's submission to the last's end,
+    ``data_quality``, ``health``, ``retention``)."""
     due = sum(g.due for g in gates)
+    by_reason: dict[str, int] = {}
+    for r in results.values():
+        for reason, n in (r.get("held_reasons") or {}).items():
+            by_reason[reason] = by_reason.get(reason, 0) + int(n)
     return {"night_id": night_id, "as_of": as_of.isoformat(), "scopes": len(gates), "due": due,
             "shards": shards, "task_runner": task_runner, **status_counts(rows),
             "gate": gate_distribution(list(results.values())),
             "held_rows": sum(r.get("held") or 0 for r in results.values()),
-            "data_quality": quality, "health": alerts, "retention": removed, "rows": rows}
+            "held_by_reason": dict(sorted(by_reason.items())),
+            "data_quality": quality, "health": alerts, "retention": removed,
+            "seconds": {k: round(v, 3) for k, v in (seconds or {}).items()}, "rows": rows}
+
+
+def night_dir(runs_dir: str | None, as_of: datetime, night_id: str) -> str:
+    """The night's own directory, beside its shards' runs: ``<runs>/_nightly/<as_of>_<night id>/``
+    (``scopes.csv``, the data-quality suite's ``data_quality/``); a path or an object-store URL."""
+    from deep_sleep.core import files
+    from deep_sleep.run.layout import runs_location
+
+    return files.join(runs_location(runs_dir), "_nightly", f"{utc(as_of).strftime('%Y%m%dT%H%M%SZ')}_{night_id}")
+
+
+def write_scope_table(summary: dict[str, Any], runs_dir: str | None) -> str:
+    """Write the night's per-scope table (:data:`~deep_sleep.run.console.SCOPE_TABLE`) as
+    ``scopes.csv`` in :func:`night_dir`, set ``summary["table"]`` to its location and return it."""
+    import csv
+    import io
+    import tempfile
+    from pathlib import Path
+
+    from deep_sleep.core import files
+    from deep_sleep.run.console import scope_table
+
+    header, rows = scope_table(summary["rows"])
+    text = io.StringIO()
+    writer = csv.writer(text, lineterminator="\n")
+    writer.writerow(header)
+    writer.writerows(rows)
+    where = files.join(night_dir(runs_dir, datetime.fromisoformat(summary["as_of"]), summary["night_id"]), "scopes.csv")
+    if files.is_remote(where):
+        with tempfile.TemporaryDirectory() as tmp:
+            local = files.write_atomic(Path(tmp) / "scopes.csv", text.getvalue())
+            files.publish_file(local, where)
+    else:
+        files.write_atomic(where, text.getvalue())
+    summary["table"] = where
+    return where
 
 
 def quiet_night(params: NightlyParameters, config, store: Store, gates: list[Gate]) -> dict[str, Any]:
@@ -198,12 +234,19 @@ def quiet_night(params: NightlyParameters, config, store: Store, gates: list[Gat
     if due:
         raise InputError(f"quiet_night is for a night with no due scope; {len(due)} are due")
     as_of = utc(params.as_of)
+    clock = time.perf_counter()
     alerts = health_alerts(store.dsn, as_of, config, [g.scope_path for g in gates]) if config.health.enabled else []
+    seconds = {"health": time.perf_counter() - clock}
+    clock = time.perf_counter()
     removed = retention(store.dsn, params.runs_dir, config) if config.retention.keep_days is not None else None
-    return night_summary(night_id=str(uuid.uuid4()), as_of=as_of, gates=gates, shards=0,
-                         task_runner="threads" if params.task_runner == "auto" else params.task_runner,
-                         rows=night_rows(gates, {}, {}), results={}, quality=None, alerts=alerts, removed=removed)
+    seconds["retention"] = time.perf_counter() - clock
+    summary = night_summary(night_id=str(uuid.uuid4()), as_of=as_of, gates=gates, shards=0,
+                            task_runner="threads" if params.task_runner == "auto" else params.task_runner,
+                            rows=night_rows(gates, {}, {}), results={}, quality=None, alerts=alerts, removed=removed,
+                            seconds=seconds)
+    write_scope_table(summary, params.runs_dir)
+    return summary
 
 
-__all__ = ["NightlyParameters", "considered_scopes", "gate_distribution", "health_alerts", "night_rows", "night_summary",
-           "quiet_night", "retention", "status_counts"]
+__all__ = ["NightlyParameters", "considered_scopes", "gate_distribution", "health_alerts", "night_dir", "night_rows",
+           "night_summary", "quiet_night", "retention", "status_counts", "write_scope_table"]

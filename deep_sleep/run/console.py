@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from deep_sleep.core.report import ConsolidationReport
 from deep_sleep.core.scope import Scope
@@ -82,3 +83,103 @@ def print_summary(reports: Sequence[ConsolidationReport], title: str = "Deep Sle
     console.print(table)
     for n, r in enumerate(reports, 1):
         console.print(f"#{n}  {_scope(r)}  ({r.status}; run {r.run_id})", highlight=False)
+
+
+# -- a night over the fleet ---------------------------------------------------------------------
+#: Scopes or shards a night's console names per list (the slowest shards, the failed scopes).
+NIGHT_TOP = 5
+#: The per-scope table's columns (``deep-sleep nightly --table``, ``scopes.csv`` in the night's directory).
+SCOPE_TABLE = ("scope", "status", "changes", "conflicts", "quarantined", "held", "shard", "seconds", "run_id", "reason")
+
+
+def gate_line(g: dict[str, Any]) -> str:
+    """The night summary's gate sentence: what could not be measured comes first when it is most of
+    the fleet, so "0 failed" never reads as a pass nobody measured."""
+    unmeasured = {k: v for k, v in g.get("by_status", {}).items() if k != "measured"}
+    why = ", ".join(f"{k} {v}" for k, v in sorted(unmeasured.items(), key=lambda kv: -kv[1]))
+    measured = (f"{g['scopes']} scope(s) measured, {g['failed']} failed" +
+                (f"; recall@k before {g['recall_before']}, after {g['recall_after']}, drop (pp) {g['drop_pp']}"
+                 if g["scopes"] else ""))
+    gated = g.get("gated", g["scopes"])
+    if unmeasured and 2 * sum(unmeasured.values()) >= gated:
+        return f"recall-quality gate: could NOT measure {sum(unmeasured.values())} of {gated} scope(s) ({why}); {measured}"
+    return f"recall-quality gate: {measured}" + (f"; not measured: {why}" if why else "")
+
+
+def _counted(counts: dict[str, int]) -> str:
+    return ", ".join(f"{k} {v:,}" for k, v in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def _cut(text: str, n: int = 120) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def night_lines(summary: dict[str, Any], top: int = NIGHT_TOP) -> list[str]:
+    """A night's console summary — a screen whatever the fleet's size: the scopes by status, why the
+    skipped ones were skipped, the recall-quality gate, held rows by reason, quarantined rows, the
+    slowest shards (a shard of one by its scope), the failed scopes (the first ``top``) and where the
+    per-scope table is.  ``summary``: the night's (:func:`deep_sleep.jobs.night.night_summary`)."""
+    rows = summary.get("rows", [])
+    dq = summary.get("data_quality")
+    lines = [f"{summary['scopes']:,} scopes: {summary['due']:,} due, {summary['applied']:,} applied, "
+             f"{summary['failed']:,} failed, {summary['skipped']:,} skipped"
+             + (f"; data quality {'passed' if dq['success'] else 'FAILED'} ({dq['data_docs_path']})" if dq else "")]
+    skipped = [r for r in rows if r["status"] == "skipped"]
+    if skipped:
+        kinds: dict[str, int] = {}
+        for r in skipped:
+            kind = str(r.get("reason") or "").split(":", 1)[0] or "no reason"
+            kinds[kind] = kinds.get(kind, 0) + 1
+        lines.append(f"skipped: {_counted(kinds)} (e.g. {skipped[0]['scope']}: {_cut(skipped[0].get('reason', ''))})")
+    if summary.get("gate"):
+        lines.append(gate_line(summary["gate"]))
+    held = summary.get("held_by_reason") or {}
+    if summary.get("held_rows"):
+        lines.append(f"held for approval: {summary['held_rows']:,} row(s)" + (f" ({_counted(held)})" if held else "")
+                     + " — deep-sleep held; approve / reject RUN_ID")
+    quarantined = sum(r.get("quarantined") or 0 for r in rows)
+    if quarantined:
+        lines.append(f"quarantined {quarantined:,} row(s) in all (left untouched; per scope and reason: deep-sleep report "
+                     "SCOPE, or consolidation_quarantine)")
+    shards: dict[int, list[dict]] = {}
+    for r in rows:
+        if r.get("shard") is not None and r.get("seconds") is not None:
+            shards.setdefault(r["shard"], []).append(r)
+    if shards:
+        slow = sorted(shards.items(), key=lambda kv: -max(x["seconds"] for x in kv[1]))[:top]
+        parts = []
+        for k, members in slow:
+            secs = max(x["seconds"] for x in members)
+            who = members[0]["scope"] if len(members) == 1 else f"{len(members):,} scopes, {members[0]['scope']} … {members[-1]['scope']}"
+            parts.append(f"shard {k + 1} {secs:.1f} s ({who})")
+        lines.append(f"slowest of {len(shards):,} shard(s): " + "; ".join(parts))
+    failed = [r for r in rows if r["status"] == "failed"]
+    if failed:
+        lines.append(f"failed ({len(failed):,}):")
+        lines += [f"  {r['scope']}: {_cut(r.get('reason', ''))}" for r in failed[:top]]
+        if len(failed) > top:
+            lines.append(f"  … {len(failed) - top:,} more in the per-scope table")
+    if summary.get("seconds"):
+        names = {"all": "in all", "shards": "in the shards", "data_quality": "data quality"}
+        lines.append("time: " + ", ".join(f"{v:.1f} s {names.get(k, k)}" for k, v in summary["seconds"].items()))
+    if summary.get("table"):
+        lines.append(f"per-scope table ({len(rows):,} rows): {summary['table']} (or: deep-sleep nightly --table)")
+    return lines
+
+
+def scope_table(rows: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
+    """The night's per-scope table (:data:`SCOPE_TABLE`'s columns), one row per considered scope.  A
+    failed scope applied nothing: its changes and conflicts are "—" (its report keeps what its transform
+    planned)."""
+    def cell(r: dict[str, Any], key: str) -> str:
+        value = r.get(key)
+        if key in ("changes", "conflicts") and r.get("status") == "failed":
+            return "—"
+        if value is None:
+            return ""
+        if key == "shard":
+            return str(value + 1)
+        return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+    return list(SCOPE_TABLE), [[cell(r, k) for k in SCOPE_TABLE] for r in rows]

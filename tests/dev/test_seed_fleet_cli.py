@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 
 from deep_sleep.cli import main
+from deep_sleep.core.embedding import default_embedder
 from deep_sleep.dev.fleet import FleetSpec, fleet_scope, generate_fleet
 from deep_sleep.store.db import create_database, drop_database
 
@@ -15,7 +16,7 @@ def test_seed_fleet_loads_every_table_of_every_scope(admin_dsn, capsys):
     name = f"ds_fleet_{uuid.uuid4().hex[:8]}"
     db = create_database(admin_dsn, name)
     try:
-        assert main(["--dsn", db.dsn, "seed", "--fleet", "7", "--nodes", "30", "--seed", "5", "--now", NOW, "--recalls"]) == 0
+        assert main(["--dsn", db.dsn, "seed", "--fleet", "7", "--nodes", "30", "--seed", "5", "--now", NOW]) == 0
         out = capsys.readouterr().out
         from datetime import datetime
 
@@ -25,9 +26,14 @@ def test_seed_fleet_loads_every_table_of_every_scope(admin_dsn, capsys):
                 n = con.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
                 assert n == frame.height, table
             scopes = {r[0] for r in con.execute("SELECT DISTINCT scope_path FROM memory_nodes").fetchall()}
-            embedded = con.execute("SELECT count(*) FROM memory_nodes WHERE embedding IS NOT NULL").fetchone()[0]
+            # every node and event with the configured (default: hashing) embedder's vector, some recalls labelled
+            embedded = {t: con.execute(f"SELECT count(*) FILTER (WHERE embedding IS NOT NULL AND embedding_model = %s),"
+                                       f" count(*) FROM {t}", (default_embedder().name,)).fetchone()
+                        for t in ("memory_nodes", "episodic_events")}
+            labels = con.execute("SELECT count(*) FROM recall_events WHERE label_source = 'explicit'").fetchone()[0]
         assert scopes == {fleet_scope(i).path for i in range(7)}
-        assert embedded == expected["memory_nodes"].height and expected["recall_events"].height > 0
+        assert all(n == total > 0 for n, total in embedded.values()), embedded
+        assert labels >= 7 and expected["recall_events"].height > labels
         assert f"memory_nodes: {expected['memory_nodes'].height:,} rows" in out
         assert "fleet of 7 scopes" in out
     finally:

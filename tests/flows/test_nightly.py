@@ -257,7 +257,9 @@ def test_a_quiet_night_reports_what_the_flow_reports(prefect_harness, gated_stor
     quiet = night.quiet_night(params, load_config(), store, night.considered_scopes(store, NOW, load_config().gating))
     assert flow["due"] == 0 and flow["skipped"] == 3 and flow["data_quality"] is None
     assert [a["check"] for a in flow["health"]] == ["conflict_rate"]
-    assert {k: v for k, v in quiet.items() if k != "night_id"} == {k: v for k, v in flow.items() if k != "night_id"}
+    own = ("night_id", "table", "seconds")  # each night's own id, time, and per-scope table in its own directory
+    assert {k: v for k, v in quiet.items() if k not in own} == {k: v for k, v in flow.items() if k not in own}
+    assert quiet["table"] != flow["table"] and all(os.path.exists(s["table"]) for s in (quiet, flow))
 
     def no_quiet(*_a, **_k):
         raise AssertionError("a quiet night with a Prefect server configured")

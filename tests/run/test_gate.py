@@ -340,7 +340,7 @@ def test_the_shard_gate_on_a_fleet_with_prefix_sibling_scopes_is_each_scopes_gat
     frames = generate_fleet(spec)
     emb = frames["memory_nodes"].select("id", "embedding")
     path = pl.col("scope_path").replace(rename)
-    snap = {n: tables.conform(n, f.drop("tenant_id", "embedding", strict=False).with_columns(path))
+    snap = {n: tables.conform(n, f.drop("tenant_id", "embedding", "embedding_model", strict=False).with_columns(path))
             for n, f in frames.items()}
     paths = sorted({rename.get(fleet_scope(i).path, fleet_scope(i).path) for i in range(20)}, key=str.encode)
     shard = Shard.from_frames(dict.fromkeys(paths), AS_OF, snap)
