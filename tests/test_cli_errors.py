@@ -261,8 +261,10 @@ def test_a_batch_size_past_what_a_transaction_takes_exits_2_naming_it(store):
 
 
 def test_a_failed_scope_shows_no_changes_in_the_nights_table():
-    from deep_sleep.cli.runs import night_rows
+    from deep_sleep.run.console import SCOPE_TABLE, scope_table
 
-    got = night_rows([{"scope": "org/a", "status": "failed", "changes": 26, "conflicts": 0, "quarantined": 0, "reason": "x"},
-                      {"scope": "org/b", "status": "applied", "changes": 3, "conflicts": 1, "quarantined": 0, "reason": ""}])
-    assert got == [["org/a", "failed", "—", "—", "0", "x"], ["org/b", "applied", "3", "1", "0", ""]]
+    head, got = scope_table([{"scope": "org/a", "status": "failed", "changes": 26, "conflicts": 0, "quarantined": 0, "reason": "x"},
+                             {"scope": "org/b", "status": "applied", "changes": 3, "conflicts": 1, "quarantined": 0, "reason": ""}])
+    assert head == list(SCOPE_TABLE)
+    pick = lambda row: [row[head.index(c)] for c in ("scope", "status", "changes", "conflicts", "quarantined", "reason")]  # noqa: E731
+    assert [pick(r) for r in got] == [["org/a", "failed", "—", "—", "0", "x"], ["org/b", "applied", "3", "1", "0", ""]]
