@@ -105,7 +105,8 @@ class GateConfig(StrictScalars):
     percentage points fails the gate (its destructive rows are then held).  Beside them, up to
     ``probes`` rows the night removes, folds or demotes are probed by a query made from their own text
     (sampled with ``probe_seed``): a night estimated to make more than ``probe_max_drop_pp`` percent of
-    the scope's memory unfindable within the recall budget fails it too (SPEC §9 as amended 2026-12-06)."""
+    the scope's memory unfindable within the recall budget — and at least ``probe_min_lost`` rows — fails
+    it too (SPEC §9 as amended 2026-12-06)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     enabled: bool = True
@@ -118,6 +119,8 @@ class GateConfig(StrictScalars):
     probe_seed: int = Field(0, ge=0, le=2**63 - 1)
     #: The probes fail when the night makes more than this share of the scope's memory unfindable (pp).
     probe_max_drop_pp: float = Field(10.0, ge=0, le=100)
+    #: … and only when at least this many rows are estimated lost (a tiny scope's one weak fact is not a harmful night).
+    probe_min_lost: float = Field(3.0, ge=0)
 
 
 class EmbeddingConfig(StrictScalars):

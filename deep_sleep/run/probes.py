@@ -37,8 +37,9 @@ before and after, so the comparison is fair, and it costs no database read.
 unfindable: ``lost = candidates × (found before − found after) / probes``; measured against what the
 scope holds for recall to search (its nodes and events before the night, ``memory``), ``drop_pp = 100
 × lost / memory`` is the share of the scope's memory the night loses, in percentage points.  The
-probes fail when ``drop_pp > gate.probe_max_drop_pp`` (10): pruning a weak fact or two of a hundred
-passes, pruning most of them does not; a fold that keeps every turn findable loses nothing.  No
+probes fail when ``drop_pp > gate.probe_max_drop_pp`` (10) and ``lost ≥ gate.probe_min_lost`` (3): pruning
+a weak fact or two of a hundred passes, and so does a tiny scope's one weak fact; pruning most of a
+scope does not; a fold that keeps every turn findable loses nothing.  No
 probe (the night removes, folds or demotes nothing findable): ``nothing_removed``; none found before:
 ``zero_before`` — neither is a pass.
 """
@@ -221,7 +222,8 @@ def probe_gate(shard: Shard, diff: Diff, config: Any) -> dict[str, ProbeResult]:
     for s, n, b, a, c, m in per.select("scope_path", "n", "b", "a", "c", "m").iter_rows():
         result = ProbeResult(int(n), int(b), int(a), False, "measured" if b else "zero_before", kinds.get(s, {}),
                              int(c), int(m or 0))
-        out[s] = replace(result, failed=bool(b) and result.drop_pp > gate.probe_max_drop_pp)
+        out[s] = replace(result, failed=bool(b) and result.drop_pp > gate.probe_max_drop_pp
+                         and result.lost >= gate.probe_min_lost)
     return out
 
 
