@@ -368,8 +368,10 @@ def recall(
     words = set(query_words(query))
     # Pipeline mode: BEGIN, settings, model and candidates in one round trip; the log and COMMIT in one more.
     with connection(store_or_conn) as conn, pipelined_transaction(conn):
-        cur, model_cur = conn.cursor(), conn.cursor()
-        cur.execute(_SETTINGS_SQL, (str(max(40, n_seed)),))
+        # one cursor a statement: in pipeline mode a cursor that ran two statements may hand back the first's
+        # rows (seen under load: the candidates' fetch returned the settings row)
+        cur, model_cur, settings_cur = conn.cursor(), conn.cursor(), conn.cursor()
+        settings_cur.execute(_SETTINGS_SQL, (str(max(40, n_seed)),))
         model_cur.execute(_MODEL_SQL, (scope.path, scope.tenant_id))
         cur.execute(candidates_sql(legacy, len(wq), settings.events), {
             **{f"w{i}": w for i, w in enumerate(wq)}, "df_cap": DF_CAP, "big_scope": BIG_SCOPE, "word_cap": WORD_CAP,
