@@ -353,7 +353,9 @@ def _digests(chosen: pl.DataFrame, config: EpisodicSummaryConfig) -> pl.DataFram
     idf = (words.group_by(*key, "w").agg(pl.len().alias("df"))
            .join(heads.select(*key, "_n"), on=key).with_columns(((pl.col("_n") + 1) / pl.col("df")).log().alias("idf")))
     weight = (words.join(idf.select(*key, "w", "idf"), on=[*key, "w"])
-              .group_by(*key, "_pos").agg((pl.col("idf").sum() / pl.len().sqrt()).alias("_weight")))
+              # rounded: a float sum depends on its order, which a shard's joins do not fix (a shard must plan
+              # each scope as alone, to the byte)
+              .group_by(*key, "_pos").agg((pl.col("idf").sum() / pl.len().sqrt()).round(9).alias("_weight")))
     lines = (
         body.join(weight, on=[*key, "_pos"], how="left")
         .with_columns(pl.col("_weight").fill_null(0.0),
