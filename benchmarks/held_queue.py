@@ -6,7 +6,8 @@ counts by reason, a decision by reason, and the counts again.
 
 Each run seeds a fresh database (``--database heldq_<tag>``) on its own embedded server
 (``DEEP_SLEEP_DATA_DIR``, default /tmp/ds-held-queue; stopped at the end), seeds ``deep-sleep seed
---fleet N --recalls`` (SOUL edits and used nodes in the scopes), runs ``deep-sleep nightly`` at
+--fleet N`` (SOUL edits, used nodes and explicit feedback in the scopes; ``HELD_QUEUE_OLD_SEED=1`` adds the
+``--recalls`` an older release needs), runs ``deep-sleep nightly`` at
 three ``--as-of`` a day apart, and prints JSON: the ledger's pending runs and rows, the *current*
 ones (per scope and phase the newest run that held rows of it — computed here from the ledger alone,
 not by the queue), ``held``'s counts by reason, and after ``approve --reason R`` the counts again and
@@ -64,7 +65,12 @@ def main() -> None:
     base = ["--database", db]
     report: dict = {"scopes": args.scopes, "database": db, "code": os.environ.get("PYTHONPATH") or "this checkout"}
     try:
-        ds(*base, "seed", "--fleet", str(args.scopes), "--nodes", str(args.nodes), "--recalls", "--now", SEED_NOW, env=env)
+        # the fleet seeder writes explicit feedback on a tenth of its recalls (no --recalls flag since issue 38);
+        # an older release takes --recalls for the same
+        seed = [*base, "seed", "--fleet", str(args.scopes), "--nodes", str(args.nodes), "--now", SEED_NOW]
+        if os.environ.get("HELD_QUEUE_OLD_SEED"):
+            seed.insert(seed.index("--now"), "--recalls")
+        ds(*seed, env=env)
         for night in NIGHTS:
             ds(*base, "nightly", "--as-of", night, "--runs-dir", str(runs), env=env)
         from deep_sleep.store.db import embedded_dsn
