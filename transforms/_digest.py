@@ -44,6 +44,10 @@ _KEY_WORD = re.compile(r"[a-z0-9]*[0-9][a-z0-9]*|[a-z]{3,}")  # on lower-cased t
 _NOT_GIVEN = object()
 
 
+class _Declined(Exception):
+    """A metadata text this path leaves to the Polars pass (an internal signal, never raised out)."""
+
+
 def _speaker_of(metadata: str | None) -> object:
     """``metadata.speaker`` as ``json_path_match("$.speaker")`` gives it: None when absent, the string;
     ``_NOT_GIVEN`` for what this path does not decide (not JSON, not an object, a speaker that is not a
@@ -52,7 +56,7 @@ def _speaker_of(metadata: str | None) -> object:
         return None
     try:
         value = json.loads(metadata, object_pairs_hook=_no_repeats, parse_constant=_not_json)
-    except ValueError:
+    except (ValueError, RecursionError, _Declined):  # not JSON (JSONDecodeError is a ValueError), or declined
         return _NOT_GIVEN
     if not isinstance(value, dict):
         return _NOT_GIVEN
@@ -65,12 +69,12 @@ def _speaker_of(metadata: str | None) -> object:
 def _no_repeats(pairs: list[tuple[str, object]]) -> dict:
     keys = [k for k, _ in pairs]
     if len(set(keys)) != len(keys):
-        raise ValueError("a repeated key")  # which one a JSON path reads is the engine's choice
+        raise _Declined("a repeated key")  # which one a JSON path reads is the engine's choice
     return dict(pairs)
 
 
 def _not_json(constant: str) -> object:
-    raise ValueError(f"{constant} is not JSON")
+    raise _Declined(f"{constant} is not JSON")
 
 
 def _minute(at: datetime | None) -> str:

@@ -128,6 +128,7 @@ def test_the_plain_paths_weights_are_the_polars_passs():
     ("hello", "not json"),
     ("hello", '{"speaker": "A", "speaker": "B"}'),
     ("hello", '["speaker"]'),
+    ("hello", '{"speaker": "A", "n": NaN}'),  # not JSON (Python would read it)
 ])
 def test_the_plain_path_declines_what_it_does_not_decide(turn):
     chosen = _chosen([("org\x1fa", [("Ada: fine", None), turn])])
