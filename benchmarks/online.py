@@ -79,19 +79,23 @@ def _seed(store, nodes: int, now: datetime) -> str:
     return path
 
 
-def _uses_hnsw(con: psycopg.Connection, scope, query: str) -> bool:
+def _uses_hnsw(con: psycopg.Connection, scope, query: str) -> bool | None:
+    """Whether recall's candidate statement plans the HNSW index; None when this probe cannot build
+    the statement (recall's parameters changed): the timings measured before it are kept."""
     from deep_sleep.core.embedding import default_embedder
     from deep_sleep.online.pg import vector_text
     from deep_sleep.online.recall import candidates_sql
 
     q = vector_text(default_embedder().embed([query])[0])
-    with con.transaction():
-        con.execute("SELECT set_config('hnsw.iterative_scan', 'relaxed_order', true), set_config('hnsw.ef_search', '40', true)")
-        plan = con.execute(
-            "EXPLAIN " + candidates_sql(scope.levels[0][0] == "tenant"),
-            {"q": q, "paths": scope.ancestor_paths(), "tenant": scope.tenant_id, "n_seed": 20, "n_top": 5, "fan": 8, "deg": 100,
-             "per_passage": 8, "per_passage_vector": 4, "big_scope": 4000, "word_cap": 500, "event_window": 1000},
-        ).fetchall()
+    params = {"q": q, "paths": scope.ancestor_paths(), "tenant": scope.tenant_id, "n_seed": 20, "n_top": 5, "fan": 8,
+              "deg": 100, "per_passage": 8, "per_passage_vector": 4, "big_scope": 4000, "word_cap": 500, "event_window": 1000}
+    try:
+        with con.transaction():
+            con.execute("SELECT set_config('hnsw.iterative_scan', 'relaxed_order', true), set_config('hnsw.ef_search', '40', true)")
+            plan = con.execute("EXPLAIN " + candidates_sql(scope.levels[0][0] == "tenant"), params).fetchall()
+    except psycopg.ProgrammingError as exc:
+        _p(f"recall's plan not inspected: {exc}")
+        return None
     return any("memory_nodes_embedding_hnsw" in row[0] for row in plan)
 
 

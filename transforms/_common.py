@@ -8,7 +8,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 import numpy as np
 import polars as pl
@@ -75,9 +75,25 @@ def window_starts(snapshot: Snapshot | Shard, as_of: datetime, lookback_hours: f
     )
 
 
+def _one_window_start(snapshot: Snapshot | Shard, as_of: datetime, lookback_hours: float) -> datetime | None:
+    """The window start of a snapshot or shard of one scope, as :func:`window_starts` gives it (a UTC
+    datetime), computed without a frame; None for several scopes, or times not in UTC (the frame decides)."""
+    paths = scope_paths(snapshot)
+    if len(paths) != 1 or as_of.utcoffset() != timedelta(0):
+        return None
+    prev = snapshot.previous_run_as_of if isinstance(snapshot, Snapshot) else snapshot.previous_run_as_of[paths[0]]
+    if prev is not None and prev.utcoffset() != timedelta(0):
+        return None
+    start = (as_of - timedelta(hours=lookback_hours)).astimezone(UTC)
+    return start if prev is None else max(start, prev.astimezone(UTC))
+
+
 def with_window(frame: pl.DataFrame | pl.LazyFrame, snapshot: Snapshot | Shard, as_of: datetime,
                 lookback_hours: float) -> pl.DataFrame | pl.LazyFrame:
     """``frame`` with its scope's ``window_start`` column (rows keep their order)."""
+    one = _one_window_start(snapshot, as_of, lookback_hours)
+    if one is not None:
+        return frame.with_columns(pl.lit(one).alias("window_start"))
     starts = window_starts(snapshot, as_of, lookback_hours)
     if starts.height == 1:  # one scope: a literal, no join
         return frame.with_columns(pl.lit(starts.item(0, "window_start")).alias("window_start"))
@@ -96,6 +112,9 @@ def in_own_window(snapshot: Snapshot | Shard, column: str, as_of: datetime, look
     column to join in): when every scope of the snapshot or shard has the same window start (always
     for a single scope) the bound is a literal — as fast as :func:`in_window` — else each row's bound
     is looked up from its ``scope_path``."""
+    one = _one_window_start(snapshot, as_of, lookback_hours)
+    if one is not None:
+        return in_window(column, one, as_of)
     starts = window_starts(snapshot, as_of, lookback_hours)
     distinct = starts.get_column("window_start").unique()
     if distinct.len() == 1:

@@ -51,6 +51,8 @@ FOLD_REASON = f"summarised into {LABEL} "
 TURN_CHARS = 160
 #: At most this many names, and numbers or dates, in a digest.
 DIGEST_TERMS = 10
+#: A turn's weight sums its words' inverse frequencies in units of 1 / IDF_SCALE (integers: exact in any order).
+IDF_SCALE = 2.0**32
 #: A speaker is the name before ``": "`` at the start of a turn (letters, spaces, ``.'’-``; at most 40
 #: characters) when no ``metadata.speaker`` says it.
 _SPEAKER = r"^(\p{L}[\p{L}\p{M}'’. -]{0,39}):\s"
@@ -279,7 +281,7 @@ def _cut(text: str, limit: int) -> str:
     return (head.rsplit(" ", 1)[0] if " " in head[limit // 2:] else head) + "…"
 
 
-def _digests(chosen: pl.DataFrame, config: EpisodicSummaryConfig) -> pl.DataFrame:
+def _digests(chosen: pl.DataFrame, config: EpisodicSummaryConfig, plain: bool = True) -> pl.DataFrame:
     """Each batch's deterministic digest (``summary``) and word key (``keywords``), per (scope_path,
     _batch) — one vectorized pass over every batch of the shard.
 
@@ -296,14 +298,24 @@ def _digests(chosen: pl.DataFrame, config: EpisodicSummaryConfig) -> pl.DataFram
     4. the most distinctive turns, each cut at :data:`TURN_CHARS` characters, in time order, as many
        as fit: a turn's weight is the sum of the inverse batch frequencies ``ln((n + 1) / df)`` of its
        distinct words (3+ letters, not stop words) over the square root of their number, so a turn of
-       rare words (a name, a place, a plan) outranks small talk; ties go to the earlier turn; a turn
-       said twice is quoted once.
+       rare words (a name, a place, a plan) outranks small talk; ties go to the earlier turn (each
+       ``ln`` is rounded down to a multiple of 2⁻³² and summed exactly, so turns of the same words
+       tie in any order of summation); a turn said twice is quoted once.
 
     ``keywords``: the batch's distinct words (3+ letters, or any run of letters and digits holding a
     digit; lower case, not stop words) in
     order of first appearance, at most ``max_keywords``, space-separated — the summary's word key: the
     store indexes it with the label and the digest, so any folded turn's words find the summary, whose
-    recall passage then quotes the matching turns themselves (SPEC §5)."""
+    recall passage then quotes the matching turns themselves (SPEC §5).
+
+    A few batches of ASCII text (the quick nap's) take :func:`deep_sleep.transforms._digest.plain_digests`,
+    the same rules in plain Python (this pass's fixed cost is most of a nap's transform), unless ``plain``
+    is false."""
+    from deep_sleep.transforms._digest import plain_digests
+
+    done = plain_digests(chosen, config.max_chars, config.max_keywords) if plain else None
+    if done is not None:
+        return done
     key = ["scope_path", "_batch"]
     meta = pl.col("metadata") if "metadata" in chosen.columns else pl.lit(None, pl.String)
     text = pl.col("content").fill_null("").str.replace_all(r"\s+", " ").str.strip_chars()
@@ -351,11 +363,13 @@ def _digests(chosen: pl.DataFrame, config: EpisodicSummaryConfig) -> pl.DataFram
     words = (body.select(*key, "_pos", pl.col("_said").str.to_lowercase().str.extract_all(r"[^\W\d_]{3,}").alias("w"))
              .explode("w").drop_nulls("w").filter(~pl.col("w").is_in(stop)).unique([*key, "_pos", "w"]))
     idf = (words.group_by(*key, "w").agg(pl.len().alias("df"))
-           .join(heads.select(*key, "_n"), on=key).with_columns(((pl.col("_n") + 1) / pl.col("df")).log().alias("idf")))
-    weight = (words.join(idf.select(*key, "w", "idf"), on=[*key, "w"])
-              # rounded: a float sum depends on its order, which a shard's joins do not fix (a shard must plan
-              # each scope as alone, to the byte)
-              .group_by(*key, "_pos").agg((pl.col("idf").sum() / pl.len().sqrt()).round(9).alias("_weight")))
+           .join(heads.select(*key, "_n"), on=key)
+           .with_columns((((pl.col("_n") + 1) / pl.col("df")).log() * IDF_SCALE).floor().cast(pl.Int64).alias("_q")))
+    # summed in fixed point: the order of a turn's words here is not fixed (joins, hash groups), and a
+    # float sum of the same idfs in another order gave equal turns weights a bit apart — which of them
+    # was quoted changed from run to run
+    weight = (words.join(idf.select(*key, "w", "_q"), on=[*key, "w"])
+              .group_by(*key, "_pos").agg((pl.col("_q").sum() / IDF_SCALE / pl.len().sqrt()).alias("_weight")))
     lines = (
         body.join(weight, on=[*key, "_pos"], how="left")
         .with_columns(pl.col("_weight").fill_null(0.0),

@@ -272,6 +272,9 @@ class _Scopes:
 
     def tenant_of_rows(self, scope_paths: pl.Series) -> pl.Series:
         """The tenant of each row's scope_path; null where it is no scope of the shard (or null)."""
+        if len(self.paths) == 1 and not scope_paths.null_count() and (scope_paths == self.paths[0]).all():
+            # a shard of one whose rows are all its own (a nap's, a scope's run): no replace table to build
+            return pl.repeat(_tenant_of(self.paths[0]), scope_paths.len(), dtype=pl.String, eager=True).alias(scope_paths.name)
         return scope_paths.replace_strict(list(self.paths), [_tenant_of(p) for p in self.paths], default=None,
                                           return_dtype=pl.String)
 

@@ -349,6 +349,9 @@ def _normalise(td: TableDiff) -> TableDiff:
     """See :meth:`Diff.combine`.  Rows with a null id are dropped wherever they are tested against
     other rows' ids (as ``is_in`` filters drop them); the validation rejects them anyway."""
     inserts, updates, deletes = td.inserts, td.updates, td.deletes
+    if deletes.height and not inserts.height and not updates.height:  # only deletes (a nap's events): nothing to net
+        ids = deletes.get_column("id")
+        return TableDiff(inserts=inserts, updates=updates, deletes=deletes.filter(ids.is_not_null()) if ids.null_count() else deletes)
     if deletes.height:
         deleted = deletes.get_column("id")
         # Few rows of a run are inserted or updated and then deleted: probe hashes first.

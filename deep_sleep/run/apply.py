@@ -152,6 +152,7 @@ def _batches(diff: Diff, quarantined: pl.DataFrame | None, scopes: list[str], ba
                                                                   for i, s in enumerate(scopes)]},
                             schema={"scope_path": pl.String, "_ds_batch": pl.Int64})
     listed = pl.Series(scopes, dtype=pl.String).implode()
+    whole = len(scopes) <= batch_scopes and not not_applied  # one batch of every row (a quick nap's): nothing to cut
 
     def split(what: str, frame: pl.DataFrame) -> dict[int, pl.DataFrame]:
         if "scope_path" not in frame.columns:
@@ -160,6 +161,8 @@ def _batches(diff: Diff, quarantined: pl.DataFrame | None, scopes: list[str], ba
         if stray.height:
             raise InputError(f"apply: {what} has rows of scopes without a report: "
                              f"{stray.get_column('scope_path').unique().head(3).to_list()}")
+        if whole:
+            return {0: frame}
         got = frame.join(batch_of, on="scope_path", how="left", maintain_order="left").filter(pl.col("_ds_batch").is_not_null())
         return {b: part.drop("_ds_batch") for (b,), part in got.partition_by("_ds_batch", as_dict=True).items()}
 

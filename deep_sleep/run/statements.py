@@ -397,7 +397,18 @@ def _collapse_updates(updates: pl.DataFrame) -> pl.DataFrame:
 
 def _signatures(table: str, inserts: pl.DataFrame) -> tuple[pl.DataFrame, dict[int, list[str]]]:
     """``inserts`` with :data:`SIGNATURE_COLUMN`: a number per set of the table's columns that a scope's
-    rows give a value for (a scope alone inserts exactly those), and signature → columns."""
+    rows give a value for (a scope alone inserts exactly those), and signature → columns.  The rows of
+    one scope (a quick nap's) have one signature, 0: the columns with a value in any row."""
+    paths = inserts.get_column("scope_path")
+    if inserts.height and not paths.null_count() and (paths == paths[0]).all():
+        known = [c for c in inserts.columns if c in tables.diff_columns(table)]
+        present = [c for c, n in zip(known, inserts.select(known).null_count().row(0), strict=True) if n < inserts.height]
+        return inserts.with_columns(pl.lit(0, pl.Int64).alias(SIGNATURE_COLUMN)), {0: present}
+    return _signatures_plain(table, inserts)
+
+
+def _signatures_plain(table: str, inserts: pl.DataFrame) -> tuple[pl.DataFrame, dict[int, list[str]]]:
+    """:func:`_signatures` for any rows: the signature of each scope's set of columns with a value."""
     known = [c for c in inserts.columns if c in tables.diff_columns(table)]
     has = inserts.group_by("scope_path").agg(pl.col(c).is_not_null().any().alias(f"_has_{c}") for c in known)
     key = pl.concat_str([pl.col(f"_has_{c}").cast(pl.UInt8).cast(pl.String) for c in known])

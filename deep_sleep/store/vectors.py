@@ -113,8 +113,15 @@ def model_conflict(stored: str, model: str, what: str, tenant: str) -> Embedding
 
 def claim_models(store: Store, wanted: dict[str, str]) -> dict[str, str]:
     """Tenant → its recorded model, for the tenants of ``wanted`` (tenant → the model a writer would
-    write), each set to the wanted model if it had none (two short ADBC transactions)."""
+    write), each set to the wanted model if it had none.  One short ADBC transaction reads them; only
+    when a tenant has none yet, two more claim it and read again (a claim another writer made first
+    is read, not overwritten)."""
     tenants = sorted(wanted)
+    with store.transaction() as cur:
+        cur.execute(_MODELS_SQL, parameters=(tenants,))
+        found = dict(cur.fetchall())
+    if len(found) == len(tenants):
+        return found
     with store.transaction() as cur:
         cur.execute(_CLAIM_MANY_SQL, parameters=(tenants, [wanted[t] for t in tenants]))
     with store.transaction() as cur:

@@ -38,3 +38,19 @@ def test_canonical_row_order_is_the_sort_by_phase_and_id(frame):
     if frame.select("phase", "id").is_unique().all():  # with repeated keys the order among them is not defined
         assert got.equals(want)
 
+
+
+def test_a_diff_of_deletes_only_combines_to_its_deletes_without_null_ids():
+    """Nothing to net when a table has only deletes (a nap's folded events): combine keeps them in
+    order, less the rows with a null id, as the general netting does."""
+    from deep_sleep.core.diff import Diff, TableDiff
+
+    deletes = pl.DataFrame({"id": ["b", None, "a"], "expected_version": [1, 1, 2], "reason": ["r"] * 3, "phase": ["p"] * 3})
+    got = Diff.combine([Diff({"episodic_events": TableDiff(deletes=deletes)})]).table("episodic_events")
+    assert got.deletes.to_dicts() == [deletes.row(0, named=True), deletes.row(2, named=True)]
+    assert not got.inserts.height and not got.updates.height
+    whole = deletes.filter(pl.col("id").is_not_null())
+    assert Diff.combine([Diff({"episodic_events": TableDiff(deletes=whole)})]).table("episodic_events").deletes.equals(whole)
+    general = diff_module._normalise(TableDiff(deletes=deletes, inserts=pl.DataFrame(
+        {"id": ["z"], "phase": ["p"]}, schema={"id": pl.String, "phase": pl.String})))  # an insert: the general netting
+    assert general.deletes.equals(got.deletes)

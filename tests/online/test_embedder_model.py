@@ -149,3 +149,18 @@ def test_reembed_moves_the_tenant_to_the_new_model(store, scope):
     record_turn(store, scope, OP, now=NOW, nap=False, config=config)  # the new model writes
     with pytest.raises(EmbeddingModelError):  # the old one no more
         record_turn(store, scope, OP, now=NOW, nap=False)
+
+
+def test_claim_models_reads_each_tenants_model_and_claims_only_a_missing_one(store, scope):
+    """The apply's check (vector_conflicts → claim_models): a tenant's recorded model is read, never
+    overwritten; a tenant without one is given the writer's."""
+    from deep_sleep.store.vectors import claim_models
+
+    record_turn(store, scope, OP, now=NOW, nap=False)  # the tenant's model: hashing
+    newcomer = sibling(scope, "b1").__class__.root("org", f"t{uuid.uuid4().hex[:10]}").tenant_id
+    assert claim_models(store, {scope.tenant_id: MIRRORED.name}) == {scope.tenant_id: HASHING}
+    assert claim_models(store, {scope.tenant_id: MIRRORED.name, newcomer: MIRRORED.name}) == {
+        scope.tenant_id: HASHING, newcomer: MIRRORED.name}
+    assert claim_models(store, {newcomer: HASHING}) == {newcomer: MIRRORED.name}
+    assert rows(store, "SELECT tenant_id, model FROM embedding_models WHERE tenant_id = ANY(%s) ORDER BY model",
+                [scope.tenant_id, newcomer]) == [(scope.tenant_id, HASHING), (newcomer, MIRRORED.name)]

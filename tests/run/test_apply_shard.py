@@ -385,3 +385,27 @@ def test_a_batchs_updates_and_deletes_probe_each_store_table_by_index_never_scan
                          r"\(\(scope_path = t\.scope_path\) AND \(target_id = t\.id\)\)", nodes), nodes
     finally:
         drop_database(admin_dsn, name)
+
+
+def test_a_batch_of_every_scope_is_the_diff_as_it_is_and_strays_are_still_refused():
+    """One batch holding every scope (a quick nap's) takes the diff's frames as they are; it is what
+    the cut by batch gives (forced here by naming a scope that is not applied), and a row of a scope
+    without a report is still refused."""
+    from deep_sleep.run.apply import _batches
+
+    scope, other = "org\x1fa\x1fb", "org\x1fa\x1fc"
+    nodes = pl.DataFrame({"id": [str(uuid.UUID(int=i)) for i in range(3)], "scope_path": [scope] * 3,
+                          "label": ["x", "y", "z"], "phase": ["p"] * 3})
+    gone = pl.DataFrame({"id": [str(uuid.UUID(int=9))], "scope_path": [scope], "expected_version": [1],
+                         "reason": ["r"], "phase": ["p"]})
+    diff = Diff({"memory_nodes": TableDiff(inserts=nodes), "episodic_events": TableDiff(deletes=gone)})
+    q = pl.DataFrame({"table": ["memory_nodes"], "id": ["q"], "reason": ["r"], "row": ["{}"], "scope_path": [scope]})
+    whole, held = _batches(diff, q, [scope], 500, set())
+    cut, cut_held = _batches(diff, q, [scope], 500, {"org\x1fnot\x1fapplied"})
+    assert list(whole) == list(cut) == [0] and list(held) == list(cut_held) == [0]
+    for name in ("memory_nodes", "episodic_events"):
+        for kind, frame in whole[0].table(name).frames().items():
+            assert frame.equals(cut[0].table(name).frames()[kind]), (name, kind)
+    assert held[0].equals(cut_held[0])
+    with pytest.raises(InputError, match="rows of scopes without a report"):
+        _batches(as_shard_diff(Diff({"memory_nodes": TableDiff(inserts=nodes.drop("scope_path"))}), other), None, [scope], 500, set())

@@ -279,3 +279,20 @@ def test_one_scope_and_many_get_the_same_statements_but_for_the_scopes():
     ledger = [s for s in one if s.step == "ledger"]
     assert [s.sql for s in ledger] == [LEDGER_SQL]
     assert all(f"x.{c}" in LEDGER_SQL for c in ("held", "hold_status", "approval_of"))
+
+
+@pytest.mark.parametrize("paths", [["s1"] * 4, ["s1"], ["s1", "s2", "s1", "s2"], ["s1", "s2"]])
+def test_one_scopes_inserts_have_the_signature_the_general_rule_gives(paths):
+    """The rows of one scope take a shortcut to their one signature; it is the general rule's answer."""
+    from deep_sleep.run.statements import _signatures, _signatures_plain
+
+    n = len(paths)
+    frame = pl.DataFrame({"id": [str(uuid.UUID(int=i)) for i in range(n)], "scope_path": paths,
+                          "label": [f"l{i}" for i in range(n)], "importance": [None] * n,
+                          "properties": [None if i % 2 else "{}" for i in range(n)]},
+                         schema={"id": pl.String, "scope_path": pl.String, "label": pl.String, "importance": pl.Float64,
+                                 "properties": pl.String})
+    fast, fast_present = _signatures("memory_nodes", frame)
+    plain, plain_present = _signatures_plain("memory_nodes", frame)
+    assert fast.equals(plain) and fast.schema == plain.schema
+    assert fast_present == plain_present

@@ -184,3 +184,17 @@ def test_a_clean_frame_is_passed_on_as_it_is():
     assert clean.frames["memory_nodes"].equals(frame) and found.height == 0 and not clean.held_nodes
     assert np.array_equal(q.bad_json(pl.Series(["{}", None]), "OBJECT").to_numpy(), [False, True])
 
+
+
+@pytest.mark.parametrize("paths", [
+    [SCOPE] * 3,  # a shard of one whose rows are its own: the repeat
+    [],
+    [SCOPE, "org\x1fother\x1fbrand\x1fb1", None, SCOPE],  # some of no scope of the shard, or none: the replace table
+    [None],
+])
+def test_the_tenant_of_rows_of_a_shard_of_one_is_the_replace_tables(paths):
+    series = pl.Series("scope_path", paths, dtype=pl.String)
+    got = q._Scopes((SCOPE,)).tenant_of_rows(series)
+    assert got.name == "scope_path" and got.dtype == pl.String
+    assert got.to_list() == ["fast" if p == SCOPE else None for p in paths]
+    assert got.equals(series.replace_strict([SCOPE], ["fast"], default=None, return_dtype=pl.String))
