@@ -14,6 +14,9 @@ the generator makes for it) into a fresh database, then times
   temporary tables);
 - the CPU seconds of this process per stage (all its threads; the database server's are not in
   them): CPU-seconds over seconds says how much of the machine's cores a stage keeps busy;
+- the CPU seconds of the local database server per stage and for the COPY (``benchmarks/cpu.py``:
+  every process of the embedded server), and ``ratio_cpu_to_copy``: the run's CPU seconds (this
+  process and the server) over the COPY's — on a shared machine far steadier than the wall-time ratio;
 
 and writes ``bench-results.json`` (results of other scales already in the file are kept).
 """
@@ -50,8 +53,12 @@ def copy_baseline(store, scope_path: str | None = None) -> dict:
     from deep_sleep.core import tables
     from deep_sleep.store.extract import select_sql
 
+    from benchmarks.cpu import postmaster_pid, server_cpu
+
     out_s = in_s = 0.0
     rows = {}
+    server = postmaster_pid(store)
+    cpu0, server0 = time.process_time(), server_cpu(server)
     with store.adbc() as con:
         cur = con.cursor()
         for table in tables.TABLES:
@@ -72,7 +79,11 @@ def copy_baseline(store, scope_path: str | None = None) -> dict:
                 cur.execute(f"DROP TABLE _bench_{table}")
             del data  # one table in memory at a time
         con.rollback()
-    return {"copy_out": round(out_s, 3), "copy_in": round(in_s, 3), "copy_total": round(out_s + in_s, 3), "rows": rows}
+    cpu = {"cpu": round(time.process_time() - cpu0, 3)}
+    if server0 is not None:
+        cpu["server_cpu"] = round(server_cpu(server) - server0, 3)
+    return {"copy_out": round(out_s, 3), "copy_in": round(in_s, 3), "copy_total": round(out_s + in_s, 3), **cpu,
+            "rows": rows}
 
 
 def bench_scale(admin_dsn: str, scale: int, work: Path, now: datetime | None = None) -> dict:
@@ -109,16 +120,23 @@ def bench_scale(admin_dsn: str, scale: int, work: Path, now: datetime | None = N
     # The night's stages without the safety stages (gate, holds): the work this benchmark has always timed.
     ctx = pipeline.Context.of(now, config, scopes=scope_path, store=store, base=base, run_ids={scope_path: run_id})
     state = pipeline.State()
+    from benchmarks.cpu import postmaster_pid, server_cpu
+
     stages: dict[str, float] = {}
     cpu: dict[str, float] = {}  # CPU seconds of this process (all threads) per stage
-    t0 = time.perf_counter()
+    server: dict[str, float] = {}  # CPU seconds of the local server per stage
+    postmaster = postmaster_pid(store)
+    t0, c0, s0 = time.perf_counter(), time.process_time(), server_cpu(postmaster)
     for stage in (s for s in pipeline.NIGHT if s.name in ("extract", "transform", "validate", "apply")):
-        t, c = time.perf_counter(), time.process_time()
+        t, c, sc = time.perf_counter(), time.process_time(), server_cpu(postmaster)
         state = pipeline.step(stage, ctx, state)
         stages[stage.name] = time.perf_counter() - t
         cpu[stage.name] = time.process_time() - c  # the apply's: this process only, not the server's work
+        if sc is not None:
+            server[stage.name] = server_cpu(postmaster) - sc
         report = state.reports.get(scope_path)
-        _p(f"{stage.name:<9} {stages[stage.name]:.2f}s ({cpu[stage.name]:.2f} CPU-s on {os.cpu_count()} cores)"
+        _p(f"{stage.name:<9} {stages[stage.name]:.2f}s ({cpu[stage.name]:.2f} CPU-s on {os.cpu_count()} cores"
+           + (f", server {server[stage.name]:.2f} CPU-s)" if stage.name in server else ")")
            + (f" ({report.status})" if stage.name == "validate" else ""))
         if stage.name == "transform":
             inside = report.timings
@@ -128,6 +146,9 @@ def bench_scale(admin_dsn: str, scale: int, work: Path, now: datetime | None = N
             raise SystemExit("validation failed:\n" + "\n".join(report.errors))
     state = pipeline.finish(ctx, state)
     stages["total"] = time.perf_counter() - t0
+    cpu["total"] = time.process_time() - c0
+    if s0 is not None:
+        server["total"] = server_cpu(postmaster) - s0
     report = state.report(scope_path)
     _p(f"total     {stages['total']:.2f}s")
     _p("          " + ", ".join(f"{k.removeprefix('apply.')} {v:.2f}s" for k, v in report.timings.items() if k.startswith("apply.")))
@@ -147,6 +168,7 @@ def bench_scale(admin_dsn: str, scale: int, work: Path, now: datetime | None = N
         "seed_seconds": {"generate": round(gen_s, 3), "load": round(load_s, 3)},
         "stages_seconds": {k: round(v, 3) for k, v in stages.items()},
         "stages_cpu_seconds": {k: round(v, 3) for k, v in cpu.items()},
+        "stages_server_cpu_seconds": {k: round(v, 3) for k, v in server.items()},
         "phases_seconds": {k: round(v, 4) for k, v in phases.items()},
         "transform_parts_seconds": {k: round(report.timings[k], 4) for k in TRANSFORM_PARTS if k in report.timings},
         "apply_parts_seconds": {k.removeprefix("apply."): round(v, 3) for k, v in report.timings.items() if k.startswith("apply.")},
@@ -156,12 +178,18 @@ def bench_scale(admin_dsn: str, scale: int, work: Path, now: datetime | None = N
         "transform_stage_nodes_per_second": round(nodes / stages["transform"]),
         "copy_seconds": {k: v for k, v in copy.items() if k != "rows"},
         "ratio_total_to_copy": round(stages["total"] / copy["copy_total"], 2) if copy["copy_total"] else None,
+        # CPU seconds (this process + the server) of the run over the COPY's: steadier than wall time under load
+        "ratio_cpu_to_copy": (round((cpu["total"] + server["total"]) / (copy["cpu"] + copy["server_cpu"]), 2)
+                              if "total" in server and copy.get("server_cpu") else None),
         "diff_hash": report.diff_hash,
         "diff_rows": report.rows_changed,
         "conflicts": report.conflicts,
         "counters": {k: v for k, v in report.counters.items() if v},
     }
     _p(f"ratio total/COPY = {result['ratio_total_to_copy']}  (COPY out {copy['copy_out']}s + in {copy['copy_in']}s)")
+    if result["ratio_cpu_to_copy"] is not None:
+        _p(f"CPU ratio = {result['ratio_cpu_to_copy']}  (run {cpu['total']:.2f} + server {server['total']:.2f} CPU-s; "
+           f"COPY {copy['cpu']:.2f} + server {copy['server_cpu']:.2f} CPU-s)")
     return result
 
 
@@ -190,7 +218,8 @@ def main(argv: list[str] | None = None) -> int:
         runs[scale] = result
         doc["runs"] = [runs[k] for k in sorted(runs)]
         out.write_text(json.dumps(doc, indent=2) + "\n")
-    print(json.dumps({r["scale"]: {"stages": r["stages_seconds"], "copy": r["copy_seconds"], "ratio": r["ratio_total_to_copy"]}
+    print(json.dumps({r["scale"]: {"stages": r["stages_seconds"], "copy": r["copy_seconds"], "ratio": r["ratio_total_to_copy"],
+                                   "cpu_ratio": r.get("ratio_cpu_to_copy")}
                       for r in doc["runs"]}, indent=2))
     print(f"written to {out}")
     return 0

@@ -332,13 +332,23 @@ def _pair_member(scopes: pl.Series, ids: pl.Series, among_scopes: pl.Series, amo
     joined on both."""
     hit = lookup.member(ids, among_ids, few=few)
     pos = hit.arg_true()
-    if not pos.len():
-        return hit
+    if not pos.len() or _one_scope(scopes.gather(pos), among_scopes):
+        return hit  # none found, or one scope on both sides (a single scope's night): the ids decide
     found = (pl.DataFrame({"_s": scopes.gather(pos), "_i": ids.gather(pos), "_p": pos})
              .join(pl.DataFrame({"_s": among_scopes, "_i": among_ids}), on=["_s", "_i"], how="semi"))
     out = np.zeros(ids.len(), dtype=bool)
     out[found.get_column("_p").to_numpy()] = True
     return pl.Series(ids.name, out)
+
+
+def _one_scope(scopes: pl.Series, among_scopes: pl.Series) -> bool:
+    """Every one of ``scopes`` and ``among_scopes`` is the same scope path (no null): the (scope, id)
+    pairs then match exactly where the ids do.  Two comparisons with a constant (~10 ms a million
+    rows) instead of a join on (scope, id) (~0.6 s for a million-node scope's 3M edge ends)."""
+    if not among_scopes.len() or among_scopes.null_count() or scopes.null_count():
+        return False
+    first = among_scopes[0]
+    return bool((among_scopes == first).all() and (scopes == first).all())
 
 
 def _pair_member_plain(scopes: pl.Series, ids: pl.Series, among_scopes: pl.Series, among_ids: pl.Series) -> pl.Series:

@@ -72,6 +72,9 @@ class ScopeApplied:
     batch_error: str | None = None
 
 
+#: A staged batch's edge inserts check their nodes as one set (the fast path); False: two probes per
+#: row, the plain version it is tested against (tests/run/test_insert_endpoints.py).
+SET_ENDPOINTS = True
 TRANSIENT_ATTEMPTS = 3  # a scope's own transaction is tried this often when its error is transient
 #: At most this many fast inserts per batch: each is a subtransaction that writes, and a transaction
 #: with more than 64 of those (PGPROC_MAX_CACHED_SUBXIDS) makes every concurrent snapshot slower.
@@ -123,11 +126,12 @@ def record_run(store: Store, report: ConsolidationReport, mode: str, started_at:
 def batch_statements(diff: Diff, reports: Mapping[str, ConsolidationReport],
                        quarantined: pl.DataFrame | None = None, cluster_cap: int | None = None) -> Statements:
     """The statements :func:`apply` runs for one batch (``replay --explain`` prints them).  The
-    thresholds are read at call time (tests set them on this module); the environment here, not by
-    the pure builder.  ``cluster_cap``: ``meta_nodes.max_members`` (see :func:`~deep_sleep.run.statements.statements`)."""
+    thresholds and :data:`SET_ENDPOINTS` are read at call time (tests set them on this module); the
+    environment here, not by the pure builder.  ``cluster_cap``: ``meta_nodes.max_members`` (see :func:`~deep_sleep.run.statements.statements`)."""
     return statements(diff, {s: r.run_id or "" for s, r in reports.items()}, quarantined=quarantined,
                       small_rows=SMALL_STAGE_ROWS, big_rows=BIG_DIFF_ROWS,
-                      work_mem=os.environ.get("DEEP_SLEEP_APPLY_WORK_MEM"), cluster_cap=cluster_cap)
+                      work_mem=os.environ.get("DEEP_SLEEP_APPLY_WORK_MEM"), cluster_cap=cluster_cap,
+                      set_endpoints=SET_ENDPOINTS)
 
 
 def _check_run_ids(reports: Mapping[str, ConsolidationReport]) -> None:
@@ -423,4 +427,4 @@ def _with_scope(diff: Diff, scope_path: str) -> Diff:
 
 
 __all__ = ["apply", "apply_batch", "vector_conflicts", "ScopeApplied", "record_run", "batch_statements", "ledger_rows", "apply_work_mem", "stage",
-           "TRANSIENT_ATTEMPTS", "FAST_INSERTS_PER_BATCH"]
+           "TRANSIENT_ATTEMPTS", "FAST_INSERTS_PER_BATCH", "SET_ENDPOINTS"]

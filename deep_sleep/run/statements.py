@@ -22,7 +22,9 @@ it (:func:`explain`); the golden files under ``tests/run/golden_sql/`` pin it.  
 6. Inserts with ``ON CONFLICT DO NOTHING``, one per column signature (the columns a scope's rows give
    values for; the rest take the store's defaults, as a scope alone would); nodes before edges, and
    an edge only while both of its nodes are in the store, each taken ``FOR KEY SHARE`` as a foreign
-   key's check does (:func:`_endpoints`), so no write of the apply leaves an edge without its node.
+   key's check does (:func:`_endpoints`; a staged batch locks the distinct nodes its edges name in one
+   scan and checks the edges against them as a set, :func:`_endpoints_set`), so no write of the apply
+   leaves an edge without its node.
 7. The quarantined rows, if any, into ``consolidation_quarantine``; the ledger rows in
    ``consolidation_runs`` — with what each run held for approval, so the holds are in the ledger the
    moment the apply commits (a kill after the commit cannot lose them).
@@ -106,6 +108,12 @@ QUARANTINE_SQL = (
 #: per write per batch); probing took ~40 % less CPU on the 2,000-scope fleet, with no ANALYZE of the
 #: staged tables.  The cost of a write is then bounded by its batch's rows, whatever the store's size.
 PLANNER_SQL = ("SET LOCAL enable_hashjoin = off", "SET LOCAL enable_mergejoin = off")
+#: Around a staged batch's edge inserts, whose endpoint check is one set (:func:`_endpoints_set`): its
+#: two semi-joins of the staged rows against the locked nodes are hashed (the planner, which sees a
+#: CTE of ten rows, would loop over it once per staged row), then probing is restored.
+SET_JOIN_SQL = ("SET LOCAL enable_hashjoin = on", "SET LOCAL enable_nestloop = off")
+PROBE_JOIN_SQL = ("SET LOCAL enable_nestloop = on", "SET LOCAL enable_hashjoin = off")
+LIVE_ENDS = "_ds_live_ends"  # the CTE of the nodes an edge insert's rows name, taken FOR KEY SHARE
 #: Where :func:`fast_insert_sql` leaves its per-scope counts; :data:`LANDED_SQL` takes them.
 LANDED = "_ds_shard_landed"
 LANDED_SQL = f"DELETE FROM {LANDED} RETURNING scope_path, n, guarded"
@@ -270,11 +278,14 @@ def update_sql(table: str, changed: list[str], source: str) -> str:
     )
 
 
-def insert_sql(table: str, present: list[str], signature: int, source: str, cluster_cap: int | None = None) -> str:
+def insert_sql(table: str, present: list[str], signature: int, source: str, cluster_cap: int | None = None,
+               set_ends: bool = False) -> str:
     """Insert the rows of one column signature (the scopes whose rows give values for exactly
     ``present``), skipping any that collide with a live write.  Returns ``(scope_path, n)`` rows.
-    ``cluster_cap`` (edges): see :func:`_cluster_room`."""
-    return (_insert(table, present, signature, source, " ON CONFLICT DO NOTHING", cluster_cap)
+    ``cluster_cap`` (edges): see :func:`_cluster_room`.  ``set_ends`` (edges from a staged table):
+    the endpoint check as one set (:func:`_endpoints_set`) instead of two probes per row
+    (:func:`_endpoints`)."""
+    return (_insert(table, present, signature, source, " ON CONFLICT DO NOTHING", cluster_cap, set_ends)
             + _per_scope_counts("scope_path"))
 
 
@@ -308,21 +319,46 @@ def _endpoints(table: str, present: list[str]) -> str:
                    " AND n.scope_path = s.scope_path FOR KEY SHARE)" for c in ("source_id", "target_id"))
 
 
-def _insert(table: str, present: list[str], signature: int, source: str, guard: str, cluster_cap: int | None = None) -> str:
+def _endpoints_set(table: str, present: list[str], signature: int, source: str) -> tuple[str, str]:
+    """:func:`_endpoints` as one set (the fast path of a staged batch): ``(CTE, condition)``.  The CTE
+    takes ``FOR KEY SHARE`` every node one of the signature's rows names as an end — each distinct id
+    once, in index order, through one ``= ANY`` scan of the primary key — and keeps those found; the
+    condition wants both of a row's ends among them, in its scope (two hash semi-joins: the statement
+    runs under :data:`SET_JOIN_SQL`).  The locks and their waits are those of the per-row probes, taken
+    before any row is inserted: a node a delete removed (committed, or committing while the lock
+    waits) is not found and its edges are conflicts; one found cannot be deleted until the apply
+    commits.  A million-node night's 218k edge inserts name 150k distinct nodes: 150k probes in id
+    order instead of 436k (benchmarks/README.md, 2026-12-06).  Empty for other tables."""
+    if table != "memory_edges" or not {"source_id", "target_id"} <= set(present):
+        return "", ""
+    cols = tables.diff_columns(table)
+    ends = " UNION ".join(f"SELECT {cols[c].cast_sql('r.' + c)} FROM {source} r WHERE r.{SIGNATURE_COLUMN} = {int(signature)}"
+                          for c in ("source_id", "target_id"))
+    cte = (f"{LIVE_ENDS} AS MATERIALIZED (SELECT n.id, n.scope_path FROM memory_nodes n"
+           f" WHERE n.id = ANY (ARRAY({ends})) FOR KEY SHARE), ")
+    condition = "".join(f" AND ({cols[c].cast_sql('s.' + c)}, s.scope_path) IN (SELECT l.id, l.scope_path FROM {LIVE_ENDS} l)"
+                        for c in ("source_id", "target_id"))
+    return cte, condition
+
+
+def _insert(table: str, present: list[str], signature: int, source: str, guard: str, cluster_cap: int | None = None,
+            set_ends: bool = False) -> str:
     cols = tables.diff_columns(table)
     names = ", ".join(present)
     values = ", ".join(cols[c].cast_sql("s." + c) for c in present)
+    live, ends = _endpoints_set(table, present, signature, source) if set_ends else ("", _endpoints(table, present))
     room = _cluster_room(table, present, cluster_cap)
     if room:  # each new CLUSTERS edge of a META node counted with those before it in this statement
         source = (f"(SELECT r.*, row_number() OVER (PARTITION BY r.scope_path, r.source_id, r.relation ORDER BY r.id)"
                   f" AS {CLUSTER_RANK} FROM {source} r)")
     return (
-        f"WITH done AS (INSERT INTO {table} ({names}) SELECT {values} FROM {source} s"
-        f" WHERE s.{SIGNATURE_COLUMN} = {int(signature)}{room}{_endpoints(table, present)}{guard} RETURNING scope_path)"
+        f"WITH {live}done AS (INSERT INTO {table} ({names}) SELECT {values} FROM {source} s"
+        f" WHERE s.{SIGNATURE_COLUMN} = {int(signature)}{room}{ends}{guard} RETURNING scope_path)"
     )
 
 
-def fast_insert_sql(table: str, present: list[str], signature: int, cluster_cap: int | None = None) -> str:
+def fast_insert_sql(table: str, present: list[str], signature: int, cluster_cap: int | None = None,
+                    set_ends: bool = False) -> str:
     """The fast path of :func:`insert_sql` over a staged table: one ``DO`` block that runs the same
     INSERT without ``ON CONFLICT DO NOTHING`` and, only if that raises a unique violation, the
     guarded insert.
@@ -344,9 +380,9 @@ def fast_insert_sql(table: str, present: list[str], signature: int, cluster_cap:
     return (
         f"DO $ds$ BEGIN"
         f" CREATE TEMP TABLE IF NOT EXISTS {LANDED} (scope_path text, n bigint, guarded boolean);"
-        f" BEGIN {_insert(table, present, signature, source, '', cluster_cap)}{counts.format('false')}"
+        f" BEGIN {_insert(table, present, signature, source, '', cluster_cap, set_ends)}{counts.format('false')}"
         f" EXCEPTION WHEN unique_violation THEN"
-        f" {_insert(table, present, signature, source, ' ON CONFLICT DO NOTHING', cluster_cap)}{counts.format('true')}"
+        f" {_insert(table, present, signature, source, ' ON CONFLICT DO NOTHING', cluster_cap, set_ends)}{counts.format('true')}"
         f" INSERT INTO {LANDED} (scope_path, n, guarded) VALUES (NULL, 0, true);"  # even when no row landed
         f" END; END $ds$"
     )
@@ -457,6 +493,7 @@ def statements(
     big_rows: int = BIG_DIFF_ROWS,
     work_mem: str | None = None,
     cluster_cap: int | None = None,
+    set_endpoints: bool = True,
 ) -> Statements:
     """Every statement that applies a batch of a shard's diff (every frame with ``scope_path``) for the
     scopes of ``run_ids`` (scope_path → run id) in one transaction, in order — pure: same arguments,
@@ -468,7 +505,10 @@ def statements(
     batch is big enough to use it (:class:`~deep_sleep.core.errors.ConfigError` if malformed).  Rows
     of a scope not in ``run_ids`` raise :class:`~deep_sleep.core.errors.InputError`.  ``cluster_cap``:
     ``meta_nodes.max_members``, which no META node's CLUSTERS edges exceed after the inserts
-    (:func:`_cluster_room`); None: unchecked.
+    (:func:`_cluster_room`); None: unchecked.  ``set_endpoints``: a staged batch's edge inserts check
+    their nodes as one set (:func:`_endpoints_set`, between :data:`SET_JOIN_SQL` and
+    :data:`PROBE_JOIN_SQL`); False: two probes per row (:func:`_endpoints`), as inline rows always are —
+    the same rows land.
     """
     scopes = tuple(sorted(run_ids, key=str.encode))
     ids = pl.DataFrame({"scope_path": list(scopes), RUN_ID_COLUMN: [run_ids[s] for s in scopes]},
@@ -510,7 +550,12 @@ def statements(
         body = fed_bodies[(table, kind)]
         fed.append(body.group_by("scope_path", maintain_order=True).len("rows")
                    .with_columns(pl.lit(table).alias("table"), pl.lit(kind).alias("kind")))
-        out += _writes(table, kind, body, inline, node_deletes, signatures.get((table, kind)), cluster_cap)
+        set_ends = set_endpoints and not inline and (table, kind) == ("memory_edges", "inserts")
+        writes = _writes(table, kind, body, inline, node_deletes, signatures.get((table, kind)), cluster_cap, set_ends)
+        if set_ends and writes:
+            writes = [*(Statement("planner", sql) for sql in SET_JOIN_SQL), *writes,
+                      *(Statement("planner", sql) for sql in PROBE_JOIN_SQL)]
+        out += writes
     if q is not None:
         if q.height <= small_rows:
             out.append(Statement("quarantine", QUARANTINE_SQL.format(source=json_source(q.schema, 1)), (Rows(q),),
@@ -528,7 +573,7 @@ def statements(
 
 
 def _writes(table: str, kind: str, body: pl.DataFrame, inline: bool, node_deletes: pl.DataFrame | None,
-            signatures: dict[int, list[str]] | None, cluster_cap: int | None = None) -> list[Statement]:
+            signatures: dict[int, list[str]] | None, cluster_cap: int | None = None, set_ends: bool = False) -> list[Statement]:
     """The guarded write(s) of one (table, kind), reading its rows inline or from its staged table."""
     staged = None if inline else stage_name(table, kind)
     source_kind = "inline_json" if inline else "staged_table"
@@ -555,9 +600,9 @@ def _writes(table: str, kind: str, body: pl.DataFrame, inline: bool, node_delete
             out.append(Statement("insert", insert_sql(table, present, sig, json_source(mine.schema, 1), cluster_cap), (Rows(mine),),
                                  table=table, kind=kind, source=source_kind, rows=counts[sig]))
         else:
-            out.append(Statement("insert", insert_sql(table, present, sig, staged, cluster_cap), table=table, kind=kind,
-                                 source=source_kind, staged=staged, rows=counts[sig],
-                                 fast_sql=fast_insert_sql(table, present, sig, cluster_cap)))
+            out.append(Statement("insert", insert_sql(table, present, sig, staged, cluster_cap, set_ends), table=table,
+                                 kind=kind, source=source_kind, staged=staged, rows=counts[sig],
+                                 fast_sql=fast_insert_sql(table, present, sig, cluster_cap, set_ends)))
     return out
 
 
@@ -593,4 +638,4 @@ def explain(stmts: Iterable[Statement]) -> str:
 
 __all__ = ["Statement", "Statements", "Rows", "statements", "explain", "stage_statement", "stage_sql", "json_source",
            "delete_sql", "update_sql", "insert_sql", "fast_insert_sql", "check_work_mem", "bodies", "SOURCES",
-           "LEDGER_SQL", "LANDED_SQL", "SMALL_STAGE_ROWS", "BIG_DIFF_ROWS", "WRITES", "KEY_COLUMNS"]
+           "LEDGER_SQL", "LANDED_SQL", "SET_JOIN_SQL", "PROBE_JOIN_SQL", "SMALL_STAGE_ROWS", "BIG_DIFF_ROWS", "WRITES", "KEY_COLUMNS"]

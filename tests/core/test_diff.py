@@ -54,3 +54,35 @@ def test_a_diff_of_deletes_only_combines_to_its_deletes_without_null_ids():
     general = diff_module._normalise(TableDiff(deletes=deletes, inserts=pl.DataFrame(
         {"id": ["z"], "phase": ["p"]}, schema={"id": pl.String, "phase": pl.String})))  # an insert: the general netting
     assert general.deletes.equals(got.deletes)
+
+
+@st.composite
+def _scope_frames(draw):
+    """A shard diff's frame: one scope (most often) or a few, phases in runs or not, ids repeated or not."""
+    scopes = draw(st.sampled_from([["org\x1fa"], ["org\x1fa", "org\x1fb"], ["org\x1fb", "org\x1fa", "org\x1fc"]]))
+    frame = draw(_phase_frames())
+    paths = [draw(st.sampled_from(scopes)) for _ in range(frame.height)]
+    return frame.with_columns(pl.Series("scope_path", paths, dtype=pl.String))
+
+
+@settings(max_examples=80, deadline=None)
+@given(_scope_frames())
+def test_shard_row_order_is_the_stable_sort_by_scope_phase_and_id(frame):
+    saved, diff_module.SORT_ROWS = diff_module.SORT_ROWS, 0  # the run-by-run path even for small frames
+    try:
+        got = diff_module._by_scope_phase_and_id(frame)
+    finally:
+        diff_module.SORT_ROWS = saved
+    assert got.equals(diff_module._by_scope_phase_and_id_plain(frame))
+    assert got.equals(frame.sort("scope_path", "phase", "id", maintain_order=True))  # the rule, as Polars states it
+
+
+def test_shard_row_order_of_one_scope_on_an_example():
+    frame = pl.DataFrame({"scope_path": ["s"] * 5, "phase": ["tag_risk", "tag_risk", "decay", "decay", "decay"],
+                          "id": ["b", "a", "c", "a", "a"], "v": [1, 2, 3, 4, 5]})
+    saved, diff_module.SORT_ROWS = diff_module.SORT_ROWS, 0
+    try:
+        got = diff_module._by_scope_phase_and_id(frame)  # "decay" repeats id "a": the stable sort keeps 4 before 5
+    finally:
+        diff_module.SORT_ROWS = saved
+    assert got.get_column("v").to_list() == [4, 5, 3, 2, 1]

@@ -6,7 +6,8 @@ The reproductions: a night's co-occurrence edge and its pending-connection edge 
 deleted (plain SQL) between the snapshot and the apply; an approval of a held CLUSTERS insert whose
 member a later night pruned by its TTL; and the race itself — a live delete of the node that has not
 committed when the apply's insert probes it is waited for, and then wins (the insert is a conflict).
-Each runs with the rows inline (JSON parameters) and staged (temporary tables)."""
+Each runs with the rows inline (JSON parameters) and staged (temporary tables), the staged edges'
+nodes checked as one set (the fast path) and per row (its plain version)."""
 
 from __future__ import annotations
 
@@ -27,12 +28,17 @@ from tests.storeutil import edge, embed_labels, insert, node, scalar, used
 NOW = datetime(2026, 11, 20, 3, 0, tzinfo=UTC)
 
 
-@pytest.fixture(params=[2_000, 0], ids=["inline-json", "staging-tables"])
+@pytest.fixture(params=[(2_000, True), (0, True), (0, False)],
+                ids=["inline-json", "staging-tables", "staging-tables-per-row-probes"])
 def small_rows(request, monkeypatch):
+    """Rows inline (each edge's nodes probed per row), staged (the nodes the edges name locked as one set,
+    the fast path), and staged with the per-row probes (the plain version): each rule holds on all three."""
     import deep_sleep.run.apply
 
-    monkeypatch.setattr(deep_sleep.run.apply, "SMALL_STAGE_ROWS", request.param)
-    return request.param
+    rows, set_endpoints = request.param
+    monkeypatch.setattr(deep_sleep.run.apply, "SMALL_STAGE_ROWS", rows)
+    monkeypatch.setattr(deep_sleep.run.apply, "SET_ENDPOINTS", set_endpoints)
+    return rows
 
 
 def dangling(store, scope: Scope) -> int:
@@ -174,3 +180,80 @@ def test_approving_a_held_clusters_insert_after_a_later_night_pruned_its_member_
     assert scalar(store, "SELECT count(*) FROM memory_edges WHERE scope_path = %s AND target_id = %s", scope.path, part4) == 0
     assert dangling(store, scope) == 0
     assert scalar(store, "SELECT conflicts FROM consolidation_runs WHERE run_id = %s", d.approval_run_id) == d.conflicts
+
+
+def _landed(store, planned, scopes: list[str]) -> tuple[list, list]:
+    """Run a batch's statements in one transaction that is rolled back: (rows each write returned, the
+    ids of the scopes' edges after the writes)."""
+    from deep_sleep.run import apply as ap
+
+    with store.adbc() as con:
+        cur = con.cursor()
+        try:
+            counts = []
+            for s in planned.statements:
+                if s.is_write:
+                    cur.execute(s.sql, parameters=ap._bind(s.params)) if s.params else cur.execute(s.sql)
+                    counts += sorted(cur.fetch_arrow_table().to_pylist(), key=str)
+                elif s.step == "lock":
+                    cur.execute(s.sql, parameters=ap._bind(s.params))
+                    cur.fetch_arrow_table()
+                elif s.step != "ledger":
+                    ap._run(cur, s)
+            cur.execute("SELECT id::text AS id FROM memory_edges WHERE scope_path = ANY($1::text[]) ORDER BY 1",
+                        parameters=("{" + ",".join(f'"{p}"' for p in scopes) + "}",))
+            return counts, [r["id"] for r in cur.fetch_arrow_table().to_pylist()]
+        finally:
+            con.rollback()
+            cur.close()
+
+
+def test_the_set_of_locked_nodes_lands_exactly_the_edges_the_per_row_probes_land(store, scope):
+    """The fast path (a staged batch's edges checked against the nodes they name, locked as one set)
+    against its plain version (two probes per row) on one store: edges between live nodes of their own
+    scope, to a node deleted since, to a node that never was, to a node of another scope, a loop; two
+    scopes of two column signatures.  Both land exactly the edges whose two nodes are live nodes of the
+    edge's scope, with the same per-scope counts."""
+    import random
+
+    import polars as pl
+
+    from deep_sleep.core.diff import Diff, TableDiff
+    from deep_sleep.core.scope import Scope as S
+    from deep_sleep.run.statements import statements
+
+    rng = random.Random(7)
+    other = S.root("org", f"t{uuid.uuid4().hex[:10]}").child("brand", "b2")
+    third = S.root("org", scope.tenant_id).child("brand", "b3")
+    mine = {s.path: [node(s, f"n {i}", NOW - timedelta(hours=1)) for i in range(30)] for s in (scope, other, third)}
+    insert(store, "memory_nodes", [n for ns in mine.values() for n in ns])
+    gone = [n["id"] for n in mine[scope.path][:4]]
+    with store.pg() as con:
+        con.execute("DELETE FROM memory_nodes WHERE id = ANY(%s::uuid[])", (gone,))
+        con.commit()
+    rows, expected = [], set()
+    for s in (scope, third):
+        live = [n["id"] for n in mine[s.path] if n["id"] not in gone]
+        for i in range(120):
+            kind = rng.choice(["live", "live", "live", "gone", "never", "foreign", "loop"])
+            a = rng.choice(live)
+            b = {"live": rng.choice(live), "gone": rng.choice(gone), "never": str(uuid.uuid4()),
+                 "foreign": rng.choice(mine[other.path])["id"], "loop": a}[kind]
+            if rng.random() < 0.5:
+                a, b = b, a
+            row = {**edge(s, a, b, relation=f"R{i}"), "phase": "cooccurrence",
+                   "weight": 0.5 if s is scope else None}
+            rows.append(row)
+            if kind in ("live", "loop"):
+                expected.add(row["id"])
+    diff = Diff({"memory_edges": TableDiff(inserts=pl.DataFrame(rows, schema_overrides={"weight": pl.Float64}))})
+    run_ids = {scope.path: str(uuid.uuid4()), third.path: str(uuid.uuid4())}
+    got = {}
+    for set_endpoints in (True, False):
+        planned = statements(diff, run_ids, small_rows=0, set_endpoints=set_endpoints)
+        assert any("_ds_live_ends" in (s.sql or "") for s in planned.statements) is set_endpoints
+        got[set_endpoints] = _landed(store, planned, [scope.path, third.path])
+    assert got[True] == got[False]
+    counts, landed = got[True]
+    assert set(landed) == expected and len(expected) > 100
+    assert sum(r["n"] for r in counts) == len(expected) and {r["scope_path"] for r in counts} == set(run_ids)

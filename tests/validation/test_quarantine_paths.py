@@ -198,3 +198,33 @@ def test_the_tenant_of_rows_of_a_shard_of_one_is_the_replace_tables(paths):
     assert got.name == "scope_path" and got.dtype == pl.String
     assert got.to_list() == ["fast" if p == SCOPE else None for p in paths]
     assert got.equals(series.replace_strict([SCOPE], ["fast"], default=None, return_dtype=pl.String))
+
+
+# ---------------------------------------------------------------------------------------------
+# (scope, id) membership: the one-scope shortcut == the join == the plain struct is_in
+
+def test_pair_member_reads_the_scope_even_when_the_ids_match():
+    a, b = "org\x1fa", "org\x1fb"
+    among_s, among_i = pl.Series([a, a]), pl.Series(["x", "y"])
+    # one scope on both sides: the ids decide (the shortcut)
+    assert q._pair_member(pl.Series([a, a, a]), pl.Series(["x", "z", None]), among_s, among_i).to_list() == [True, False, False]
+    # an id of the right node under another scope, or under no scope, is no member
+    assert q._pair_member(pl.Series([a, b, None]), pl.Series(["x", "x", "y"]), among_s, among_i).to_list() == [True, False, False]
+    # the nodes of two scopes: the pair decides
+    assert q._pair_member(pl.Series([b, a]), pl.Series(["x", "x"]), pl.Series([a, b]), pl.Series(["y", "x"])).to_list() == [True, False]
+    assert q._pair_member(pl.Series([a]), pl.Series(["x"]), pl.Series([None], dtype=pl.String), pl.Series(["x"])).to_list() == [False]
+
+
+@FAST
+@given(st.data())
+def test_pair_member_agrees_with_the_plain_rule(data):
+    scopes = st.sampled_from(["org\x1fa", "org\x1fb", None]) if data.draw(st.booleans()) else st.just("org\x1fa")
+    ids = st.sampled_from(["x", "y", "z", None])
+    n, m = data.draw(st.integers(0, 30)), data.draw(st.integers(0, 30))
+    values_s = pl.Series([data.draw(scopes) for _ in range(n)], dtype=pl.String)
+    values_i = pl.Series([data.draw(ids) for _ in range(n)], dtype=pl.String)
+    among_s = pl.Series([data.draw(scopes) for _ in range(m)], dtype=pl.String)
+    among_i = pl.Series([data.draw(ids) for _ in range(m)], dtype=pl.String)
+    want = q._pair_member_plain(values_s, values_i, among_s, among_i).to_list()
+    for few in (False, True):
+        assert q._pair_member(values_s, values_i, among_s, among_i, few=few).to_list() == want
