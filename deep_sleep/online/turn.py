@@ -289,8 +289,8 @@ def record_turn(
     # Pipeline mode: BEGIN and the three reads go in one round trip, the writes and COMMIT in one more.
     with connection(store_or_conn) as conn, pipelined_transaction(conn):
         cur, found_cur, read_cur, model_cur = conn.cursor(), conn.cursor(), conn.cursor(), conn.cursor()
-        if not durable:
-            cur.execute("SET LOCAL synchronous_commit = off")
+        if not durable:  # a cursor of its own: in a pipeline, a cursor's result is its last statement's, not its first's
+            conn.execute("SET LOCAL synchronous_commit = off")
         model_cur.execute(STORE_MODEL_SQL, (tenant,))
         cur.execute(_TURN_SQL, (path, tenant, now))
         if upserts:
