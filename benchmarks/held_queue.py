@@ -29,6 +29,13 @@ from pathlib import Path
 NIGHTS = ("2026-12-02T03:00:00+00:00", "2026-12-03T03:00:00+00:00", "2026-12-04T03:00:00+00:00")
 SEED_NOW = "2026-12-02T02:00:00+00:00"
 
+#: edges whose endpoint is gone (issue 37 item 1: must stay 0 through nights and decisions)
+DANGLING_SQL = """
+SELECT count(*) FROM memory_edges e
+WHERE NOT EXISTS (SELECT 1 FROM memory_nodes n WHERE n.id = e.source_id)
+   OR NOT EXISTS (SELECT 1 FROM memory_nodes n WHERE n.id = e.target_id)
+"""
+
 CURRENT_SQL = """
 WITH held AS (
     SELECT r.run_id, r.scope_path, r.as_of, r.started_at, r.hold_status, p.phase, p.n::bigint AS n
@@ -81,7 +88,9 @@ def main() -> None:
         def ledger() -> dict:
             with psycopg.connect(dsn) as con:
                 row = con.execute(CURRENT_SQL).fetchone()
-            return dict(zip(("pending_runs", "pending_rows", "current_runs", "current_rows"), map(int, row), strict=True))
+                dangling = con.execute(DANGLING_SQL).fetchone()[0]
+            return {**dict(zip(("pending_runs", "pending_rows", "current_runs", "current_rows"), map(int, row), strict=True)),
+                    "dangling_edges": int(dangling)}
 
         def held() -> dict:
             shown = json.loads(ds(*base, "held", "--json", env=env))
