@@ -112,3 +112,13 @@ def used(scope: Scope, node_id: str, query: str, at: datetime) -> dict:
     return {"id": str(uuid.uuid4()), "scope_path": scope.path, "tenant_id": scope.tenant_id, "query": query,
             "node_id": node_id, "similarity": 0.9, "score": 0.8, "features": [0.0] * 12, "label": 1.0,
             "label_source": "explicit", "created_at": at}
+
+
+def word_of(n: int) -> str:
+    """A word of letters only, one per ``n`` (``kwa``, ``kwb``, …): a term no other turn or row holds."""
+    out = ""
+    while True:
+        n, d = divmod(n, 26)
+        out = chr(97 + d) + out
+        if not n:
+            return "kw" + out

@@ -12,8 +12,8 @@ from deep_sleep.cli import main
 from deep_sleep.jobs.ledger import get_run, run_config
 from deep_sleep.run import pipeline
 from deep_sleep.transforms.config import ConsolidationConfig
-from tests.run.test_holds_store import NOW, _clusters
-from tests.storeutil import edge, embed_labels, insert, node, scalar, used
+from tests.run.test_holds_store import NOW, _clusters, held_cluster_swap
+from tests.storeutil import insert, node, scalar
 
 
 def test_a_cli_approval_keeps_the_cap_of_the_run_it_approves(store, scope, runs_dir, capsys):
@@ -23,24 +23,7 @@ def test_a_cli_approval_keeps_the_cap_of_the_run_it_approves(store, scope, runs_
     4 — under the default cap (10) it landed; under the run's own cap (3) it is a conflict."""
     cap = 3
     assert ConsolidationConfig().meta_nodes.max_members > cap + 1
-    config = ConsolidationConfig(meta_nodes={"min_group": 2, "max_members": cap}, holds={"used_deletes": False})
-    members = [node(scope, f"project: part {i}", NOW - timedelta(hours=3), importance=8.0 - i * 0.5) for i in range(5)]
-    insert(store, "memory_nodes", members)
-    insert(store, "memory_edges", [edge(scope, a["id"], b["id"], at=NOW - timedelta(hours=3)) for a, b in zip(members, members[1:])])
-    phases = ("working_ttl", "meta_nodes")
-    pipeline.consolidate(store, scope, NOW, config, runs_dir=runs_dir, phases=phases)
-    top = {m["id"] for m in members[:cap]}
-    assert _clusters(store, "META:project", scope) == top
-
-    scratch = node(scope, "note: scratch billing retry", NOW + timedelta(hours=1), layer="working", properties={"ttl_hours": 1})
-    insert(store, "memory_nodes", [scratch])
-    with store.pg() as con:
-        con.execute("UPDATE memory_nodes SET importance = 9.5 WHERE id = %s", (members[4]["id"],))
-        con.commit()
-    embed_labels(store, scope)
-    insert(store, "recall_events", [used(scope, scratch["id"], "scratch billing retry", NOW + timedelta(hours=2))])
-    held = pipeline.consolidate(store, scope, NOW + timedelta(hours=3), config, runs_dir=runs_dir, phases=phases).report()
-    assert held.held["reasons"] == {"gate_failed": 2, "cluster_cap": 2}, held.held
+    config, members, _, _, held = held_cluster_swap(store, scope, runs_dir, cap=cap, chain=True)
     recorded = json.loads(_config_file(held.diff_uri).read_text())
     assert recorded["meta_nodes"]["max_members"] == cap and recorded == config.model_dump(mode="json")
     assert run_config(get_run(store, held.run_id)) == config

@@ -18,26 +18,17 @@ from deep_sleep.online.recall import recall
 from deep_sleep.online.turn import record_turn
 from deep_sleep.transforms.config import load_config
 from tests.online.helpers import NOW, rows
+from tests.storeutil import word_of
 
 TOPICS = ["volcano", "harbour", "violin", "glacier", "lantern", "orchard", "saffron", "compass", "meteor", "tundra",
           "falcon", "marble", "quartz", "ember", "walrus", "cactus", "nebula", "canyon", "pepper", "raven"]
 
 
-def _name(n: int) -> str:
-    """A word of letters only, one per turn (``kwa``, ``kwb``, …)."""
-    out = ""
-    while True:
-        n, d = divmod(n, 26)
-        out = chr(97 + d) + out
-        if not n:
-            return "kw" + out
-
-
 def _turns(store, scope, n: int = 130) -> list[str]:
-    """``n`` turns, each naming a topic, two places and a word of its own (:func:`_name`)."""
+    """``n`` turns, each naming a topic, two places and a word of its own (:func:`~tests.storeutil.word_of`)."""
     ids = []
     for i in range(n):
-        content = (f"{'Ada' if i % 2 else 'Bo'}: the {TOPICS[i % 20]} story {_name(i)}, "
+        content = (f"{'Ada' if i % 2 else 'Bo'}: the {TOPICS[i % 20]} story {word_of(i)}, "
                    f"told at the {TOPICS[(i * 7 + 3) % 20]}-{TOPICS[(i * 3 + 1) % 20]} meetup")
         ids += record_turn(store, scope, [{"op": "create_event", "content": content}],
                            now=NOW + timedelta(minutes=i), session_id=f"s{i // 25}", nap=False).ids("create_event")
@@ -58,7 +49,7 @@ def folded(store, scope, runs_dir):
 def test_a_summary_hit_quotes_the_matching_turn_with_its_event_id(store, scope, folded):
     ids, _ = folded
     content = rows(store, "SELECT content FROM episodic_folded WHERE id = %s", ids[7])[0][0]
-    hits = recall(store, scope, f"the {_name(7)} story told at the meetup", k=5, now=NOW + timedelta(days=2))
+    hits = recall(store, scope, f"the {word_of(7)} story told at the meetup", k=5, now=NOW + timedelta(days=2))
     summary = next(h for h in hits if h.kind == "summary")
     assert ids[7] in [ln.source_id for ln in summary.lines]
     line = next(ln for ln in summary.lines if ln.source_id == ids[7])
@@ -135,7 +126,7 @@ def test_undo_of_a_fold_brings_the_turns_back(store, scope, folded):
     assert rows(store, "SELECT count(*) FROM episodic_folded WHERE scope_path = %s", scope.path) == [(0,)]
     assert rows(store, "SELECT count(*) FROM memory_nodes WHERE scope_path = %s AND label = 'META:episodic_summary'",
                 scope.path) == [(0,)]
-    hits = recall(store, scope, f"the {_name(7)} story told at the meetup", k=5, now=NOW + timedelta(days=2))
+    hits = recall(store, scope, f"the {word_of(7)} story told at the meetup", k=5, now=NOW + timedelta(days=2))
     assert ids[7] in [h.node_id for h in hits]
 
 

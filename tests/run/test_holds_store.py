@@ -109,34 +109,48 @@ def _meta_text(store, scope) -> str:
                            (scope.path,)).fetchone()[0]
 
 
+def held_cluster_swap(store, scope, runs_dir, *, cap: int = 3, chain: bool = False, night_two=None):
+    """The held member swap of issue 31 why-item 8, as the tests that decide it start from: META:project
+    clusters its top ``cap`` of 5 members (``chain``: the members linked in a row, so they are no
+    orphans); the weakest is lifted above them all and a used scratch note expires, so the next night's
+    gate fails and holds the swap.  Returns (config, members, the first night's top, the scratch note,
+    the second night's report, or None when ``night_two`` is False)."""
+    config = ConsolidationConfig(meta_nodes={"min_group": 2, "max_members": cap}, holds={"used_deletes": False})
+    members = [node(scope, f"project: part {i}", NOW - timedelta(hours=3), importance=8.0 - i * 0.5) for i in range(5)]
+    insert(store, "memory_nodes", members)
+    if chain:
+        insert(store, "memory_edges", [edge(scope, a["id"], b["id"], at=NOW - timedelta(hours=3)) for a, b in zip(members, members[1:])])
+    phases = ("working_ttl", "meta_nodes")
+    first = pipeline.consolidate(store, scope, NOW, config, runs_dir=runs_dir, phases=phases).report()
+    assert first.status == "applied" and first.held == {}
+    top = {m["id"] for m in members[:cap]}
+    assert _clusters(store, "META:project", scope) == top
+    scratch = node(scope, "note: scratch billing retry", NOW + timedelta(hours=1), layer="working", properties={"ttl_hours": 1})
+    insert(store, "memory_nodes", [scratch])
+    with store.pg() as con:  # the weakest member rises above them all
+        con.execute("UPDATE memory_nodes SET importance = 9.5 WHERE id = %s", (members[4]["id"],))
+        con.commit()
+    embed_labels(store, scope)
+    insert(store, "recall_events", [used(scope, scratch["id"], "scratch billing retry", NOW + timedelta(hours=2))])
+    if night_two is False:
+        return config, members, top, scratch, None
+    second = pipeline.consolidate(store, scope, NOW + timedelta(hours=3), config, runs_dir=runs_dir, phases=phases).report()
+    # scratch + a CLUSTERS edge; the insert and the META node's refreshed text (it names the new member)
+    assert second.held["reasons"] == {"gate_failed": 2, "cluster_cap": 2}, second.held
+    return config, members, top, scratch, second
+
+
 def test_a_failed_gate_keeps_a_meta_node_within_its_cap_in_the_applied_part(store, scope, runs_dir):
     """Issue 31 why-item 8: META:project clusters its top 3 of 5 members; a live write lifts a
     non-member into the top, so the next night drops the weakest member's CLUSTERS edge and adds the
     new one's — but its gate fails (a used scratch note expires), which holds every delete, the
     CLUSTERS edge's too; the replacement insert must wait with it (cluster_cap).  The store is read
     back: the META node never has more than 3 CLUSTERS edges, tonight or after the approval."""
-    cap = 3
-    config = ConsolidationConfig(meta_nodes={"min_group": 2, "max_members": cap}, holds={"used_deletes": False})
-    members = [node(scope, f"project: part {i}", NOW - timedelta(hours=3), importance=8.0 - i * 0.5) for i in range(5)]
-    insert(store, "memory_nodes", members)
-    insert(store, "memory_edges", [edge(scope, a["id"], b["id"], at=NOW - timedelta(hours=3)) for a, b in zip(members, members[1:])])
-    phases = ("working_ttl", "meta_nodes")
-    first = pipeline.consolidate(store, scope, NOW, config, runs_dir=runs_dir, phases=phases).report()
-    assert first.status == "applied" and first.held == {}
-    top = {m["id"] for m in members[:cap]}
-    assert _clusters(store, "META:project", scope) == top
-
-    lifted = members[4]["id"]  # the weakest member rises above them all
-    scratch = node(scope, "note: scratch billing retry", NOW + timedelta(hours=1), layer="working", properties={"ttl_hours": 1})
-    insert(store, "memory_nodes", [scratch])
-    with store.pg() as con:
-        con.execute("UPDATE memory_nodes SET importance = 9.5 WHERE id = %s", (lifted,))
-        con.commit()
-    embed_labels(store, scope)
-    insert(store, "recall_events", [used(scope, scratch["id"], "scratch billing retry", NOW + timedelta(hours=2))])
-
+    config, members, top, scratch, _ = held_cluster_swap(store, scope, runs_dir, chain=True, night_two=False)
+    cap, lifted = 3, members[4]["id"]
     text_before = _meta_text(store, scope)
-    second = pipeline.consolidate(store, scope, NOW + timedelta(hours=3), config, runs_dir=runs_dir, phases=phases).report()
+    second = pipeline.consolidate(store, scope, NOW + timedelta(hours=3), config, runs_dir=runs_dir,
+                                  phases=("working_ttl", "meta_nodes")).report()
     assert second.status == "applied", second.errors
     assert second.gate["failed"] is True, second.gate
     # scratch + a CLUSTERS edge; the insert and the META node's refreshed text (it names the new member)
@@ -157,22 +171,7 @@ def test_a_failed_gate_keeps_a_meta_node_within_its_cap_in_the_applied_part(stor
 
 def test_rejecting_the_held_cluster_change_keeps_the_old_members(store, scope, runs_dir):
     """The same night rejected: the META node keeps its old top members, within the cap."""
-    cap = 3
-    config = ConsolidationConfig(meta_nodes={"min_group": 2, "max_members": cap}, holds={"used_deletes": False})
-    members = [node(scope, f"project: part {i}", NOW - timedelta(hours=3), importance=8.0 - i * 0.5) for i in range(5)]
-    insert(store, "memory_nodes", members)
-    phases = ("working_ttl", "meta_nodes")
-    pipeline.consolidate(store, scope, NOW, config, runs_dir=runs_dir, phases=phases)
-    top = {m["id"] for m in members[:cap]}
-    scratch = node(scope, "note: scratch billing retry", NOW + timedelta(hours=1), layer="working", properties={"ttl_hours": 1})
-    insert(store, "memory_nodes", [scratch])
-    with store.pg() as con:
-        con.execute("UPDATE memory_nodes SET importance = 9.5 WHERE id = %s", (members[4]["id"],))
-        con.commit()
-    embed_labels(store, scope)
-    insert(store, "recall_events", [used(scope, scratch["id"], "scratch billing retry", NOW + timedelta(hours=2))])
-    second = pipeline.consolidate(store, scope, NOW + timedelta(hours=3), config, runs_dir=runs_dir, phases=phases).report()
-    assert second.held["reasons"] == {"gate_failed": 2, "cluster_cap": 2}, second.held  # + the META node's text
+    _, _, top, _, second = held_cluster_swap(store, scope, runs_dir)
     reject(store, second.run_id)
     assert _clusters(store, "META:project", scope) == top
 

@@ -17,6 +17,7 @@ from deep_sleep.run.gate import recall_gate
 from deep_sleep.run.probes import probe_gate
 from deep_sleep.run.transform import as_shard_diff, transform
 from deep_sleep.transforms.config import load_config
+from tests.storeutil import word_of
 
 AS_OF = datetime(2026, 11, 30, 3, 0, tzinfo=UTC)
 SCOPE = Scope.root("org", "probes").child("agent", "a1")
@@ -28,21 +29,11 @@ def _id(n: int) -> str:
     return f"00000000-0000-4000-8000-{n:012d}"
 
 
-def _name(n: int) -> str:
-    """A word of letters only, one per event (``kwa``, ``kwb``, …)."""
-    out = ""
-    while True:
-        n, d = divmod(n, 26)
-        out = chr(97 + d) + out
-        if not n:
-            return "kw" + out
-
-
 def _event(n: int) -> dict:
     at = AS_OF - timedelta(days=40) + timedelta(minutes=n)
     topic = TOPICS[n % len(TOPICS)]
     return {"id": _id(n), "scope_path": SCOPE.path, "tenant_id": SCOPE.tenant_id, "session_id": f"s{n // 20}",
-            "content": f"Ada: we talked about the {topic} {_name(n)} and the plan {n * 7} for it",
+            "content": f"Ada: we talked about the {topic} {word_of(n)} and the plan {n * 7} for it",
             "metadata": "{}", "created_at": at, "version": 1}
 
 
@@ -81,7 +72,7 @@ def test_a_night_that_folds_turns_is_measured_and_passes():
 def test_pruning_a_fact_or_two_of_many_passes_and_pruning_most_fails():
     """The verdict weighs the loss against the scope's memory: 2 weak facts pruned of 30 rows is a
     6.7 pp loss (passes at 10); 20 of 30 is 66.7 pp (fails)."""
-    strong = [_node(100 + n, f"{TOPICS[n % 20]} {TOPICS[(n + 7) % 20]} plan {_name(n)}", importance=9.0) for n in range(28)]
+    strong = [_node(100 + n, f"{TOPICS[n % 20]} {TOPICS[(n + 7) % 20]} plan {word_of(n)}", importance=9.0) for n in range(28)]
     weak = [_node(n, f"{TOPICS[n]} fact about the {TOPICS[(n + 3) % 20]} trip", importance=2.0) for n in range(2)]
     shard, diff, config = _night(_snapshot([], strong + weak), ["prune_orphans"])
     few = probe_gate(shard, diff, config)[SCOPE.path]
