@@ -20,7 +20,10 @@ import contextlib
 import logging
 import os
 import re
+import subprocess
+import sys
 import threading
+import time
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -105,6 +108,58 @@ def clear_stale_pid_files(data_dir: Path) -> list[Path]:
     return removed
 
 
+#: How long a command waits for an embedded server that is still starting — replaying its WAL after an
+#: unclean shutdown (a killed process, a machine restart) takes as long as the WAL is, minutes on a store
+#: of millions of rows — before it gives up (``$DEEP_SLEEP_START_TIMEOUT``, seconds).
+START_TIMEOUT_S = 900.0
+
+
+def _start_timeout() -> float:
+    raw = os.environ.get("DEEP_SLEEP_START_TIMEOUT", "").strip()
+    try:
+        value = float(raw) if raw else START_TIMEOUT_S
+    except ValueError:
+        raise StoreError(f"DEEP_SLEEP_START_TIMEOUT must be a number of seconds, got {raw!r}") from None
+    if not 0 <= value < float("inf"):
+        raise StoreError(f"DEEP_SLEEP_START_TIMEOUT must be a finite number of seconds >= 0, got {raw!r}")
+    return value
+
+
+def postmaster_status(data_dir: Path) -> str | None:
+    """The status line of ``data_dir``'s ``postmaster.pid`` (``starting``, ``ready``, ``stopping``) while
+    the PostgreSQL it names runs; None when none does."""
+    try:
+        lines = (data_dir / "postmaster.pid").read_text().split("\n")
+    except OSError:
+        return None
+    first = lines[0].strip()
+    if not first.lstrip("-").isdigit() or not _postgres_alive(abs(int(first))):
+        return None
+    return lines[7].strip() if len(lines) > 7 else ""
+
+
+def wait_until_ready(data_dir: Path, timeout: float, poll: float = 1.0) -> bool:
+    """Wait while the server of ``data_dir`` is starting; whether it is ready.  The wheel's ``pg_ctl start``
+    gives a server 10 s, but the postmaster it launched goes on after pg_ctl is stopped: after an unclean
+    shutdown it replays its WAL first (``postmaster.pid``'s status line says ``starting``).  So: ready as
+    soon as the status says so; not ready when no PostgreSQL runs under that pid file (gone, crashed,
+    stopping) or ``timeout`` seconds pass.  Says once, on stderr, that it waits and why."""
+    deadline = time.monotonic() + timeout
+    said = False
+    while True:
+        status = postmaster_status(data_dir)
+        if status == "ready":
+            return True
+        if status != "starting" or time.monotonic() >= deadline:
+            return False
+        if not said:
+            print(f"deep-sleep: the embedded PostgreSQL in {data_dir} is still starting (recovering after an unclean "
+                  f"shutdown: its log is {data_dir / 'log'}); waiting up to {timeout:.0f} s "
+                  "(DEEP_SLEEP_START_TIMEOUT)", file=sys.stderr, flush=True)
+            said = True
+        time.sleep(poll)
+
+
 def embedded_dsn(data_dir: str | os.PathLike | None = None, database: str | None = None, keep: bool | None = None) -> str:
     """Start (or reuse) the embedded server and return a DSN for ``database`` (created if missing;
     default ``$DEEP_SLEEP_DATABASE``, else ``deep_sleep``).  The server stops when the last process
@@ -127,12 +182,21 @@ def embedded_dsn(data_dir: str | os.PathLike | None = None, database: str | None
                     server.ensure_pgdata_inited()
                     clear_stale_pid_files(data_dir)
                 configure_embedded(data_dir)
-                server.start()
+                try:
+                    server.start()
+                except subprocess.TimeoutExpired:  # pg_ctl's 10 s: a server replaying its WAL is still starting
+                    if not wait_until_ready(data_dir, _start_timeout()):
+                        raise
+                    server.start()  # finds the server running now
                 _servers[key] = server
             except Exception as exc:
+                if postmaster_status(data_dir) == "starting":
+                    hint = "the server is still starting: run the command again later, or set DEEP_SLEEP_START_TIMEOUT higher"
+                else:
+                    hint = ("if the directory holds nothing you need, remove it to start afresh; "
+                            "or set DEEP_SLEEP_DSN to use another server")
                 raise StoreError(
-                    f"could not start the embedded PostgreSQL in {data_dir}: {exc}. "
-                    "Remove the directory to start afresh, or set DEEP_SLEEP_DSN to use another server."
+                    f"could not start the embedded PostgreSQL in {data_dir}: {exc}. Its log: {data_dir / 'log'}; {hint}."
                 ) from exc
     base = _servers[key].get_uri()  # type: ignore[attr-defined]
     ensure_database(base, database)
