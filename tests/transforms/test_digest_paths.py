@@ -1,5 +1,5 @@
 """Phase 10's digest has two paths: the Polars pass over every batch of a shard and, for a few batches
-of ASCII text (the quick nap's), the same rules in plain Python (:mod:`deep_sleep.transforms._digest`).
+of ASCII text (the quick nap's), the same rules in plain Python (:func:`deep_sleep.transforms.episodic_summary.plain_digests`).
 
 Both give the golden cases' expected rows; both give the same frame on random batches made to meet
 every rule (speakers in the text and in the metadata, names, numbers, repeated and long turns, Rust's
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from deep_sleep.transforms import _digest
+from deep_sleep.transforms import episodic_summary
 from deep_sleep.transforms.config import load_config
 from deep_sleep.transforms.episodic_summary import IDF_SCALE, EpisodicSummaryConfig, _digests
 from hypothesis import given, settings
@@ -45,7 +45,7 @@ def _chosen(batches: list[tuple[str, list[tuple[str | None, str | None]]]], spac
 def _both(chosen: pl.DataFrame, config: EpisodicSummaryConfig) -> tuple[pl.DataFrame, pl.DataFrame]:
     key = ["scope_path", "_batch"]
     polars = _digests(chosen, config, plain=False).sort(key)
-    plain = _digest.plain_digests(chosen, config.max_chars, config.max_keywords)
+    plain = episodic_summary.plain_digests(chosen, config.max_chars, config.max_keywords)
     assert plain is not None
     return polars, plain.sort(key)
 
@@ -55,8 +55,8 @@ def _both(chosen: pl.DataFrame, config: EpisodicSummaryConfig) -> tuple[pl.DataF
 def test_both_paths_give_the_golden_rows(path: Path, plain: bool, monkeypatch):
     case = json.loads(path.read_text())
     taken = []
-    real = _digest.plain_digests
-    monkeypatch.setattr(_digest, "plain_digests", lambda *a: taken.append(1) or (real(*a) if plain else None))
+    real = episodic_summary.plain_digests
+    monkeypatch.setattr(episodic_summary, "plain_digests", lambda *a: taken.append(1) or (real(*a) if plain else None))
     snap = Snapshot(scope_path=SCOPE, taken_at=utc(case["as_of"]), previous_run_as_of=None,
                     frames={t: _frame(t, rows) for t, rows in case["input"].items()})
     result = transform(snap, load_config(overrides=case.get("config")), utc(case["as_of"]), phases=["episodic_summary"], embed=False)
@@ -112,9 +112,9 @@ def test_the_plain_path_is_the_polars_pass(batch, max_chars, max_keywords, spaci
 
 
 def test_the_plain_paths_weights_are_the_polars_passs():
-    """Every ``ln((n + 1) / df)`` the plain path can meet (n ≤ MAX_ROWS turns), in the fixed point both sum."""
-    pairs = pl.DataFrame({"n": [n for n in range(1, _digest.MAX_ROWS + 1) for _ in range(n)],
-                          "df": [df for n in range(1, _digest.MAX_ROWS + 1) for df in range(1, n + 1)]},
+    """Every ``ln((n + 1) / df)`` the plain path can meet (n ≤ PLAIN_MAX_ROWS turns), in the fixed point both sum."""
+    pairs = pl.DataFrame({"n": [n for n in range(1, episodic_summary.PLAIN_MAX_ROWS + 1) for _ in range(n)],
+                          "df": [df for n in range(1, episodic_summary.PLAIN_MAX_ROWS + 1) for df in range(1, n + 1)]},
                          schema={"n": pl.UInt32, "df": pl.UInt32})
     q = pairs.select((((pl.col("n") + 1) / pl.col("df")).log() * IDF_SCALE).floor().cast(pl.Int64)).to_series().to_list()
     assert q == [math.floor(math.log((n + 1) / df) * IDF_SCALE) for n, df in pairs.iter_rows()]
@@ -132,13 +132,13 @@ def test_the_plain_paths_weights_are_the_polars_passs():
 ])
 def test_the_plain_path_declines_what_it_does_not_decide(turn):
     chosen = _chosen([("org\x1fa", [("Ada: fine", None), turn])])
-    assert _digest.plain_digests(chosen, 1000, 1000) is None
+    assert episodic_summary.plain_digests(chosen, 1000, 1000) is None
     assert _digests(chosen, EpisodicSummaryConfig()).height == 1  # the Polars pass answers
 
 
 def test_a_shards_many_batches_take_the_polars_pass():
-    chosen = _chosen([("org\x1fa", [("hello", None)] * 50)] * (_digest.MAX_ROWS // 50 + 1))
-    assert chosen.height > _digest.MAX_ROWS and _digest.plain_digests(chosen, 1000, 1000) is None
+    chosen = _chosen([("org\x1fa", [("hello", None)] * 50)] * (episodic_summary.PLAIN_MAX_ROWS // 50 + 1))
+    assert chosen.height > episodic_summary.PLAIN_MAX_ROWS and episodic_summary.plain_digests(chosen, 1000, 1000) is None
 
 
 @pytest.mark.parametrize("plain", [True, False], ids=["plain", "polars"])
