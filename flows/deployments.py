@@ -8,6 +8,9 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
+from pathlib import Path
 from typing import Any
 
 
@@ -33,8 +36,25 @@ def deployments(cron: str = "0 3 * * *", dsn: str | None = None, runs_dir: str |
     ]
 
 
+def own_runner_storage() -> Path:
+    """Make Prefect's runner keep its storage in a temporary directory of this user's and return it.  The
+    runner puts it under ``<tmp>/runner_storage``, shared by every user of the machine: once one user's
+    runner has made it, another's ``serve`` fails with "Permission denied".  When that directory cannot
+    be written, this process's temporary directory becomes ``<tmp>/deep-sleep-<uid>`` (0700)."""
+    base = Path(tempfile.gettempdir())
+    shared = base / "runner_storage"
+    if not shared.exists() or os.access(shared, os.W_OK | os.X_OK):
+        return shared
+    own = base / f"deep-sleep-{os.getuid()}"
+    own.mkdir(mode=0o700, exist_ok=True)
+    tempfile.tempdir = str(own)
+    return own / "runner_storage"
+
+
 def serve(cron: str = "0 3 * * *", dsn: str | None = None, runs_dir: str | None = None) -> None:
     """Register the deployments with the Prefect server (PREFECT_API_URL) and run their flow runs here."""
     from prefect import serve as prefect_serve
+
+    own_runner_storage()
 
     prefect_serve(*deployments(cron, dsn, runs_dir), limit=4)

@@ -96,3 +96,40 @@ def test_served_deployments_run_through_a_real_prefect_server(store, scope, tmp_
         if served is not None:
             _stop(served)
         _stop(server)
+
+
+# -- Prefect's runner storage is shared by every user of <tmp>: serve takes its own when it must --------------
+
+def test_the_runner_storage_stays_where_prefect_puts_it_when_this_user_may_write_there(tmp_path, monkeypatch):
+    import tempfile
+
+    from deep_sleep.flows.deployments import own_runner_storage
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    assert own_runner_storage() == tmp_path / "runner_storage"  # not there yet: Prefect makes it
+    (tmp_path / "runner_storage").mkdir()
+    assert own_runner_storage() == tmp_path / "runner_storage" and tempfile.gettempdir() == str(tmp_path)
+
+
+def test_a_runner_storage_of_another_user_sends_serve_to_a_temporary_directory_of_its_own(tmp_path):
+    """As another user would meet it: <tmp>/runner_storage not writable (made by root, mode 0755 — here
+    0555, and the child runs without root's power to write anywhere: tests/core/test_config.py)."""
+    from tests.core.test_config import _as_unprivileged
+
+    base = tmp_path / "tmp"
+    base.mkdir()
+    base.chmod(0o777)
+    (base / "runner_storage").mkdir(mode=0o555)
+    (base / "runner_storage").chmod(0o555)
+    code = ("import os, tempfile\n"
+            "from deep_sleep.flows.deployments import own_runner_storage\n"
+            "got = own_runner_storage()\n"
+            "got.mkdir(parents=True, exist_ok=True)\n"  # what Prefect's runner then does
+            "print(os.getuid(), got, tempfile.gettempdir(), oct(os.stat(got.parent).st_mode & 0o777))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path.cwd(),
+                          env={**os.environ, "TMPDIR": str(base), "PYTHONPATH": str(Path.cwd())}, timeout=120,
+                          **_as_unprivileged())
+    assert done.returncode == 0, done.stderr[-2000:]
+    uid, got, tmp, mode = done.stdout.split()
+    own = base / f"deep-sleep-{uid}"
+    assert (got, tmp, mode) == (str(own / "runner_storage"), str(own), "0o700")
