@@ -84,11 +84,9 @@ def _uses_hnsw(con: psycopg.Connection, scope, query: str) -> bool | None:
     the statement (recall's parameters changed): the timings measured before it are kept."""
     from deep_sleep.core.embedding import default_embedder
     from deep_sleep.online.pg import vector_text
-    from deep_sleep.online.recall import candidates_sql
+    from deep_sleep.online.recall import candidate_params, candidates_sql
 
-    q = vector_text(default_embedder().embed([query])[0])
-    params = {"q": q, "paths": scope.ancestor_paths(), "tenant": scope.tenant_id, "n_seed": 20, "n_top": 5, "fan": 8,
-              "deg": 100, "per_passage": 8, "per_passage_vector": 4, "big_scope": 4000, "word_cap": 500, "event_window": 1000}
+    params = candidate_params(scope, [], vector_text(default_embedder().embed([query])[0]), 5)
     try:
         with con.transaction():
             con.execute("SELECT set_config('hnsw.iterative_scan', 'relaxed_order', true), set_config('hnsw.ef_search', '40', true)")

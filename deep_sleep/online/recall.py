@@ -34,7 +34,7 @@ from deep_sleep.online.pg import MAX_K, checked_embedder, connection, pipelined_
 from deep_sleep.store.db import Store
 from deep_sleep.transforms.label_recalls import WORD_RE, query_words
 
-__all__ = ["Hit", "Line", "candidates_sql", "cut_around", "feedback", "recall", "within_budget"]
+__all__ = ["Hit", "Line", "candidate_params", "candidates_sql", "cut_around", "feedback", "recall", "within_budget"]
 
 #: An event candidate's text is cut here for the features and the hit (a turn's content is short; an
 #: event may hold 16,000 characters).
@@ -56,6 +56,10 @@ BIG_SCOPE = 4000
 EVENT_WINDOW = 1000
 BIG_SCOPE_WORDS = 8
 WORD_CAP = 100
+#: The members a cluster's passage quotes: its best match only.  Its members are nodes recall ranks on
+#: their own; a cluster quoting every member that shares a word (~500 characters) spent a reader's
+#: budget on facts ranked below it (benchmarks/README.md, 2026-12-06 11:10).
+CLUSTER_LINES = 1
 #: The words of a query that word matching uses (the first ones): a live turn's text may be long, and
 #: each word costs a test per matching row.
 MAX_WORDS = 24
@@ -187,8 +191,13 @@ scored AS MATERIALIZED (
     SELECT m.t, m.id, ({" + ".join(f"CASE WHEN m.h{i} THEN i.i{i} ELSE 0 END" for i in ws)})::float8 AS lex
     FROM matched m, idf i
 ),"""
-    lex_nodes = ("""
-lexn AS (SELECT id, lex FROM scored WHERE t = 'n' ORDER BY lex DESC, id LIMIT %(n_seed)s),""" if words
+    lex_nodes = (f"""
+lexn AS (  -- a summary's word key holds all its turns' words: summaries take their own n_seed, not the other nodes'
+    (SELECT s.id, s.lex FROM scored s JOIN memory_nodes n ON n.id = s.id WHERE s.t = 'n' AND n.label <> '{SUMMARY_LABEL}'
+     ORDER BY s.lex DESC, s.id LIMIT %(n_seed)s)
+    UNION ALL
+    (SELECT s.id, s.lex FROM scored s JOIN memory_nodes n ON n.id = s.id WHERE s.t = 'n' AND n.label = '{SUMMARY_LABEL}'
+     ORDER BY s.lex DESC, s.id LIMIT %(n_seed)s)),""" if words
                  else "lexn AS (SELECT NULL::uuid AS id, 0::float8 AS lex WHERE false),")
     event_ctes = ""
     event_rows = ""
@@ -275,6 +284,18 @@ FROM clus JOIN memory_edges ce ON ce.source_id = clus.id AND ce.relation = 'CLUS
 JOIN memory_nodes m ON m.id = ce.target_id AND m.scope_path = ce.scope_path WHERE {m}"""
 
 
+def candidate_params(scope: Scope, words: Sequence[str], qvec: str | None, k: int) -> dict[str, Any]:
+    """The parameters of :func:`candidates_sql` for ``scope``, the query's ``words``
+    (:func:`_lexical_words`) and its vector (pgvector's text, None for none), ``k`` hits."""
+    legacy = scope.levels[0][0] == "tenant"
+    return {
+        **{f"w{i}": w for i, w in enumerate(words)}, "df_cap": DF_CAP, "big_scope": BIG_SCOPE, "word_cap": WORD_CAP,
+        "event_window": EVENT_WINDOW, "q": qvec, "paths": scope.ancestor_paths(), "tenant": scope.tenant_id,
+        "sq": _scope_query(scope, legacy), "n_seed": n_seeds(k), "n_top": k, "fan": FAN_OUT, "deg": reranker.DEGREE_LIMIT,
+        "per_passage": LINES_PER_PASSAGE, "per_passage_vector": LINES_PER_PASSAGE // 2,
+    }
+
+
 _TOKEN = re.compile(r"[^\W_]+")
 
 
@@ -308,8 +329,8 @@ def recall(
     **The contract** (SPEC §5 as amended 2026-12-06): a hit's :attr:`Hit.text` is a passage a caller can
     hand to a model and :attr:`Hit.chars` its length — a node's label or an event's content, cut around
     the query's words at ``recall.max_passage_chars``; a summary's gist (the dates its turns span) and
-    the folded turns that best match the query, one a line; a cluster's label and member count and the
-    members sharing the query's words — each quoted line in :attr:`Hit.lines` with the id it came from.
+    the folded turns that best match the query, one a line; a cluster's label and member count and its
+    member that best matches the query (:data:`CLUSTER_LINES`) — each quoted line in :attr:`Hit.lines` with the id it came from.
     Hits come in rank order until their passages hold ``budget_chars`` characters (default
     ``recall.budget_chars``): the one that does not fit whole is cut to what is left (unless fewer than
     :data:`MIN_PASSAGE_CHARS` are), none after it is returned, and the budget is never exceeded.  A
@@ -320,8 +341,10 @@ def recall(
     Candidates (:func:`candidates_sql`), ``n = max(k, 10)`` of each order
     (:func:`~deep_sleep.core.rank.n_seeds`): the ``n`` nearest nodes by cosine distance (HNSW, iterative
     scan so a small scope among many still fills its quota) and, with ``recall.events``, the ``n``
-    nearest episodic events; with ``recall.lexical`` the ``n`` nodes and ``n`` events whose words score
-    best (the sum of the inverse document frequencies of the query words they hold); and one hop of
+    nearest episodic events; with ``recall.lexical`` the ``n`` nodes, ``n`` summaries and ``n`` events whose
+    words score best (the sum of the inverse document frequencies of the query words they hold: a
+    summary's word key holds every folded turn's words, so summaries have their own ``n`` rather than
+    crowding the facts out of the nodes'); and one hop of
     spreading activation from the ``k`` nearest nodes.
 
     Base score: with ``recall.lexical``, reciprocal-rank fusion of the two orders, ``1 / (fusion_k +
@@ -373,13 +396,7 @@ def recall(
         cur, model_cur, settings_cur = conn.cursor(), conn.cursor(), conn.cursor()
         settings_cur.execute(_SETTINGS_SQL, (str(max(40, n_seed)),))
         model_cur.execute(_MODEL_SQL, (scope.path, scope.tenant_id))
-        cur.execute(candidates_sql(legacy, len(wq), settings.events), {
-            **{f"w{i}": w for i, w in enumerate(wq)}, "df_cap": DF_CAP, "big_scope": BIG_SCOPE, "word_cap": WORD_CAP,
-            "event_window": EVENT_WINDOW,
-            "q": qvec, "paths": scope.ancestor_paths(), "tenant": scope.tenant_id,
-            "sq": _scope_query(scope, legacy), "n_seed": n_seed, "n_top": k, "fan": FAN_OUT, "deg": reranker.DEGREE_LIMIT,
-            "per_passage": LINES_PER_PASSAGE, "per_passage_vector": LINES_PER_PASSAGE // 2,
-        })
+        cur.execute(candidates_sql(legacy, len(wq), settings.events), candidate_params(scope, wq, qvec, k))
         rows = cur.fetchall()
         weights, bias = reranker.model(model_cur.fetchone())
         if not rows:
@@ -523,8 +540,8 @@ def cut_around(text: str, words: list[str], limit: int) -> str:
 
 def _lines(kind: str, rows: Sequence[tuple], words: list[str], room: int) -> list[Line]:
     """The source lines a passage quotes in ``room`` characters: a summary's folded turns in the order
-    given (:func:`_with_turns`: best first); a cluster's members holding the most query words (then
-    the heavier edge, then id) — those holding one, or the first when none does.  Lines are taken
+    given (:func:`_with_turns`: best first); a cluster's :data:`CLUSTER_LINES` members holding the most
+    query words (then the heavier edge, then id).  Lines are taken
     while they fit; the first always, cut around the query's words when it alone does not fit."""
     if kind == "summary":
         chosen = list(rows)
@@ -532,7 +549,7 @@ def _lines(kind: str, rows: Sequence[tuple], words: list[str], room: int) -> lis
         ws = set(words)
         overlap = {r[1]: len(ws & set(WORD_RE.findall(r[4].lower()))) for r in rows}
         ordered = sorted(rows, key=lambda r: (-overlap[r[1]], -(r[11] or 0.0), r[1]))
-        chosen = [r for r in ordered if overlap[r[1]]] or ordered[:1]
+        chosen = ([r for r in ordered if overlap[r[1]]] or ordered)[:CLUSTER_LINES]
     out: list[Line] = []
     left = room
     for r in chosen:

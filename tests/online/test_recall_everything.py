@@ -176,3 +176,54 @@ def test_the_embedder_is_named_by_the_configuration(store, scope):
     receipt = record_turn(store, scope, [{"op": "upsert_node", "label": "x topic"}], now=NOW, config=MIRRORED_CONFIG,
                           nap=False)
     assert scalar(store, "SELECT embedding_model FROM memory_nodes WHERE id = %s", receipt.ids()[0]) == MIRRORED.name
+
+
+def _meta_node(store, scope, label: str, props: dict) -> str:
+    """A META node as a night writes it (its word key from the trigger), with no vector: found by words only."""
+    import json
+    import uuid
+
+    nid = str(uuid.uuid4())
+    with store.pg() as con:
+        con.execute("INSERT INTO memory_nodes (id, scope_path, tenant_id, label, properties, created_at, updated_at)"
+                    " VALUES (%s, %s, %s, %s, %s, %s, %s)", (nid, scope.path, scope.tenant_id, label, json.dumps(props), NOW, NOW))
+    return nid
+
+
+def test_summaries_take_word_seats_of_their_own_and_leave_the_facts_theirs(store, scope):
+    """Golden (SPEC §5): a summary's word key holds every folded turn's words, so it out-scores a fact
+    holding one of the query's words; twelve such summaries took all ten of the nodes' word seats and
+    the fact was no candidate.  Summaries have ``n_seed`` seats of their own: the fact is one of the
+    nodes' ten, and ten of the twelve summaries theirs."""
+    from deep_sleep.online.recall import _lexical_words, candidate_params, candidates_sql
+
+    fact = record_turn(store, scope, [{"op": "upsert_node", "label": "a zebra grazes"}], now=NOW, nap=False).ids()[0]
+    summaries = {_meta_node(store, scope, "META:episodic_summary",
+                            {"summary": f"digest {i}", "keywords": "zebra quill savanna"}) for i in range(12)}
+    words = _lexical_words("zebra quill savanna")
+    with store.pg() as con:  # the word match alone (no query vector)
+        cands = con.execute(candidates_sql(False, len(words), True), candidate_params(scope, words, None, 5)).fetchall()
+    nodes = {r[1]: r[9] for r in cands if r[0] == "node"}
+    assert nodes[fact] > 0
+    assert len(summaries & set(nodes)) == 10 and min(nodes[s] for s in summaries & set(nodes)) > nodes[fact]
+
+
+def test_a_cluster_hit_quotes_its_best_matching_member(store, scope):
+    """Golden (SPEC §5): a cluster's passage is its label and member count and the one member sharing
+    the most of the query's words, with that member's id; its other members are nodes recall ranks on
+    their own, and all of them are its ``source_ids``."""
+    import uuid
+
+    labels = ["Quill the zebra races at dawn", "a zebra eats grass", "zebra stripes are unique"]
+    members = [record_turn(store, scope, [{"op": "upsert_node", "label": x}], now=NOW, nap=False).ids()[0] for x in labels]
+    cluster = _meta_node(store, scope, "META:zebra", {"member_count": 3})
+    with store.pg() as con:
+        for m in members:
+            con.execute("INSERT INTO memory_edges (id, scope_path, tenant_id, source_id, target_id, relation)"
+                        " VALUES (%s, %s, %s, %s, %s, 'CLUSTERS')", (str(uuid.uuid4()), scope.path, scope.tenant_id, cluster, m))
+    hits = recall(store, scope, "zebra Quill dawn", k=5, now=NOW, config=load_config(overrides={"recall": {"events": False}}))
+    hit = next(h for h in hits if h.kind == "cluster")
+    assert hit.node_id == cluster
+    assert [(ln.source_id, ln.text) for ln in hit.lines] == [(members[0], labels[0])]
+    assert hit.text == f"META:zebra (3 members)\n{labels[0]}"
+    assert set(hit.source_ids) == set(members)
