@@ -161,9 +161,11 @@ def candidates_sql(legacy: bool, words: int = 0, events: bool = True) -> str:
     UNION ALL
     SELECT 'e', v.id, {has("v")} FROM episodic_events v, q
     WHERE NOT (SELECT is_big FROM big) AND v.search @@ (%(sq)s::tsquery && q.qany) AND {v}""" if events else "")
+        # a node row is 'n', a summary 's' (its own word seats: lexn), an event 'e'
+        kind = lambda a: f"CASE WHEN n.label = '{SUMMARY_LABEL}' THEN 's' ELSE 'n' END" if a == "n" else "'e'"  # noqa: E731
         tabs = [("n", "memory_nodes", n)] + ([("e", "episodic_events", v)] if events else [])
         capped = "\n    UNION ALL ".join(
-            f"SELECT {i} AS w, '{t}' AS t, x.id FROM (SELECT {t_}.id FROM {table} {t_}, q WHERE (SELECT is_big FROM big)"
+            f"SELECT {i} AS w, x.t, x.id FROM (SELECT {kind(t_)} AS t, {t_}.id FROM {table} {t_}, q WHERE (SELECT is_big FROM big)"
             f" AND {t_}.search @@ q.q{i} AND {vis} LIMIT %(word_cap)s) x"
             for i in ws if i < BIG_SCOPE_WORDS for t, table, vis in tabs for t_ in ["n" if t == "n" else "v"])
         idf = lambda i: (f"ln(1 + (d.n - least(f.d{i}, d.n) + 0.5) / (least(f.d{i}, d.n) + 0.5)) AS i{i}")  # noqa: E731
@@ -180,7 +182,7 @@ capped AS MATERIALIZED (  -- a big scope: each word's rows, up to word_cap a tab
     {capped}
 ),
 matched AS MATERIALIZED (
-    SELECT 'n' AS t, n.id, {has("n")} FROM memory_nodes n, q
+    SELECT {kind("n")} AS t, n.id, {has("n")} FROM memory_nodes n, q
     WHERE NOT (SELECT is_big FROM big) AND n.search @@ (%(sq)s::tsquery && q.qany) AND {n}{match_events}
     UNION ALL
     SELECT c.t, c.id, {", ".join(f"bool_or(c.w = {i}) AS h{i}" for i in ws)} FROM capped c GROUP BY c.t, c.id
@@ -193,11 +195,9 @@ scored AS MATERIALIZED (
 ),"""
     lex_nodes = (f"""
 lexn AS (  -- a summary's word key holds all its turns' words: summaries take their own n_seed, not the other nodes'
-    (SELECT s.id, s.lex FROM scored s JOIN memory_nodes n ON n.id = s.id WHERE s.t = 'n' AND n.label <> '{SUMMARY_LABEL}'
-     ORDER BY s.lex DESC, s.id LIMIT %(n_seed)s)
+    (SELECT id, lex FROM scored WHERE t = 'n' ORDER BY lex DESC, id LIMIT %(n_seed)s)
     UNION ALL
-    (SELECT s.id, s.lex FROM scored s JOIN memory_nodes n ON n.id = s.id WHERE s.t = 'n' AND n.label = '{SUMMARY_LABEL}'
-     ORDER BY s.lex DESC, s.id LIMIT %(n_seed)s)),""" if words
+    (SELECT id, lex FROM scored WHERE t = 's' ORDER BY lex DESC, id LIMIT %(n_seed)s)),""" if words
                  else "lexn AS (SELECT NULL::uuid AS id, 0::float8 AS lex WHERE false),")
     event_ctes = ""
     event_rows = ""

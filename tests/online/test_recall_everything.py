@@ -5,6 +5,7 @@ entry point on a scope and on a shard."""
 
 from __future__ import annotations
 
+import importlib
 from datetime import timedelta
 
 import numpy as np
@@ -83,9 +84,15 @@ def test_a_summary_the_night_writes_has_a_vector_and_is_recalled_with_its_source
     assert ids[3] not in [h.node_id for h in hits]  # the event itself left the hot table; the summary carries it
 
 
-def test_word_matching_weighs_a_rare_word_above_a_common_one(store, scope):
+@pytest.mark.parametrize("big", [False, True], ids=["one-pass", "big-scope"])
+def test_word_matching_weighs_a_rare_word_above_a_common_one(store, scope, monkeypatch, big):
     """Golden: "Biscuit" is in one memory of five, "Ada" in all: the memory holding the rare word ranks
-    first though another holds the common one twice; without word matching the vector order decides."""
+    first though another holds the common one twice; without word matching the vector order decides.
+    ``big``: every scope counts as big (the word match enumerates each word's rows apart)."""
+    recall_module = importlib.import_module("deep_sleep.online.recall")  # the package exports a function of that name
+
+    if big:
+        monkeypatch.setattr(recall_module, "BIG_SCOPE", 1)
     for label in ("Ada Ada went hiking with Ada", "Ada bought a red kite", "Ada cooked pasta", "Ada reads a novel"):
         record_turn(store, scope, [{"op": "upsert_node", "label": label}], now=NOW, nap=False)
     rare = record_turn(store, scope, [{"op": "upsert_node", "label": "Ada's dog is named Biscuit"}], now=NOW,
@@ -190,12 +197,18 @@ def _meta_node(store, scope, label: str, props: dict) -> str:
     return nid
 
 
-def test_summaries_take_word_seats_of_their_own_and_leave_the_facts_theirs(store, scope):
+@pytest.mark.parametrize("big", [False, True], ids=["one-pass", "big-scope"])
+def test_summaries_take_word_seats_of_their_own_and_leave_the_facts_theirs(store, scope, monkeypatch, big):
     """Golden (SPEC §5): a summary's word key holds every folded turn's words, so it out-scores a fact
     holding one of the query's words; twelve such summaries took all ten of the nodes' word seats and
     the fact was no candidate.  Summaries have ``n_seed`` seats of their own: the fact is one of the
-    nodes' ten, and ten of the twelve summaries theirs."""
+    nodes' ten, and ten of the twelve summaries theirs — in a small scope's one pass over the matching
+    rows and in a big scope's word-by-word enumeration alike (``big``: every scope counts as big)."""
+    recall_module = importlib.import_module("deep_sleep.online.recall")  # the package exports a function of that name
     from deep_sleep.online.recall import _lexical_words, candidate_params, candidates_sql
+
+    if big:
+        monkeypatch.setattr(recall_module, "BIG_SCOPE", 1)
 
     fact = record_turn(store, scope, [{"op": "upsert_node", "label": "a zebra grazes"}], now=NOW, nap=False).ids()[0]
     summaries = {_meta_node(store, scope, "META:episodic_summary",
