@@ -330,7 +330,8 @@ def recall(
     hand to a model and :attr:`Hit.chars` its length — a node's label or an event's content, cut around
     the query's words at ``recall.max_passage_chars``; a summary's gist (the dates its turns span) and
     the folded turns that best match the query, one a line; a cluster's label and member count and its
-    member that best matches the query (:data:`CLUSTER_LINES`) — each quoted line in :attr:`Hit.lines` with the id it came from.
+    member that best matches the query (:data:`CLUSTER_LINES`) — each quoted line in :attr:`Hit.lines`
+    with the id it came from.
     Hits come in rank order until their passages hold ``budget_chars`` characters (default
     ``recall.budget_chars``): the one that does not fit whole is cut to what is left (unless fewer than
     :data:`MIN_PASSAGE_CHARS` are), none after it is returned, and the budget is never exceeded.  A
@@ -341,11 +342,11 @@ def recall(
     Candidates (:func:`candidates_sql`), ``n = max(k, 10)`` of each order
     (:func:`~deep_sleep.core.rank.n_seeds`): the ``n`` nearest nodes by cosine distance (HNSW, iterative
     scan so a small scope among many still fills its quota) and, with ``recall.events``, the ``n``
-    nearest episodic events; with ``recall.lexical`` the ``n`` nodes, ``n`` summaries and ``n`` events whose
-    words score best (the sum of the inverse document frequencies of the query words they hold: a
+    nearest episodic events; with ``recall.lexical`` the ``n`` nodes, ``n`` summaries and ``n`` events
+    whose words score best (the sum of the inverse document frequencies of the query words they hold: a
     summary's word key holds every folded turn's words, so summaries have their own ``n`` rather than
-    crowding the facts out of the nodes'); and one hop of
-    spreading activation from the ``k`` nearest nodes.
+    crowding the facts out of the nodes'); and one hop of spreading activation from the ``k`` nearest
+    nodes.
 
     Base score: with ``recall.lexical``, reciprocal-rank fusion of the two orders, ``1 / (fusion_k +
     vector rank) + lexical_weight / (fusion_k + word rank)`` scaled so that first in both is 1 (dense
