@@ -79,21 +79,16 @@ def _seed(store, nodes: int, now: datetime) -> str:
     return path
 
 
-def _uses_hnsw(con: psycopg.Connection, scope, query: str) -> bool | None:
-    """Whether recall's candidate statement plans the HNSW index; None when this probe cannot build
-    the statement (recall's parameters changed): the timings measured before it are kept."""
+def _uses_hnsw(con: psycopg.Connection, scope, query: str) -> bool:
+    """Whether recall's candidate statement, with recall's own settings and parameters, plans the HNSW index."""
     from deep_sleep.core.embedding import default_embedder
     from deep_sleep.online.pg import vector_text
-    from deep_sleep.online.recall import candidate_params, candidates_sql
+    from deep_sleep.online.recall import _SETTINGS_SQL, candidate_params, candidates_sql
 
     params = candidate_params(scope, [], vector_text(default_embedder().embed([query])[0]), 5)
-    try:
-        with con.transaction():
-            con.execute("SELECT set_config('hnsw.iterative_scan', 'relaxed_order', true), set_config('hnsw.ef_search', '40', true)")
-            plan = con.execute("EXPLAIN " + candidates_sql(scope.levels[0][0] == "tenant"), params).fetchall()
-    except psycopg.ProgrammingError as exc:
-        _p(f"recall's plan not inspected: {exc}")
-        return None
+    with con.transaction():
+        con.execute(_SETTINGS_SQL, (str(max(40, params["n_seed"])),))
+        plan = con.execute("EXPLAIN " + candidates_sql(scope.levels[0][0] == "tenant"), params).fetchall()
     return any("memory_nodes_embedding_hnsw" in row[0] for row in plan)
 
 

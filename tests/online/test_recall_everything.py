@@ -19,6 +19,7 @@ from tests.online.helpers import NOW, rows, sibling
 from tests.storeutil import scalar
 
 HASHING = HashingEmbedder().name
+RECALL_MODULE = importlib.import_module("deep_sleep.online.recall")  # the package exports a function of that name
 
 
 class Mirrored:
@@ -89,10 +90,8 @@ def test_word_matching_weighs_a_rare_word_above_a_common_one(store, scope, monke
     """Golden: "Biscuit" is in one memory of five, "Ada" in all: the memory holding the rare word ranks
     first though another holds the common one twice; without word matching the vector order decides.
     ``big``: every scope counts as big (the word match enumerates each word's rows apart)."""
-    recall_module = importlib.import_module("deep_sleep.online.recall")  # the package exports a function of that name
-
     if big:
-        monkeypatch.setattr(recall_module, "BIG_SCOPE", 1)
+        monkeypatch.setattr(RECALL_MODULE, "BIG_SCOPE", 1)
     for label in ("Ada Ada went hiking with Ada", "Ada bought a red kite", "Ada cooked pasta", "Ada reads a novel"):
         record_turn(store, scope, [{"op": "upsert_node", "label": label}], now=NOW, nap=False)
     rare = record_turn(store, scope, [{"op": "upsert_node", "label": "Ada's dog is named Biscuit"}], now=NOW,
@@ -204,12 +203,10 @@ def test_summaries_take_word_seats_of_their_own_and_leave_the_facts_theirs(store
     the fact was no candidate.  Summaries have ``n_seed`` seats of their own: the fact is one of the
     nodes' ten, and ten of the twelve summaries theirs — in a small scope's one pass over the matching
     rows and in a big scope's word-by-word enumeration alike (``big``: every scope counts as big)."""
-    recall_module = importlib.import_module("deep_sleep.online.recall")  # the package exports a function of that name
     from deep_sleep.online.recall import _lexical_words, candidate_params, candidates_sql
 
     if big:
-        monkeypatch.setattr(recall_module, "BIG_SCOPE", 1)
-
+        monkeypatch.setattr(RECALL_MODULE, "BIG_SCOPE", 1)
     fact = record_turn(store, scope, [{"op": "upsert_node", "label": "a zebra grazes"}], now=NOW, nap=False).ids()[0]
     summaries = {_meta_node(store, scope, "META:episodic_summary",
                             {"summary": f"digest {i}", "keywords": "zebra quill savanna"}) for i in range(12)}

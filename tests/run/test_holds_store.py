@@ -109,12 +109,12 @@ def _meta_text(store, scope) -> str:
                            (scope.path,)).fetchone()[0]
 
 
-def held_cluster_swap(store, scope, runs_dir, *, cap: int = 3, chain: bool = False, night_two=None):
+def held_cluster_swap(store, scope, runs_dir, *, cap: int = 3, chain: bool = False, night_two: bool = True):
     """The held member swap of issue 31 why-item 8, as the tests that decide it start from: META:project
     clusters its top ``cap`` of 5 members (``chain``: the members linked in a row, so they are no
     orphans); the weakest is lifted above them all and a used scratch note expires, so the next night's
     gate fails and holds the swap.  Returns (config, members, the first night's top, the scratch note,
-    the second night's report, or None when ``night_two`` is False)."""
+    the second night's report, or None without ``night_two``)."""
     config = ConsolidationConfig(meta_nodes={"min_group": 2, "max_members": cap}, holds={"used_deletes": False})
     members = [node(scope, f"project: part {i}", NOW - timedelta(hours=3), importance=8.0 - i * 0.5) for i in range(5)]
     insert(store, "memory_nodes", members)
@@ -132,7 +132,7 @@ def held_cluster_swap(store, scope, runs_dir, *, cap: int = 3, chain: bool = Fal
         con.commit()
     embed_labels(store, scope)
     insert(store, "recall_events", [used(scope, scratch["id"], "scratch billing retry", NOW + timedelta(hours=2))])
-    if night_two is False:
+    if not night_two:
         return config, members, top, scratch, None
     second = pipeline.consolidate(store, scope, NOW + timedelta(hours=3), config, runs_dir=runs_dir, phases=phases).report()
     # scratch + a CLUSTERS edge; the insert and the META node's refreshed text (it names the new member)
